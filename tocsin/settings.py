@@ -1,0 +1,213 @@
+"""Settings as keyword-only dataclasses, read from the environment in this one place.
+
+Every variable is ``TOCSIN_*``; units are in the names. ``Settings.from_env()`` is the only
+reader of ``os.environ`` in the code base, so a test can build settings from a plain dict.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tocsin.errors import ConfigError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _get(env: Mapping[str, str], name: str, default: str) -> str:
+    return env.get(f"TOCSIN_{name}", default)
+
+
+def _int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = _get(env, name, str(default))
+    try:
+        return int(raw)
+    except ValueError as exc:
+        raise ConfigError(f"TOCSIN_{name} must be an integer, got {raw!r}") from exc
+
+
+def _float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = _get(env, name, str(default))
+    try:
+        return float(raw)
+    except ValueError as exc:
+        raise ConfigError(f"TOCSIN_{name} must be a number, got {raw!r}") from exc
+
+
+def _opt(env: Mapping[str, str], name: str) -> str | None:
+    value = env.get(f"TOCSIN_{name}")
+    return value if value else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaSettings:
+    bootstrap_servers: str = "127.0.0.1:9092"
+    security_protocol: str = "PLAINTEXT"  # PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL
+    sasl_mechanism: str | None = None  # PLAIN, SCRAM-SHA-256, SCRAM-SHA-512
+    sasl_username: str | None = None
+    sasl_password: str | None = None
+    ssl_ca_location: str | None = None
+    ssl_certificate_location: str | None = None
+    ssl_key_location: str | None = None
+
+    def librdkafka(self) -> dict[str, Any]:
+        """Client configuration for confluent-kafka (librdkafka property names)."""
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "security.protocol": self.security_protocol,
+        }
+        optional = {
+            "sasl.mechanism": self.sasl_mechanism,
+            "sasl.username": self.sasl_username,
+            "sasl.password": self.sasl_password,
+            "ssl.ca.location": self.ssl_ca_location,
+            "ssl.certificate.location": self.ssl_certificate_location,
+            "ssl.key.location": self.ssl_key_location,
+        }
+        conf.update({k: v for k, v in optional.items() if v is not None})
+        return conf
+
+
+@dataclass(frozen=True, kw_only=True)
+class CassandraSettings:
+    contact_points: tuple[str, ...] = ("127.0.0.1",)
+    port: int = 9042
+    keyspace: str = "tocsin"
+    username: str | None = None
+    password: str | None = None
+    ssl_ca_location: str | None = None
+    local_dc: str | None = None
+    # "SimpleStrategy:1" locally; "NetworkTopologyStrategy:dc1=3,dc2=3" in production.
+    replication: str = "SimpleStrategy:1"
+    request_timeout_s: float = 10.0
+
+    def replication_cql(self) -> str:
+        """The keyspace replication map as CQL, parsed from ``replication``."""
+        strategy, _, spec = self.replication.partition(":")
+        if strategy == "SimpleStrategy":
+            factor = int(spec or "1")
+            return f"{{'class': 'SimpleStrategy', 'replication_factor': {factor}}}"
+        if strategy == "NetworkTopologyStrategy":
+            parts = [p.split("=") for p in spec.split(",") if p]
+            if not parts or any(len(p) != 2 or not p[1].isdigit() for p in parts):
+                raise ConfigError(
+                    "TOCSIN_CASSANDRA_REPLICATION must look like "
+                    f"NetworkTopologyStrategy:dc1=3,dc2=3, got {self.replication!r}"
+                )
+            dcs = ", ".join(f"'{dc}': {rf}" for dc, rf in parts)
+            return f"{{'class': 'NetworkTopologyStrategy', {dcs}}}"
+        raise ConfigError(f"unknown replication strategy {strategy!r}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicSettings:
+    prefix: str = "tocsin."
+    command_partitions: int = 8
+    fire_partitions: int = 8
+    replication_factor: int = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class StackSettings:
+    """The local single-node stack started by ``tocsin infra``."""
+
+    state_dir: Path = REPO_ROOT / ".state"
+    kafka_port: int = 9092
+    kafka_controller_port: int = 9093
+    cassandra_port: int = 9042
+    cassandra_storage_port: int = 7000
+    kafka_heap_mib: int = 512
+    cassandra_heap_mib: int = 1024
+    start_timeout_s: float = 240.0
+    java_home: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class SchedulerSettings:
+    max_payload_bytes: int = 64 * 1024
+    default_misfire_tolerance_s: int = 3600
+    bucket_shards: int = 1
+    preload_ahead_s: float = 10.0
+    fired_retention_s: int = 7 * 24 * 3600
+    metrics_port: int = 9464
+    worker_web_port: int = 6066
+    command_batch_size: int = 500
+    session_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    kafka: KafkaSettings = field(default_factory=KafkaSettings)
+    cassandra: CassandraSettings = field(default_factory=CassandraSettings)
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    stack: StackSettings = field(default_factory=StackSettings)
+    scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    log_level: str = "INFO"
+    log_format: str = "json"  # json or text
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        e: Mapping[str, str] = os.environ if env is None else env
+        stack_defaults = StackSettings()
+        kafka_port = _int(e, "KAFKA_PORT", stack_defaults.kafka_port)
+        cassandra_port = _int(e, "CASSANDRA_PORT", stack_defaults.cassandra_port)
+        return cls(
+            kafka=KafkaSettings(
+                bootstrap_servers=_get(e, "KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{kafka_port}"),
+                security_protocol=_get(e, "KAFKA_SECURITY_PROTOCOL", "PLAINTEXT"),
+                sasl_mechanism=_opt(e, "KAFKA_SASL_MECHANISM"),
+                sasl_username=_opt(e, "KAFKA_SASL_USERNAME"),
+                sasl_password=_opt(e, "KAFKA_SASL_PASSWORD"),
+                ssl_ca_location=_opt(e, "KAFKA_SSL_CA_LOCATION"),
+                ssl_certificate_location=_opt(e, "KAFKA_SSL_CERTIFICATE_LOCATION"),
+                ssl_key_location=_opt(e, "KAFKA_SSL_KEY_LOCATION"),
+            ),
+            cassandra=CassandraSettings(
+                contact_points=tuple(
+                    p.strip()
+                    for p in _get(e, "CASSANDRA_CONTACT_POINTS", "127.0.0.1").split(",")
+                    if p.strip()
+                ),
+                port=cassandra_port,
+                keyspace=_get(e, "CASSANDRA_KEYSPACE", "tocsin"),
+                username=_opt(e, "CASSANDRA_USERNAME"),
+                password=_opt(e, "CASSANDRA_PASSWORD"),
+                ssl_ca_location=_opt(e, "CASSANDRA_SSL_CA_LOCATION"),
+                local_dc=_opt(e, "CASSANDRA_LOCAL_DC"),
+                replication=_get(e, "CASSANDRA_REPLICATION", "SimpleStrategy:1"),
+                request_timeout_s=_float(e, "CASSANDRA_REQUEST_TIMEOUT_S", 10.0),
+            ),
+            topics=TopicSettings(
+                prefix=_get(e, "TOPIC_PREFIX", "tocsin."),
+                command_partitions=_int(e, "COMMAND_PARTITIONS", 8),
+                fire_partitions=_int(e, "FIRE_PARTITIONS", 8),
+                replication_factor=_int(e, "TOPIC_REPLICATION_FACTOR", 1),
+            ),
+            stack=StackSettings(
+                state_dir=Path(_get(e, "STATE_DIR", str(stack_defaults.state_dir))),
+                kafka_port=kafka_port,
+                kafka_controller_port=_int(e, "KAFKA_CONTROLLER_PORT", 9093),
+                cassandra_port=cassandra_port,
+                cassandra_storage_port=_int(e, "CASSANDRA_STORAGE_PORT", 7000),
+                kafka_heap_mib=_int(e, "KAFKA_HEAP_MIB", 512),
+                cassandra_heap_mib=_int(e, "CASSANDRA_HEAP_MIB", 1024),
+                start_timeout_s=_float(e, "STACK_START_TIMEOUT_S", 240.0),
+                java_home=_opt(e, "JAVA_HOME"),
+            ),
+            scheduler=SchedulerSettings(
+                max_payload_bytes=_int(e, "MAX_PAYLOAD_BYTES", 64 * 1024),
+                default_misfire_tolerance_s=_int(e, "DEFAULT_MISFIRE_TOLERANCE_S", 3600),
+                bucket_shards=_int(e, "BUCKET_SHARDS", 1),
+                preload_ahead_s=_float(e, "PRELOAD_AHEAD_S", 10.0),
+                fired_retention_s=_int(e, "FIRED_RETENTION_S", 7 * 24 * 3600),
+                metrics_port=_int(e, "METRICS_PORT", 9464),
+                worker_web_port=_int(e, "WORKER_WEB_PORT", 6066),
+                command_batch_size=_int(e, "COMMAND_BATCH_SIZE", 500),
+                session_timeout_s=_float(e, "SESSION_TIMEOUT_S", 10.0),
+            ),
+            log_level=_get(e, "LOG_LEVEL", "INFO"),
+            log_format=_get(e, "LOG_FORMAT", "json"),
+        )
