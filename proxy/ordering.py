@@ -1,0 +1,246 @@
+"""The order iterator: the proxy's bounded pending queue with one message per key in flight.
+
+The reader pushes every polled message here; writers take messages out with ``take()`` and
+hand them back with ``done()`` once their final outcome is known (delivered or
+dead-lettered). A message taken out is *in flight* until ``done()``: it stays in flight
+across all of its retries, so the next message of its key cannot overtake it. That is how
+per-key order holds end to end. Keyless messages (order key ``None``) are never held back.
+
+Cost: ``push``, ``take`` and ``done`` are O(1) amortised. Waiting messages live in one FIFO
+deque per key; a *ready* deque holds the keys whose head may go out now (and keyless
+messages directly), so ``take`` never rescans the queue. Only ``drop_partition`` (a
+rebalance, rare) is linear in the number of waiting messages.
+
+Bounds: the queue counts everything it holds, waiting *and* in flight, by number and by
+bytes, because an in-flight message is still in the proxy's memory. ``should_pause`` gives
+the reader a high/low water mark decision with hysteresis. The bounds are soft: ``push``
+never refuses a message (the reader cannot un-poll it), it only reports that the reader
+should stop fetching.
+
+This module must never do I/O, take locks or look at the clock: the runtime serialises
+access and owns time.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+
+class Orderable(Protocol):
+    """What the queue needs to know about a message."""
+
+    @property
+    def order_key(self) -> Hashable | None:
+        """Messages with equal keys are delivered one at a time in push order; None = unordered."""
+
+    @property
+    def partition(self) -> Hashable:
+        """The source partition, so a revoked partition's messages can be dropped."""
+
+    @property
+    def size(self) -> int:
+        """Bytes the message holds in memory (key + value + headers, roughly)."""
+
+
+M = TypeVar("M", bound=Orderable)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bounds:
+    """High-water marks by count and bytes; the reader resumes below ``low_ratio`` of both."""
+
+    max_messages: int = 10_000
+    max_bytes: int = 64 * 1024 * 1024
+    low_ratio: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.max_messages < 1 or self.max_bytes < 1:
+            raise ValueError("pending bounds must be positive")
+        if not 0.0 <= self.low_ratio < 1.0:
+            raise ValueError("low_ratio must be in [0, 1)")
+
+
+class _KeyState(Generic[M]):
+    __slots__ = ("in_flight", "waiting")
+
+    def __init__(self) -> None:
+        self.waiting: deque[M] = deque()
+        self.in_flight = False
+
+
+class OrderQueue(Generic[M]):
+    """Pending messages, handed out so that at most one message per key is in flight."""
+
+    def __init__(self, bounds: Bounds | None = None) -> None:
+        self.bounds = bounds or Bounds()
+        self._keys: dict[Hashable, _KeyState[M]] = {}
+        # Entries are either a key (its head is ready) or a keyless message. A key appears
+        # here at most once: it is appended only when it goes from "blocked or empty" to
+        # "has a head and nothing in flight".
+        self._ready: deque[tuple[Hashable, M | None]] = deque()
+        self._in_flight: set[int] = set()  # id() of messages handed out and not yet done
+        self._waiting_count = 0
+        self._held_count = 0
+        self._held_bytes = 0
+        self._paused = False
+
+    # ---- the reader side ---------------------------------------------------------------
+
+    def push(self, msg: M) -> None:
+        """Append a polled message; it becomes ready at once unless its key is busy."""
+        self._held_count += 1
+        self._held_bytes += msg.size
+        self._waiting_count += 1
+        key = msg.order_key
+        if key is None:
+            self._ready.append((None, msg))
+            return
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _KeyState()
+        state.waiting.append(msg)
+        if len(state.waiting) == 1 and not state.in_flight:
+            self._ready.append((key, None))
+
+    def should_pause(self) -> bool:
+        """The reader's pause decision: pause at a high-water mark, resume under low-water.
+
+        Hysteresis keeps the reader from flapping pause/resume on every message.
+        """
+        b = self.bounds
+        if self._paused:
+            low_count = b.max_messages * b.low_ratio
+            low_bytes = b.max_bytes * b.low_ratio
+            if self._held_count <= low_count and self._held_bytes <= low_bytes:
+                self._paused = False
+        elif self._held_count >= b.max_messages or self._held_bytes >= b.max_bytes:
+            self._paused = True
+        return self._paused
+
+    # ---- the writer side ---------------------------------------------------------------
+
+    def take(self) -> M | None:
+        """The next message that may go out now, marked in flight; None if none may."""
+        while self._ready:
+            key, msg = self._ready.popleft()
+            if msg is not None:  # keyless
+                self._waiting_count -= 1
+                self._in_flight.add(id(msg))
+                return msg
+            state = self._keys.get(key)
+            if state is None or state.in_flight or not state.waiting:
+                continue  # stale entry left behind by drop_partition
+            head = state.waiting.popleft()
+            state.in_flight = True
+            self._waiting_count -= 1
+            self._in_flight.add(id(head))
+            return head
+        return None
+
+    def done(self, msg: M) -> None:
+        """Release an in-flight message for good (delivered or dead-lettered).
+
+        Idempotent, and a no-op for a message that is not in flight (e.g. its partition was
+        dropped while it was out), so a late completion after a rebalance is harmless.
+        """
+        ident = id(msg)
+        if ident not in self._in_flight:
+            return
+        self._in_flight.discard(ident)
+        self._held_count -= 1
+        self._held_bytes -= msg.size
+        key = msg.order_key
+        if key is None:
+            return
+        state = self._keys.get(key)
+        if state is None:
+            return
+        state.in_flight = False
+        if state.waiting:
+            self._ready.append((key, None))
+        else:
+            del self._keys[key]
+
+    # ---- rebalance ---------------------------------------------------------------------
+
+    def drop_partition(self, partition: Hashable) -> list[M]:
+        """Forget a revoked partition: drop its waiting messages and its in-flight ones.
+
+        Returns the dropped in-flight messages so the runtime can stop retrying them; their
+        later ``done()`` is a no-op. Linear in the waiting messages; rebalances are rare.
+        """
+        dropped_in_flight: list[M] = []
+        for key in list(self._keys):
+            state = self._keys[key]
+            kept: deque[M] = deque()
+            for m in state.waiting:
+                if m.partition == partition:
+                    self._forget(m)
+                    self._waiting_count -= 1
+                else:
+                    kept.append(m)
+            state.waiting = kept
+        ready: deque[tuple[Hashable, M | None]] = deque()
+        for key, msg in self._ready:
+            if msg is not None and msg.partition == partition:
+                self._forget(msg)
+                self._waiting_count -= 1
+            else:
+                ready.append((key, msg))
+        self._ready = ready
+        return dropped_in_flight
+
+    def release_in_flight(self, msgs: list[M]) -> None:
+        """Forget in-flight messages without unblocking their keys' successors' order.
+
+        Used for messages of a revoked partition: they leave the bounds, and since every
+        message of their key belonged to the same partition (keys are per partition), the
+        key itself is gone.
+        """
+        for m in msgs:
+            if id(m) in self._in_flight:
+                self._in_flight.discard(id(m))
+                self._forget(m)
+                key = m.order_key
+                if key is not None:
+                    state = self._keys.get(key)
+                    if state is not None:
+                        state.in_flight = False
+                        if state.waiting:
+                            self._ready.append((key, None))
+                        else:
+                            del self._keys[key]
+
+    def _forget(self, msg: M) -> None:
+        self._held_count -= 1
+        self._held_bytes -= msg.size
+
+    # ---- introspection -----------------------------------------------------------------
+
+    @property
+    def waiting(self) -> int:
+        """Messages pushed and not yet handed out."""
+        return self._waiting_count
+
+    @property
+    def in_flight(self) -> int:
+        """Messages handed out and not yet done."""
+        return len(self._in_flight)
+
+    @property
+    def held_messages(self) -> int:
+        return self._held_count
+
+    @property
+    def held_bytes(self) -> int:
+        return self._held_bytes
+
+    def busy_keys(self) -> Iterator[Hashable]:
+        """Keys with a message in flight (for tests and debugging)."""
+        return (k for k, s in self._keys.items() if s.in_flight)
+
+    def __len__(self) -> int:
+        return self._held_count

@@ -1,0 +1,4 @@
+"""The ``tocsin`` command line (placeholder; filled in below)."""
+
+def main() -> int:
+    return 0

@@ -1,0 +1,465 @@
+"""The local single-node stack: Apache Kafka (KRaft) and Apache Cassandra from Maven Central.
+
+Jars are resolved with Maven from one small pom per server (infra/kafka, infra/cassandra;
+kept apart because their netty/guava/jackson versions clash) and cached under the state
+folder, keyed by the pom's hash, so a second run never downloads. Servers run on the
+machine's Java 17 with data, logs and pid files under ``.state/`` (git-ignored).
+
+``up`` is idempotent (a running, ready server is left alone), ``down`` leaves nothing
+running, and readiness means really ready: a Kafka metadata request lists the broker and
+Cassandra answers ``SELECT release_version FROM system.local``. A server that dies or does
+not become ready in time raises InfraError with the tail of its log; this module never hangs.
+
+It must never touch a server it did not start (it only signals pids from its own pid files).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from string import Template
+
+from tocsin.errors import InfraError
+from tocsin.settings import REPO_ROOT, Settings, StackSettings
+
+log = logging.getLogger("tocsin.infra")
+
+INFRA_DIR = REPO_ROOT / "infra"
+_LOG_TAIL_LINES = 40
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    name: str
+    pid: int | None
+    running: bool
+    ready: bool
+    port: int
+    detail: str = ""
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _tail(path: Path, lines: int = _LOG_TAIL_LINES) -> str:
+    if not path.exists():
+        return f"(no log at {path})"
+    with path.open("rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        size = fh.tell()
+        fh.seek(max(0, size - 64 * 1024))
+        text = fh.read().decode("utf-8", "replace")
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child still answers kill(0); check its state.
+    stat = Path(f"/proc/{pid}/stat")
+    if stat.exists():
+        with contextlib.suppress(OSError, IndexError):
+            if stat.read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+    return True
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def find_java(stack: StackSettings) -> str:
+    """A Java 17..23 binary: Cassandra 5.0 calls System.setSecurityManager (gone in 24)."""
+    candidates: list[str] = []
+    if stack.java_home:
+        candidates.append(str(Path(stack.java_home) / "bin" / "java"))
+    candidates += [
+        "/usr/lib/jvm/java-17-openjdk-amd64/bin/java",
+        "/usr/lib/jvm/java-17-openjdk-arm64/bin/java",
+    ]
+    on_path = shutil.which("java")
+    if on_path:
+        candidates.append(on_path)
+    seen: list[str] = []
+    for java in candidates:
+        if not Path(java).exists() or java in seen:
+            continue
+        seen.append(java)
+        out = subprocess.run([java, "-version"], capture_output=True, text=True).stderr
+        match = re.search(r'version "(\d+)', out)
+        if match and 17 <= int(match.group(1)) < 24:
+            return java
+    raise InfraError(
+        "no Java 17-23 found (tried: " + ", ".join(seen or candidates) + "); install OpenJDK 17 "
+        "or set JAVA_HOME. Cassandra 5.0 does not run on Java 24+."
+    )
+
+
+def _render(template: Path, target: Path, **values: object) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    text = Template(template.read_text()).substitute({k: str(v) for k, v in values.items()})
+    target.write_text(text)
+
+
+# ----------------------------------------------------------------------------- jars
+
+
+def resolve_jars(name: str, state_dir: Path) -> Path:
+    """Resolve the server's jars with Maven into a folder keyed by the pom's hash."""
+    pom = INFRA_DIR / name / "pom.xml"
+    digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
+    target = state_dir / "jars" / f"{name}-{digest}"
+    marker = target / ".complete"
+    if marker.exists():
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise InfraError("Maven (mvn) is not on PATH; it resolves the server jars")
+    log.info("resolving jars", extra={"server": name, "target": str(target)})
+    print(f"[infra] resolving {name} jars from Maven Central (first run only)...", flush=True)
+    if target.exists():
+        shutil.rmtree(target)
+    target.mkdir(parents=True)
+    started = time.monotonic()
+    proc = subprocess.run(
+        [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+         f"-DoutputDirectory={target}", "-DincludeScope=runtime"],
+        capture_output=True, text=True,
+    )
+    if proc.returncode != 0 or not any(target.glob("*.jar")):
+        shutil.rmtree(target, ignore_errors=True)
+        tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-_LOG_TAIL_LINES:])
+        raise InfraError(f"Maven could not resolve the {name} jars:\n{tail}")
+    marker.write_text(f"resolved in {time.monotonic() - started:.1f}s\n")
+    return target
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+class _Server:
+    name: str
+    port: int
+
+    def __init__(self, stack: StackSettings) -> None:
+        self.stack = stack
+        self.home = stack.state_dir / self.name
+        self.pid_file = self.home / "server.pid"
+        self.console_log = self.home / "logs" / "console.log"
+
+    # subclasses
+    def _prepare(self, jars: Path) -> None:
+        raise NotImplementedError
+
+    def _command(self, java: str, jars: Path) -> list[str]:
+        raise NotImplementedError
+
+    def ready(self) -> bool:
+        raise NotImplementedError
+
+    @property
+    def main_log(self) -> Path:
+        raise NotImplementedError
+
+    # shared lifecycle
+    def pid(self) -> int | None:
+        try:
+            return int(self.pid_file.read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def running(self) -> bool:
+        pid = self.pid()
+        return pid is not None and _pid_alive(pid)
+
+    def status(self) -> ServerStatus:
+        running = self.running()
+        ready = running and self.ready()
+        return ServerStatus(self.name, self.pid(), running, ready, self.port)
+
+    def start(self, java: str) -> float:
+        """Start (or adopt a running) server; return seconds until ready (0.0 if it was)."""
+        if self.running():
+            if self.ready():
+                return 0.0
+            return self._wait_ready(time.monotonic())
+        if _port_open(self.port):
+            raise InfraError(
+                f"port {self.port} is taken by a process this stack did not start; stop it "
+                f"or set TOCSIN_{self.name.upper()}_PORT to use another port"
+            )
+        jars = resolve_jars(self.name, self.stack.state_dir)
+        try:
+            (self.home / "logs").mkdir(parents=True, exist_ok=True)
+            self._prepare(jars)
+        except OSError as exc:
+            raise InfraError(f"cannot prepare {self.name} under {self.home}: {exc}") from exc
+        cmd = self._command(java, jars)
+        started = time.monotonic()
+        with self.console_log.open("ab") as out:
+            # A new session: the server outlives this command and ignores our Ctrl-C.
+            proc = subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.home, start_new_session=True,
+            )
+        self.pid_file.write_text(str(proc.pid))
+        # Reap the child if it exits while we are still here (avoids zombie false-alive).
+        threading.Thread(target=proc.wait, daemon=True).start()
+        return self._wait_ready(started)
+
+    def _wait_ready(self, started: float) -> float:
+        deadline = started + self.stack.start_timeout_s
+        next_note = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            if not self.running():
+                raise InfraError(
+                    f"{self.name} exited during start-up; last lines of {self.main_log}:\n"
+                    f"{_tail(self.main_log)}\n--- {self.console_log}:\n{_tail(self.console_log)}"
+                )
+            if self.ready():
+                return time.monotonic() - started
+            if time.monotonic() > next_note:
+                print(f"[infra] waiting for {self.name} ({time.monotonic() - started:.0f}s)...",
+                      flush=True)
+                next_note = time.monotonic() + 15
+            time.sleep(0.5)
+        self.stop()
+        raise InfraError(
+            f"{self.name} was not ready after {self.stack.start_timeout_s:.0f}s; stopped it. "
+            f"Last lines of {self.main_log}:\n{_tail(self.main_log)}"
+        )
+
+    def stop(self, timeout_s: float = 60.0) -> bool:
+        pid = self.pid()
+        if pid is None or not _pid_alive(pid):
+            self.pid_file.unlink(missing_ok=True)
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _pid_alive(pid):
+            time.sleep(0.2)
+        if _pid_alive(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            while _pid_alive(pid):
+                time.sleep(0.1)
+        self.pid_file.unlink(missing_ok=True)
+        return True
+
+
+class KafkaServer(_Server):
+    name = "kafka"
+
+    def __init__(self, stack: StackSettings) -> None:
+        super().__init__(stack)
+        self.port = stack.kafka_port
+        self.config = self.home / "config" / "server.properties"
+        self.data_dir = self.home / "data"
+
+    @property
+    def main_log(self) -> Path:
+        return self.home / "logs" / "server.log"
+
+    def _prepare(self, jars: Path) -> None:
+        _render(INFRA_DIR / "kafka" / "server.properties.in", self.config,
+                port=self.stack.kafka_port, controller_port=self.stack.kafka_controller_port,
+                data_dir=self.data_dir)
+        shutil.copy(INFRA_DIR / "kafka" / "log4j2.properties", self.home / "config")
+        if (self.data_dir / "meta.properties").exists():
+            return
+        # KRaft storage is formatted once per data folder with a fresh cluster id.
+        java = find_java(self.stack)
+        cluster_id = _kafka_cluster_id()
+        proc = subprocess.run(
+            [java, *self._jvm_base(jars), "kafka.tools.StorageTool", "format",
+             f"--cluster-id={cluster_id}", "-c", str(self.config)],
+            capture_output=True, text=True, cwd=self.home,
+        )
+        if proc.returncode != 0:
+            raise InfraError(f"formatting Kafka storage failed:\n{proc.stdout}{proc.stderr}")
+
+    def _jvm_base(self, jars: Path) -> list[str]:
+        return [
+            "-cp", f"{jars}/*",
+            f"-Dlog4j2.configurationFile=file:{self.home / 'config' / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={self.home / 'logs'}",
+        ]
+
+    def _command(self, java: str, jars: Path) -> list[str]:
+        heap = self.stack.kafka_heap_mib
+        return [java, f"-Xms{heap}m", f"-Xmx{heap}m", "-XX:+UseG1GC",
+                "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
+                *self._jvm_base(jars), "kafka.Kafka", str(self.config)]
+
+    def ready(self) -> bool:
+        if not _port_open(self.port):
+            return False
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{self.port}",
+                             "socket.connection.setup.timeout.ms": 2000})
+        try:
+            meta = admin.list_topics(timeout=3)
+        except Exception:  # noqa: BLE001 - any failure simply means "not ready yet"
+            return False
+        return 1 in meta.brokers
+
+
+def _kafka_cluster_id() -> str:
+    # Kafka wants a base64url-encoded 16-byte uuid (what `kafka-storage random-uuid` prints).
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+class CassandraServer(_Server):
+    name = "cassandra"
+
+    def __init__(self, stack: StackSettings) -> None:
+        super().__init__(stack)
+        self.port = stack.cassandra_port
+        self.config = self.home / "config" / "cassandra.yaml"
+        self.data_dir = self.home / "data"
+
+    @property
+    def main_log(self) -> Path:
+        return self.home / "logs" / "system.log"
+
+    def _prepare(self, jars: Path) -> None:
+        _render(INFRA_DIR / "cassandra" / "cassandra.yaml.in", self.config,
+                port=self.stack.cassandra_port, storage_port=self.stack.cassandra_storage_port,
+                data_dir=self.data_dir)
+        shutil.copy(INFRA_DIR / "cassandra" / "logback.xml", self.home / "config")
+        (self.home / "triggers").mkdir(exist_ok=True)
+        for sub in ("data", "commitlog", "saved_caches", "hints", "cdc_raw"):
+            (self.data_dir / sub).mkdir(parents=True, exist_ok=True)
+
+    def _command(self, java: str, jars: Path) -> list[str]:
+        heap = self.stack.cassandra_heap_mib
+        jamm = next(jars.glob("jamm-*.jar"), None)
+        if jamm is None:
+            raise InfraError(f"no jamm agent jar in {jars}; Cassandra cannot start without it")
+        opts = [
+            line.strip()
+            for line in (INFRA_DIR / "cassandra" / "jvm17.options").read_text().splitlines()
+            if line.strip() and not line.startswith("#")
+        ]
+        args: list[str] = []
+        for opt in opts:
+            args += opt.split(" ", 1)
+        return [
+            java, f"-Xms{heap}m", f"-Xmx{heap}m", "-Xss512k", "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=50", "-XX:+HeapDumpOnOutOfMemoryError",
+            f"-XX:HeapDumpPath={self.home / 'logs'}", "-Djava.awt.headless=true",
+            f"-javaagent:{jamm}", "-Djdk.attach.allowAttachSelf=true", *args,
+            f"-Dcassandra.config=file://{self.config}",
+            "-Dcassandra-foreground=yes",
+            f"-Dcassandra.storagedir={self.data_dir}",
+            f"-Dcassandra.logdir={self.home / 'logs'}",
+            f"-Dlogback.configurationFile=file://{self.home / 'config' / 'logback.xml'}",
+            f"-Dcassandra.triggers_dir={self.home / 'triggers'}",
+            "-Dcassandra.skip_wait_for_gossip_to_settle=0",
+            "-Dcassandra.superuser_setup_delay_ms=0",
+            "-cp", f"{jars}/*",
+            "org.apache.cassandra.service.CassandraDaemon",
+        ]
+
+    def ready(self) -> bool:
+        if not _port_open(self.port):
+            return False
+        from cassandra.cluster import Cluster
+        from cassandra.policies import RoundRobinPolicy
+
+        cluster = Cluster(["127.0.0.1"], port=self.port, connect_timeout=3,
+                          control_connection_timeout=3, protocol_version=5,
+                          load_balancing_policy=RoundRobinPolicy())
+        try:
+            session = cluster.connect()
+            row = session.execute("SELECT release_version FROM system.local", timeout=5).one()
+            return row is not None
+        except Exception:  # noqa: BLE001 - any failure simply means "not ready yet"
+            return False
+        finally:
+            cluster.shutdown()
+
+
+# ----------------------------------------------------------------------------- stack
+
+
+class Stack:
+    """Both servers; ``up`` starts them in parallel (Cassandra is the slow one)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.stack = settings.stack
+        self.kafka = KafkaServer(self.stack)
+        self.cassandra = CassandraServer(self.stack)
+        self.servers: list[_Server] = [self.kafka, self.cassandra]
+
+    def _check_state_dir(self) -> None:
+        state = self.stack.state_dir
+        try:
+            state.mkdir(parents=True, exist_ok=True)
+            probe = state / ".write-probe"
+            probe.write_bytes(b"x" * 4096)
+            probe.unlink()
+        except OSError as exc:
+            raise InfraError(f"state folder {state} is not writable: {exc}") from exc
+        free_mib = shutil.disk_usage(state).free // (1024 * 1024)
+        if free_mib < 1024:
+            raise InfraError(
+                f"only {free_mib} MiB free under {state}; the stack needs at least 1 GiB"
+            )
+
+    def up(self) -> dict[str, float]:
+        """Start what is not running; return each server's seconds-to-ready."""
+        self._check_state_dir()
+        java = find_java(self.stack)
+        # Resolve jars one after the other: two Maven runs sharing ~/.m2 can corrupt it.
+        for server in self.servers:
+            if not server.running():
+                resolve_jars(server.name, self.stack.state_dir)
+        timings: dict[str, float] = {}
+        errors: list[InfraError] = []
+
+        def start(server: _Server) -> None:
+            try:
+                timings[server.name] = server.start(java)
+            except InfraError as exc:
+                errors.append(exc)
+            except Exception as exc:  # noqa: BLE001 - surface any start failure as InfraError
+                errors.append(InfraError(f"{server.name} failed to start: {exc!r}"))
+
+        threads = [threading.Thread(target=start, args=(s,)) for s in self.servers]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            raise InfraError("\n\n".join(str(e) for e in errors))
+        return timings
+
+    def down(self) -> list[str]:
+        return [s.name for s in self.servers if s.stop()]
+
+    def status(self) -> list[ServerStatus]:
+        return [s.status() for s in self.servers]
