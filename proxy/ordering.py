@@ -81,7 +81,8 @@ class OrderQueue(Generic[M]):
         # here at most once: it is appended only when it goes from "blocked or empty" to
         # "has a head and nothing in flight".
         self._ready: deque[tuple[Hashable, M | None]] = deque()
-        self._in_flight: set[int] = set()  # id() of messages handed out and not yet done
+        # id() -> message handed out and not yet done; holding the message keeps its id unique.
+        self._in_flight: dict[int, M] = {}
         self._waiting_count = 0
         self._held_count = 0
         self._held_bytes = 0
@@ -128,7 +129,7 @@ class OrderQueue(Generic[M]):
             key, msg = self._ready.popleft()
             if msg is not None:  # keyless
                 self._waiting_count -= 1
-                self._in_flight.add(id(msg))
+                self._in_flight[id(msg)] = msg
                 return msg
             state = self._keys.get(key)
             if state is None or state.in_flight or not state.waiting:
@@ -136,7 +137,7 @@ class OrderQueue(Generic[M]):
             head = state.waiting.popleft()
             state.in_flight = True
             self._waiting_count -= 1
-            self._in_flight.add(id(head))
+            self._in_flight[id(head)] = head
             return head
         return None
 
@@ -149,7 +150,7 @@ class OrderQueue(Generic[M]):
         ident = id(msg)
         if ident not in self._in_flight:
             return
-        self._in_flight.discard(ident)
+        del self._in_flight[ident]
         self._held_count -= 1
         self._held_bytes -= msg.size
         key = msg.order_key
@@ -166,53 +167,34 @@ class OrderQueue(Generic[M]):
 
     # ---- rebalance ---------------------------------------------------------------------
 
-    def drop_partition(self, partition: Hashable) -> list[M]:
-        """Forget a revoked partition: drop its waiting messages and its in-flight ones.
+    def drop_partition(self, partition: Hashable) -> int:
+        """Forget the waiting messages of a revoked partition; returns how many were dropped.
 
-        Returns the dropped in-flight messages so the runtime can stop retrying them; their
-        later ``done()`` is a no-op. Linear in the waiting messages; rebalances are rare.
+        In-flight messages are left alone: the runtime stops their retries and then calls
+        ``done()`` for each, which releases their keys. Linear in the waiting messages;
+        rebalances are rare.
         """
-        dropped_in_flight: list[M] = []
+        dropped = 0
         for key in list(self._keys):
             state = self._keys[key]
-            kept: deque[M] = deque()
+            kept: deque[M] = deque(m for m in state.waiting if m.partition != partition)
             for m in state.waiting:
                 if m.partition == partition:
                     self._forget(m)
-                    self._waiting_count -= 1
-                else:
-                    kept.append(m)
+                    dropped += 1
             state.waiting = kept
+            if not kept and not state.in_flight:
+                del self._keys[key]
         ready: deque[tuple[Hashable, M | None]] = deque()
         for key, msg in self._ready:
             if msg is not None and msg.partition == partition:
                 self._forget(msg)
-                self._waiting_count -= 1
+                dropped += 1
             else:
                 ready.append((key, msg))
         self._ready = ready
-        return dropped_in_flight
-
-    def release_in_flight(self, msgs: list[M]) -> None:
-        """Forget in-flight messages without unblocking their keys' successors' order.
-
-        Used for messages of a revoked partition: they leave the bounds, and since every
-        message of their key belonged to the same partition (keys are per partition), the
-        key itself is gone.
-        """
-        for m in msgs:
-            if id(m) in self._in_flight:
-                self._in_flight.discard(id(m))
-                self._forget(m)
-                key = m.order_key
-                if key is not None:
-                    state = self._keys.get(key)
-                    if state is not None:
-                        state.in_flight = False
-                        if state.waiting:
-                            self._ready.append((key, None))
-                        else:
-                            del self._keys[key]
+        self._waiting_count -= dropped
+        return dropped
 
     def _forget(self, msg: M) -> None:
         self._held_count -= 1

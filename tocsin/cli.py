@@ -1,4 +1,140 @@
-"""The ``tocsin`` command line (placeholder; filled in below)."""
+"""The ``tocsin`` command line.
 
-def main() -> int:
-    return 0
+Exit codes scripts can rely on: 0 success, 1 failure (error printed on stderr), 2 usage
+error, 3 not found, 4 rejected by the scheduler.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+import orjson
+
+from tocsin.errors import TocsinError
+from tocsin.logs import setup_logging
+from tocsin.settings import Settings
+
+EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REJECTED = 0, 1, 2, 3, 4
+
+
+def _print_table(rows: list[dict[str, object]], columns: Sequence[str]) -> None:
+    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
+    print("  ".join(c.upper().ljust(widths[c]) for c in columns))
+    for r in rows:
+        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
+
+
+def _emit(args: argparse.Namespace, rows: list[dict[str, object]], columns: Sequence[str]) -> None:
+    if getattr(args, "json", False):
+        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        _print_table(rows, columns)
+
+
+# ----------------------------------------------------------------------------- infra
+
+
+def cmd_infra(args: argparse.Namespace, settings: Settings) -> int:
+    from tocsin.infra import Stack
+
+    stack = Stack(settings)
+    if args.action == "up":
+        started = time.monotonic()
+        timings = stack.up()
+        for name, seconds in timings.items():
+            state = "already running" if seconds == 0.0 else f"ready in {seconds:.1f}s"
+            print(f"{name}: {state}")
+        print(f"stack up in {time.monotonic() - started:.1f}s "
+              f"(kafka 127.0.0.1:{settings.stack.kafka_port}, "
+              f"cassandra 127.0.0.1:{settings.stack.cassandra_port})")
+        return EXIT_OK
+    if args.action == "down":
+        stopped = stack.down()
+        print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
+        return EXIT_OK
+    statuses = stack.status()
+    _emit(args, [
+        {"server": s.name, "pid": s.pid or "-", "running": s.running, "ready": s.ready,
+         "port": s.port} for s in statuses
+    ], ["server", "pid", "running", "ready", "port"])
+    return EXIT_OK if all(s.ready for s in statuses) else EXIT_FAIL
+
+
+def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
+    from topics.catalog import catalog, ensure_topics
+
+    specs = catalog(settings.topics).all()
+    outcome = ensure_topics(settings.kafka, specs)
+    _emit(args, [
+        {"topic": s.name, "partitions": s.partitions, "state": outcome[s.name], "key": s.key}
+        for s in specs
+    ], ["topic", "partitions", "state", "key"])
+    return EXIT_OK
+
+
+def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
+    from schema.migrate import migrate
+
+    applied = migrate(settings.cassandra)
+    print(f"keyspace {settings.cassandra.keyspace}: "
+          + (f"applied {', '.join(applied)}" if applied else "up to date"))
+    return EXIT_OK
+
+
+def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
+    cmd_topics(args, settings)
+    return cmd_db(args, settings)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tocsin", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    infra = sub.add_parser("infra", help="the local single-node Kafka + Cassandra stack")
+    infra.add_argument("action", choices=["up", "down", "status"])
+    infra.set_defaults(func=cmd_infra)
+
+    topics = sub.add_parser("topics", help="create missing topics and verify existing ones")
+    topics.add_argument("action", choices=["create"])
+    topics.set_defaults(func=cmd_topics)
+
+    db = sub.add_parser("db", help="Cassandra schema")
+    db.add_argument("action", choices=["migrate"])
+    db.set_defaults(func=cmd_db)
+
+    setup = sub.add_parser("setup", help="topics create + db migrate")
+    setup.set_defaults(func=cmd_setup)
+
+    for register in _EXTENSIONS:
+        register(sub)
+    return parser
+
+
+# Other packages add their subcommands here (worker, proxy, schedule, tenant, demo).
+_EXTENSIONS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        settings = Settings.from_env()
+        setup_logging(settings.log_level, settings.log_format)
+        result: int = args.func(args, settings)
+        return result
+    except TocsinError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

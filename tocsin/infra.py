@@ -386,12 +386,13 @@ class CassandraServer(_Server):
     def ready(self) -> bool:
         if not _port_open(self.port):
             return False
-        from cassandra.cluster import Cluster
-        from cassandra.policies import RoundRobinPolicy
+        from tocsin.cassandra import make_cluster
+        from tocsin.settings import CassandraSettings
 
-        cluster = Cluster(["127.0.0.1"], port=self.port, connect_timeout=3,
-                          control_connection_timeout=3, protocol_version=5,
-                          load_balancing_policy=RoundRobinPolicy())
+        cluster = make_cluster(
+            CassandraSettings(contact_points=("127.0.0.1",), port=self.port, request_timeout_s=5),
+            connect_timeout=3, control_connection_timeout=3,
+        )
         try:
             session = cluster.connect()
             row = session.execute("SELECT release_version FROM system.local", timeout=5).one()

@@ -1,0 +1,75 @@
+# Tocsin: the two commands are `make run` (the local stack and the demo) and `make test`.
+# Everything below uses the project's own virtual environment and local stack; nothing
+# needs to be installed or started by hand beyond Python 3.11+, Java 17 and Maven.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TOCSIN := $(BIN)/tocsin
+PYTEST_ARGS ?=
+
+.PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy \
+        demo bench bench-scheduler bench-proxy clean
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+up: $(STAMP)
+	$(TOCSIN) infra up
+
+down: $(STAMP)
+	$(TOCSIN) infra down
+
+status: $(STAMP)
+	$(TOCSIN) infra status
+
+setup: up
+	$(TOCSIN) setup
+
+# The first command: a local single-node stack that schedules and delivers real triggers.
+run: setup
+	$(TOCSIN) demo
+
+demo: run
+
+worker: setup
+	$(TOCSIN) worker
+
+proxy: setup
+	$(TOCSIN) proxy
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+typecheck: $(STAMP)
+	$(BIN)/mypy
+
+unit: $(STAMP)
+	$(BIN)/pytest tests/unit -q $(PYTEST_ARGS)
+
+integration: up
+	$(BIN)/pytest tests/integration -q $(PYTEST_ARGS)
+
+# The second command: every check, the same locally and in CI (.ci/run calls exactly this).
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
+	$(TOCSIN) infra up
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+bench-scheduler: setup
+	$(BIN)/python -m bench.scheduler
+
+bench-proxy: up
+	$(BIN)/python -m bench.proxy
+
+bench: bench-scheduler bench-proxy
+
+clean: down
+	rm -rf .state $(VENV) .mypy_cache .ruff_cache .pytest_cache

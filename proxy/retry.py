@@ -1,0 +1,273 @@
+"""The MPS return-code policy: what to do after each delivery attempt.
+
+Policy (also in docs/proxy.md):
+
+=====================  ==============================================================
+attempt result          decision
+=====================  ==============================================================
+2xx                     done (delivered)
+4xx, 5xx                retry with exponential backoff and jitter, or after the
+                        response's Retry-After (seconds or HTTP date) when given;
+                        without limit unless ``max_retry_age_s`` is set, then
+                        dead-letter once the next try would start later than that
+                        age after the first failure
+6xx                     retry like 4xx/5xx, at most ``retries_6xx`` times, then
+                        dead-letter ("the receiver says: try a few times")
+7xx                     dead-letter at once ("bad message / failed validation")
+1xx, 3xx, >= 800        treated as 4xx/5xx: the receiver is misbehaving or
+                        misconfigured, which an operator can fix, so keep retrying
+read timeout            retry with backoff; ``poison_timeouts`` consecutive read
+                        timeouts make the message a poison pill: dead-letter
+connect failure         (connect timeout, refused, DNS, reset before a response)
+                        retry with backoff like 5xx; never counts toward poison,
+                        because an unreachable receiver says nothing about the
+                        message
+=====================  ==============================================================
+
+Any non-timeout result resets the consecutive-timeout count. ``max_retry_age_s`` bounds
+every retried class, timeouts included.
+
+The module is pure: no I/O, no clock, no global random state. Callers pass ``now`` and a
+``rand`` callable returning floats in [0, 1), so decisions are reproducible in tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import UTC
+from email.utils import parsedate_to_datetime
+from typing import Literal
+
+# ---- attempt results ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpResult:
+    """The receiver answered with a status code."""
+
+    status: int
+    retry_after: str | None = None  # the raw Retry-After header, if any
+    body_snippet: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimeoutResult:
+    """The receiver accepted the request but did not answer in time."""
+
+    detail: str = "read timeout"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConnectFailure:
+    """The request never reached the receiver (connect timeout, refused, DNS, reset)."""
+
+    detail: str
+
+
+AttemptResult = HttpResult | TimeoutResult | ConnectFailure
+
+
+# ---- decisions ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Done:
+    """Delivered; release the message."""
+
+    status: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Retry:
+    """Try again after ``after_s`` seconds; the message stays in flight (its key blocked)."""
+
+    after_s: float
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeadLetter:
+    """Give up: publish a dead-letter record and release the message."""
+
+    reason: str
+    status: int | None = None
+
+
+Decision = Done | Retry | DeadLetter
+
+
+# ---- policy ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class RetryPolicy:
+    """Knobs of the return-code policy. ``max_retry_age_s`` 0 means retry without limit."""
+
+    base_delay_s: float = 0.2
+    max_delay_s: float = 60.0
+    multiplier: float = 2.0
+    jitter: float = 0.5  # delay is drawn from [d * (1 - jitter), d]
+    max_retry_age_s: float = 0.0
+    retries_6xx: int = 3
+    poison_timeouts: int = 5
+    max_retry_after_s: float = 3600.0  # clamp absurd Retry-After values
+
+    def __post_init__(self) -> None:
+        if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
+            raise ValueError("need 0 <= base_delay_s <= max_delay_s")
+        if self.multiplier < 1:
+            raise ValueError("multiplier must be >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter must be in [0, 1]")
+        if self.retries_6xx < 0 or self.poison_timeouts < 1 or self.max_retry_age_s < 0:
+            raise ValueError("retries_6xx >= 0, poison_timeouts >= 1, max_retry_age_s >= 0")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AttemptState:
+    """What the policy remembers about one message across its attempts."""
+
+    attempts: int = 0
+    failures: int = 0
+    consecutive_timeouts: int = 0
+    failures_6xx: int = 0
+    first_failure_s: float | None = None
+    last_failure_s: float | None = None
+    last_status: int | None = None
+    last_error: str | None = None
+
+
+StatusClass = Literal["2xx", "4xx", "5xx", "6xx", "7xx", "other", "timeout", "connect"]
+
+
+def status_class(result: AttemptResult) -> StatusClass:
+    """A low-cardinality label for metrics."""
+    if isinstance(result, TimeoutResult):
+        return "timeout"
+    if isinstance(result, ConnectFailure):
+        return "connect"
+    hundreds = result.status // 100
+    if hundreds in (2, 4, 5, 6, 7):
+        return f"{hundreds}xx"  # type: ignore[return-value]
+    return "other"
+
+
+def parse_retry_after(value: str | None, now_epoch_s: float) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or HTTP date); None if absent
+    or unparseable. A date in the past means 0."""
+    if value is None:
+        return None
+    value = value.strip()
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        pass
+    else:
+        return max(0.0, seconds) if seconds == seconds else None  # reject NaN
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT
+        when = when.replace(tzinfo=UTC)
+    return max(0.0, when.timestamp() - now_epoch_s)
+
+
+def backoff_s(policy: RetryPolicy, failures: int, rand: Callable[[], float]) -> float:
+    """Exponential backoff for the ``failures``-th failure (1-based), with jitter."""
+    exp = max(0, failures - 1)
+    # Cap the exponent first so a message retried for days cannot overflow the float.
+    delay = min(policy.max_delay_s, policy.base_delay_s * policy.multiplier ** min(exp, 64))
+    return delay * (1.0 - policy.jitter * rand())
+
+
+def _snippet_reason(result: HttpResult) -> str:
+    body = f": {result.body_snippet}" if result.body_snippet else ""
+    return f"HTTP {result.status}{body}"
+
+
+def decide(
+    policy: RetryPolicy,
+    state: AttemptState,
+    result: AttemptResult,
+    *,
+    now_s: float,
+    now_epoch_s: float | None = None,
+    rand: Callable[[], float],
+) -> tuple[Decision, AttemptState]:
+    """The decision after one attempt, and the updated state to keep for the next one.
+
+    ``now_s`` is any monotonic clock (ages are measured with it); ``now_epoch_s`` is wall
+    time, needed only to read a Retry-After date (defaults to ``now_s``).
+    """
+    attempts = state.attempts + 1
+    if isinstance(result, HttpResult) and 200 <= result.status < 300:
+        return Done(status=result.status), replace(
+            state, attempts=attempts, consecutive_timeouts=0, last_status=result.status
+        )
+
+    first = state.first_failure_s if state.first_failure_s is not None else now_s
+    failures = state.failures + 1
+    base = replace(
+        state,
+        attempts=attempts,
+        failures=failures,
+        first_failure_s=first,
+        last_failure_s=now_s,
+    )
+
+    server_delay: float | None = None
+    status: int | None = None
+    if isinstance(result, HttpResult):
+        status = result.status
+        reason = _snippet_reason(result)
+        new = replace(base, consecutive_timeouts=0, last_status=status, last_error=reason)
+        hundreds = status // 100
+        if hundreds == 7:
+            return DeadLetter(reason=reason, status=status), new
+        if hundreds == 6:
+            new = replace(new, failures_6xx=state.failures_6xx + 1)
+            if new.failures_6xx > policy.retries_6xx:
+                return (
+                    DeadLetter(
+                        reason=f"{reason} (6xx retried {policy.retries_6xx} times)",
+                        status=status,
+                    ),
+                    new,
+                )
+        ra = parse_retry_after(result.retry_after, now_s if now_epoch_s is None else now_epoch_s)
+        if ra is not None:
+            server_delay = min(ra, policy.max_retry_after_s)
+    elif isinstance(result, TimeoutResult):
+        reason = result.detail
+        new = replace(
+            base,
+            consecutive_timeouts=state.consecutive_timeouts + 1,
+            last_status=None,
+            last_error=reason,
+        )
+        if new.consecutive_timeouts >= policy.poison_timeouts:
+            return (
+                DeadLetter(
+                    reason=f"poison pill: {new.consecutive_timeouts} consecutive timeouts "
+                    f"({reason})"
+                ),
+                new,
+            )
+    else:
+        reason = result.detail
+        new = replace(base, consecutive_timeouts=0, last_status=None, last_error=reason)
+
+    delay = server_delay if server_delay is not None else backoff_s(policy, failures, rand)
+    if policy.max_retry_age_s > 0 and (now_s + delay) - first > policy.max_retry_age_s:
+        return (
+            DeadLetter(
+                reason=f"retry age over {policy.max_retry_age_s:g}s; last: {reason}",
+                status=status,
+            ),
+            new,
+        )
+    return Retry(after_s=delay, reason=reason), new

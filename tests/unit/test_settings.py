@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import pytest
+
+from tocsin.errors import ConfigError
+from tocsin.settings import CassandraSettings, Settings
+
+
+def test_defaults_point_at_the_local_stack() -> None:
+    s = Settings.from_env({})
+    assert s.kafka.bootstrap_servers == "127.0.0.1:9092"
+    assert s.cassandra.contact_points == ("127.0.0.1",)
+    assert s.kafka.librdkafka() == {"bootstrap.servers": "127.0.0.1:9092",
+                                    "security.protocol": "PLAINTEXT"}
+
+
+def test_existing_clusters_with_sasl_and_tls() -> None:
+    s = Settings.from_env({
+        "TOCSIN_KAFKA_BOOTSTRAP_SERVERS": "b1:9093,b2:9093",
+        "TOCSIN_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+        "TOCSIN_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+        "TOCSIN_KAFKA_SASL_USERNAME": "u", "TOCSIN_KAFKA_SASL_PASSWORD": "p",
+        "TOCSIN_CASSANDRA_CONTACT_POINTS": "c1, c2",
+        "TOCSIN_CASSANDRA_REPLICATION": "NetworkTopologyStrategy:dc1=3,dc2=3",
+    })
+    conf = s.kafka.librdkafka()
+    assert conf["sasl.mechanism"] == "SCRAM-SHA-512" and conf["security.protocol"] == "SASL_SSL"
+    assert s.cassandra.contact_points == ("c1", "c2")
+    assert s.cassandra.replication_cql() == (
+        "{'class': 'NetworkTopologyStrategy', 'dc1': 3, 'dc2': 3}"
+    )
+
+
+@pytest.mark.parametrize("replication", ["NetworkTopologyStrategy:dc1", "Bogus:1",
+                                         "NetworkTopologyStrategy:"])
+def test_bad_replication_is_a_config_error(replication: str) -> None:
+    with pytest.raises(ConfigError):
+        CassandraSettings(replication=replication).replication_cql()
+
+
+def test_non_integer_setting_names_the_variable() -> None:
+    with pytest.raises(ConfigError, match="TOCSIN_COMMAND_PARTITIONS"):
+        Settings.from_env({"TOCSIN_COMMAND_PARTITIONS": "eight"})

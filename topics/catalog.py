@@ -1,0 +1,141 @@
+"""The topic catalog as code: every topic Tocsin reads or writes, and what its key means.
+
+``catalog(settings)`` is pure; ``ensure_topics`` is the one I/O edge here: it creates
+missing topics and verifies existing ones. A partition-count mismatch is an error, never
+"fixed" silently: bucket ownership follows the commands topic's partitions, so changing
+them moves schedules between partitions (see docs/operations.md before doing it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tocsin.errors import KafkaError, TopicMismatchError
+from tocsin.settings import KafkaSettings, TopicSettings
+
+log = logging.getLogger("tocsin.topics")
+
+_DAY_MS = 24 * 3600 * 1000
+
+
+@dataclass(frozen=True, kw_only=True)
+class TopicSpec:
+    name: str
+    partitions: int
+    replication_factor: int
+    key: str  # what the message key means, for humans and docs
+    value: str
+    config: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Catalog:
+    commands: TopicSpec
+    command_results: TopicSpec
+    fires: TopicSpec
+    deliveries: TopicSpec
+    dead_letters: TopicSpec
+
+    def all(self) -> list[TopicSpec]:
+        return [self.commands, self.command_results, self.fires, self.deliveries,
+                self.dead_letters]
+
+
+def catalog(topics: TopicSettings) -> Catalog:
+    """The topics for these settings (names carry the configured prefix)."""
+    p, rf = topics.prefix, topics.replication_factor
+    # min.insync.replicas only matters with replicas; 2 with RF 3 is the durable setting.
+    durable = {"min.insync.replicas": "2"} if rf >= 3 else {}
+    return Catalog(
+        commands=TopicSpec(
+            name=f"{p}commands", partitions=topics.command_partitions, replication_factor=rf,
+            key="schedule id; its partition owns the schedule's Cassandra buckets",
+            value="command JSON (schema/json/command.schema.json)",
+            config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS), **durable},
+        ),
+        command_results=TopicSpec(
+            name=f"{p}command-results", partitions=topics.command_partitions,
+            replication_factor=rf, key="schedule id",
+            value="result JSON (schema/json/command-result.schema.json)",
+            config={"cleanup.policy": "delete", "retention.ms": str(1 * _DAY_MS), **durable},
+        ),
+        fires=TopicSpec(
+            name=f"{p}fires", partitions=topics.fire_partitions, replication_factor=rf,
+            key="order key (default the schedule id): per-key order holds downstream",
+            value="trigger JSON (schema/json/trigger.schema.json)",
+            config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS), **durable},
+        ),
+        deliveries=TopicSpec(
+            name=f"{p}deliveries", partitions=topics.command_partitions, replication_factor=rf,
+            key="schedule id (co-partitioned with commands)",
+            value="delivery outcome JSON from the proxy",
+            config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS), **durable},
+        ),
+        dead_letters=TopicSpec(
+            name=f"{p}dead-letters", partitions=topics.fire_partitions, replication_factor=rf,
+            key="the original message key",
+            value="dead-letter record JSON: original message, reason, attempts",
+            config={"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS), **durable},
+        ),
+    )
+
+
+def ensure_topics(
+    kafka: KafkaSettings, specs: list[TopicSpec], *, timeout_s: float = 30.0
+) -> dict[str, str]:
+    """Create missing topics and verify existing ones; return {name: "created"|"ok"}.
+
+    Raises TopicMismatchError when an existing topic has another partition count.
+    """
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient(kafka.librdkafka())
+    try:
+        existing = admin.list_topics(timeout=timeout_s).topics
+    except KafkaException as exc:
+        raise KafkaError(f"cannot list topics at {kafka.bootstrap_servers}: {exc}",
+                         retriable=True) from exc
+    outcome: dict[str, str] = {}
+    problems: list[str] = []
+    missing: list[TopicSpec] = []
+    for spec in specs:
+        meta = existing.get(spec.name)
+        if meta is None or meta.error is not None:
+            missing.append(spec)
+            continue
+        have = len(meta.partitions)
+        if have != spec.partitions:
+            problems.append(
+                f"topic {spec.name} has {have} partitions but the catalog says "
+                f"{spec.partitions}. Fix: set TOCSIN_COMMAND_PARTITIONS/TOCSIN_FIRE_PARTITIONS "
+                f"to {have} to match, or migrate to a new topic prefix (TOCSIN_TOPIC_PREFIX); "
+                f"never add partitions to a live commands topic (it moves schedules' buckets)."
+            )
+        else:
+            outcome[spec.name] = "ok"
+    if problems:
+        raise TopicMismatchError("\n".join(problems))
+    if missing:
+        futures = admin.create_topics(
+            [NewTopic(s.name, num_partitions=s.partitions,
+                      replication_factor=s.replication_factor, config=dict(s.config))
+             for s in missing],
+            operation_timeout=timeout_s, request_timeout=timeout_s,
+        )
+        for name, fut in futures.items():
+            try:
+                fut.result(timeout=timeout_s)
+                outcome[name] = "created"
+            except KafkaException as exc:
+                err: Any = exc.args[0] if exc.args else None
+                # Another process created it between our list and create: verify again.
+                if err is not None and getattr(err, "name", lambda: "")() == "TOPIC_ALREADY_EXISTS":
+                    outcome[name] = "ok"
+                    continue
+                raise KafkaError(f"cannot create topic {name}: {exc}") from exc
+        log.info("topics created", extra={"topics": sorted(s.name for s in missing)})
+    return outcome

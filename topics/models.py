@@ -1,0 +1,165 @@
+"""The messages of the wire contract as frozen dataclasses.
+
+These are the in-memory shapes every package shares: commands read from the commands
+topic, the results written back, and the triggers emitted on the fires topic. They hold
+already-validated values; parsing and checking untrusted bytes is ``topics.validation``'s
+job and turning models into bytes is ``topics.codec``'s. Must never do I/O.
+
+Payloads are carried as ``payload: bytes`` plus ``payload_type``: with ``json`` the bytes
+are canonical JSON (``topics.validation.canonical_json``), with ``bytes`` they are opaque.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Literal, TypeAlias
+
+from tocsin.errors import CommandRejected
+from topics.codes import Code
+
+
+class CommandType(StrEnum):
+    CREATE = "create"
+    UPDATE = "update"
+    CANCEL = "cancel"
+
+
+class ResultStatus(StrEnum):
+    ACCEPTED = "accepted"
+    REJECTED = "rejected"
+
+
+class PayloadType(StrEnum):
+    JSON = "json"  # bytes are canonical JSON; delivered as a JSON value
+    BYTES = "bytes"  # opaque bytes; travel as base64 inside JSON messages
+
+
+HttpMethod: TypeAlias = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
+HTTP_METHODS: frozenset[str] = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class HttpCallback:
+    """Deliver the trigger by an HTTP request (done by the proxy)."""
+
+    url: str
+    method: HttpMethod = "POST"
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 10.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaCallback:
+    """Deliver the trigger as a record on a Kafka topic; ``key`` None means a keyless record."""
+
+    topic: str
+    key: str | None = None
+
+
+Callback: TypeAlias = HttpCallback | KafkaCallback
+
+
+@dataclass(frozen=True, kw_only=True)
+class CreateCommand:
+    tenant: str
+    schedule_id: str
+    request_id: str | None = None
+    due_ms: int
+    payload: bytes = b""
+    payload_type: PayloadType = PayloadType.BYTES
+    callback: Callback
+    # Empty means "the schedule id" (resolved in __post_init__), so callers may leave it out.
+    order_key: str = ""
+    misfire_tolerance_s: int
+
+    def __post_init__(self) -> None:
+        if not self.order_key:
+            object.__setattr__(self, "order_key", self.schedule_id)
+
+    @property
+    def type(self) -> CommandType:
+        return CommandType.CREATE
+
+
+@dataclass(frozen=True, kw_only=True)
+class UpdateCommand:
+    """Change some of due, payload, callback; ``None`` leaves a field as it is."""
+
+    tenant: str
+    schedule_id: str
+    request_id: str | None = None
+    due_ms: int | None = None
+    payload: bytes | None = None
+    payload_type: PayloadType | None = None
+    callback: Callback | None = None
+
+    def __post_init__(self) -> None:
+        # The decoder reports these with a precise field name first; these guards catch
+        # programmatic construction (clients, tests) that would otherwise encode nonsense.
+        if (self.payload is None) != (self.payload_type is None):
+            raise CommandRejected(
+                Code.INVALID_FIELD, "payload and payload_type must be given together"
+            )
+        if self.due_ms is None and self.payload is None and self.callback is None:
+            raise CommandRejected(
+                Code.NOTHING_TO_UPDATE, "an update must change at least one of due, payload, callback"
+            )
+
+    @property
+    def type(self) -> CommandType:
+        return CommandType.UPDATE
+
+
+@dataclass(frozen=True, kw_only=True)
+class CancelCommand:
+    tenant: str
+    schedule_id: str
+    request_id: str | None = None
+
+    @property
+    def type(self) -> CommandType:
+        return CommandType.CANCEL
+
+
+Command: TypeAlias = CreateCommand | UpdateCommand | CancelCommand
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandResult:
+    """The outcome of one message of the commands topic.
+
+    Ids are ``None`` only when a rejected message was too broken to recover them;
+    ``partition``/``offset`` locate the command message itself.
+    """
+
+    schedule_id: str | None
+    tenant: str | None
+    request_id: str | None
+    command: CommandType | None
+    status: ResultStatus
+    code: Code
+    message: str
+    at_ms: int
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Trigger:
+    """One emission of a due schedule on the fires topic.
+
+    ``trigger_id`` is ``topics.ids.trigger_id(tenant, schedule_id, due_ms)``, identical
+    across re-emissions; ``attempt`` counts emissions of this trigger, starting at 1.
+    """
+
+    trigger_id: str
+    schedule_id: str
+    tenant: str
+    due_ms: int
+    emitted_ms: int
+    attempt: int
+    order_key: str
+    payload: bytes
+    payload_type: PayloadType
+    callback: Callback
