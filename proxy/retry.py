@@ -18,6 +18,8 @@ attempt result          decision
                         misconfigured, which an operator can fix, so keep retrying
 read timeout            retry with backoff; ``poison_timeouts`` consecutive read
                         timeouts make the message a poison pill: dead-letter
+undeliverable           dead-letter at once (undecodable trigger, invalid URL or
+                        headers: no receiver can ever accept it)
 connect failure         (connect timeout, refused, DNS, reset before a response)
                         retry with backoff like 5xx; never counts toward poison,
                         because an unreachable receiver says nothing about the
@@ -65,7 +67,14 @@ class ConnectFailure:
     detail: str
 
 
-AttemptResult = HttpResult | TimeoutResult | ConnectFailure
+@dataclass(frozen=True, kw_only=True)
+class Undeliverable:
+    """The message can never be sent as it is (bad trigger, invalid URL or headers)."""
+
+    detail: str
+
+
+AttemptResult = HttpResult | TimeoutResult | ConnectFailure | Undeliverable
 
 
 # ---- decisions ---------------------------------------------------------------------------
@@ -138,7 +147,9 @@ class AttemptState:
     last_error: str | None = None
 
 
-StatusClass = Literal["2xx", "4xx", "5xx", "6xx", "7xx", "other", "timeout", "connect"]
+StatusClass = Literal[
+    "2xx", "4xx", "5xx", "6xx", "7xx", "other", "timeout", "connect", "undeliverable"
+]
 
 
 def status_class(result: AttemptResult) -> StatusClass:
@@ -147,6 +158,8 @@ def status_class(result: AttemptResult) -> StatusClass:
         return "timeout"
     if isinstance(result, ConnectFailure):
         return "connect"
+    if isinstance(result, Undeliverable):
+        return "undeliverable"
     hundreds = result.status // 100
     if hundreds in (2, 4, 5, 6, 7):
         return f"{hundreds}xx"  # type: ignore[return-value]
@@ -257,6 +270,9 @@ def decide(
                 ),
                 new,
             )
+    elif isinstance(result, Undeliverable):
+        new = replace(base, consecutive_timeouts=0, last_status=None, last_error=result.detail)
+        return DeadLetter(reason=result.detail), new
     else:
         reason = result.detail
         new = replace(base, consecutive_timeouts=0, last_status=None, last_error=reason)

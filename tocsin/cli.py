@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import orjson
 
@@ -112,13 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     setup = sub.add_parser("setup", help="topics create + db migrate")
     setup.set_defaults(func=cmd_setup)
 
-    for register in _EXTENSIONS:
-        register(sub)
+    from streams.cli import register as register_streams
+
+    register_streams(sub)
     return parser
-
-
-# Other packages add their subcommands here (worker, proxy, schedule, tenant, demo).
-_EXTENSIONS: list[Callable[[argparse._SubParsersAction[argparse.ArgumentParser]], None]] = []
 
 
 def main(argv: Sequence[str] | None = None) -> int:

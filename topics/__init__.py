@@ -1,0 +1,73 @@
+"""The wire contract: what travels on Tocsin's topics and how it is checked.
+
+``models`` (shapes), ``codes`` (result codes), ``validation`` (untrusted command bytes ->
+``Command`` or ``CommandRejected``), ``codec`` (every other encode/decode), ``ids`` (stable
+trigger ids, time format) and ``catalog`` (topic names and creation). Everything here
+except ``catalog.ensure_topics`` is pure: it must never do I/O or read the clock.
+"""
+
+from topics.codec import (
+    callback_from_dict,
+    callback_from_json,
+    callback_to_dict,
+    callback_to_json,
+    command_to_dict,
+    decode_result,
+    decode_trigger,
+    encode_command,
+    encode_result,
+    encode_trigger,
+    trigger_headers,
+)
+from topics.codes import ACCEPTED_CODES, Code
+from topics.ids import format_iso_ms, parse_iso_ms, trigger_id
+from topics.models import (
+    Callback,
+    CancelCommand,
+    Command,
+    CommandResult,
+    CommandType,
+    CreateCommand,
+    HttpCallback,
+    KafkaCallback,
+    PayloadType,
+    ResultStatus,
+    Trigger,
+    UpdateCommand,
+)
+from topics.validation import Limits, canonical_json, decode_command, salvage_ids
+
+__all__ = [
+    "ACCEPTED_CODES",
+    "Callback",
+    "CancelCommand",
+    "Code",
+    "Command",
+    "CommandResult",
+    "CommandType",
+    "CreateCommand",
+    "HttpCallback",
+    "KafkaCallback",
+    "Limits",
+    "PayloadType",
+    "ResultStatus",
+    "Trigger",
+    "UpdateCommand",
+    "callback_from_dict",
+    "callback_from_json",
+    "callback_to_dict",
+    "callback_to_json",
+    "canonical_json",
+    "command_to_dict",
+    "decode_command",
+    "decode_result",
+    "decode_trigger",
+    "encode_command",
+    "encode_result",
+    "encode_trigger",
+    "format_iso_ms",
+    "parse_iso_ms",
+    "salvage_ids",
+    "trigger_headers",
+    "trigger_id",
+]

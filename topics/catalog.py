@@ -40,8 +40,7 @@ class Catalog:
     dead_letters: TopicSpec
 
     def all(self) -> list[TopicSpec]:
-        return [self.commands, self.command_results, self.fires, self.deliveries,
-                self.dead_letters]
+        return [self.commands, self.command_results, self.fires, self.deliveries, self.dead_letters]
 
 
 def catalog(topics: TopicSettings) -> Catalog:
@@ -51,31 +50,41 @@ def catalog(topics: TopicSettings) -> Catalog:
     durable = {"min.insync.replicas": "2"} if rf >= 3 else {}
     return Catalog(
         commands=TopicSpec(
-            name=f"{p}commands", partitions=topics.command_partitions, replication_factor=rf,
+            name=f"{p}commands",
+            partitions=topics.command_partitions,
+            replication_factor=rf,
             key="schedule id; its partition owns the schedule's Cassandra buckets",
             value="command JSON (schema/json/command.schema.json)",
             config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS), **durable},
         ),
         command_results=TopicSpec(
-            name=f"{p}command-results", partitions=topics.command_partitions,
-            replication_factor=rf, key="schedule id",
+            name=f"{p}command-results",
+            partitions=topics.command_partitions,
+            replication_factor=rf,
+            key="schedule id",
             value="result JSON (schema/json/command-result.schema.json)",
             config={"cleanup.policy": "delete", "retention.ms": str(1 * _DAY_MS), **durable},
         ),
         fires=TopicSpec(
-            name=f"{p}fires", partitions=topics.fire_partitions, replication_factor=rf,
+            name=f"{p}fires",
+            partitions=topics.fire_partitions,
+            replication_factor=rf,
             key="order key (default the schedule id): per-key order holds downstream",
             value="trigger JSON (schema/json/trigger.schema.json)",
             config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS), **durable},
         ),
         deliveries=TopicSpec(
-            name=f"{p}deliveries", partitions=topics.command_partitions, replication_factor=rf,
+            name=f"{p}deliveries",
+            partitions=topics.command_partitions,
+            replication_factor=rf,
             key="schedule id (co-partitioned with commands)",
             value="delivery outcome JSON from the proxy",
             config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS), **durable},
         ),
         dead_letters=TopicSpec(
-            name=f"{p}dead-letters", partitions=topics.fire_partitions, replication_factor=rf,
+            name=f"{p}dead-letters",
+            partitions=topics.fire_partitions,
+            replication_factor=rf,
             key="the original message key",
             value="dead-letter record JSON: original message, reason, attempts",
             config={"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS), **durable},
@@ -97,8 +106,9 @@ def ensure_topics(
     try:
         existing = admin.list_topics(timeout=timeout_s).topics
     except KafkaException as exc:
-        raise KafkaError(f"cannot list topics at {kafka.bootstrap_servers}: {exc}",
-                         retriable=True) from exc
+        raise KafkaError(
+            f"cannot list topics at {kafka.bootstrap_servers}: {exc}", retriable=True
+        ) from exc
     outcome: dict[str, str] = {}
     problems: list[str] = []
     missing: list[TopicSpec] = []
@@ -121,10 +131,17 @@ def ensure_topics(
         raise TopicMismatchError("\n".join(problems))
     if missing:
         futures = admin.create_topics(
-            [NewTopic(s.name, num_partitions=s.partitions,
-                      replication_factor=s.replication_factor, config=dict(s.config))
-             for s in missing],
-            operation_timeout=timeout_s, request_timeout=timeout_s,
+            [
+                NewTopic(
+                    s.name,
+                    num_partitions=s.partitions,
+                    replication_factor=s.replication_factor,
+                    config=dict(s.config),
+                )
+                for s in missing
+            ],
+            operation_timeout=timeout_s,
+            request_timeout=timeout_s,
         )
         for name, fut in futures.items():
             try:

@@ -35,6 +35,7 @@ class Code(StrEnum):
     KEY_MISMATCH = "key_mismatch"
     NOTHING_TO_UPDATE = "nothing_to_update"
     TOO_LARGE = "too_large"
+    WRONG_PARTITION = "wrong_partition"
 
     @property
     def doc(self) -> str:
@@ -67,6 +68,10 @@ DOCS: dict[Code, str] = {
     Code.KEY_MISMATCH: "The Kafka message key is not the command's schedule_id.",
     Code.NOTHING_TO_UPDATE: "An update carried none of due, payload, callback.",
     Code.TOO_LARGE: "The whole message exceeds the hard size cap; it was not parsed.",
+    Code.WRONG_PARTITION: (
+        "The command arrived on another partition than murmur2(schedule_id) picks; produce "
+        "with Kafka's default partitioner so all commands of a schedule share a partition."
+    ),
 }
 
 ACCEPTED_CODES: frozenset[Code] = frozenset({Code.OK, Code.DUPLICATE})
@@ -81,5 +86,6 @@ STATEFUL_CODES: frozenset[Code] = frozenset(
         Code.ALREADY_FIRED,
         Code.ALREADY_CANCELLED,
         Code.CONFLICT,
+        Code.WRONG_PARTITION,
     }
 )

@@ -16,7 +16,7 @@ from enum import StrEnum
 from typing import Literal, TypeAlias
 
 from tocsin.errors import CommandRejected
-from topics.codes import Code
+from topics.codes import ACCEPTED_CODES, Code
 
 
 class CommandType(StrEnum):
@@ -103,7 +103,8 @@ class UpdateCommand:
             )
         if self.due_ms is None and self.payload is None and self.callback is None:
             raise CommandRejected(
-                Code.NOTHING_TO_UPDATE, "an update must change at least one of due, payload, callback"
+                Code.NOTHING_TO_UPDATE,
+                "an update must change at least one of due, payload, callback",
             )
 
     @property
@@ -143,6 +144,12 @@ class CommandResult:
     at_ms: int
     partition: int
     offset: int
+
+    def __post_init__(self) -> None:
+        # Clients branch on either field; they must never disagree.
+        accepted = self.code in ACCEPTED_CODES
+        if accepted != (self.status == ResultStatus.ACCEPTED):
+            raise ValueError(f"status {self.status} contradicts code {self.code}")
 
 
 @dataclass(frozen=True, kw_only=True)

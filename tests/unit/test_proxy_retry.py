@@ -137,3 +137,10 @@ def test_policy_validation() -> None:
         RetryPolicy(poison_timeouts=0)
     with pytest.raises(ValueError):
         RetryPolicy(jitter=2)
+
+
+def test_undeliverable_dead_letters_at_once() -> None:
+    from proxy.retry import Undeliverable
+
+    (d,) = run(NO_JITTER, [Undeliverable(detail="undecodable trigger")])
+    assert d == DeadLetter(reason="undecodable trigger")

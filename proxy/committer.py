@@ -1,0 +1,85 @@
+"""The offset-commit thread (which also serves the producer and refreshes gauges).
+
+Every ``commit_interval_s`` it commits, per partition, the highest offset below which every
+message is done. Between commits it polls the producer so acknowledgements of dead letters
+and outcomes arrive (they are what lets offsets advance), and once a second it copies the
+shared state into the gauges. Never touches the pending queue's contents.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from proxy.metrics import ProxyMetrics
+from proxy.outbox import Outbox
+from proxy.state import SharedState
+
+log = logging.getLogger("tocsin.proxy")
+
+
+class Committer:
+    def __init__(
+        self,
+        *,
+        state: SharedState,
+        outbox: Outbox,
+        metrics: ProxyMetrics,
+        interval_s: float,
+        commit: Callable[[dict[tuple[str, int], int]], bool],
+        paused: Callable[[], int],
+    ) -> None:
+        self._state = state
+        self._outbox = outbox
+        self._metrics = metrics
+        self._interval_s = interval_s
+        self._commit = commit
+        self._paused = paused
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="proxy-committer", daemon=True)
+        self.error: BaseException | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop and make one last commit."""
+        self._stop.set()
+        self._thread.join(30)
+        self.commit_now()
+
+    def commit_now(self) -> None:
+        with self._state.commit_lock:
+            positions = self._state.to_commit()
+            if positions and self._commit(positions):
+                self._state.mark_committed(positions)
+
+    def _run(self) -> None:
+        next_commit = time.monotonic() + self._interval_s
+        next_gauges = 0.0
+        try:
+            while not self._stop.is_set():
+                self._outbox.poll(0.05)
+                now = time.monotonic()
+                if now >= next_commit:
+                    self.commit_now()
+                    next_commit = now + self._interval_s
+                if now >= next_gauges:
+                    self.refresh_gauges(now)
+                    next_gauges = now + 1.0
+        except BaseException as exc:
+            self.error = exc
+            log.exception("proxy committer failed")
+
+    def refresh_gauges(self, now: float) -> None:
+        snap = self._state.snapshot(now)
+        m = self._metrics
+        m.pending.set(snap.waiting)
+        m.pending_bytes.set(snap.held_bytes)
+        m.in_flight.set(snap.in_flight)
+        m.oldest_in_flight.set(snap.oldest_in_flight_s)
+        m.paused.set(self._paused())
+        for (topic, partition), lag in snap.uncommitted.items():
+            m.commit_lag.labels(topic, str(partition)).set(lag)

@@ -1,0 +1,254 @@
+"""From a Kafka record to the request the proxy will make: the two delivery modes.
+
+* fires mode: the record is a trigger (docs/design.md); its callback names the URL, method,
+  headers and timeout. The body is the payload (JSON or opaque bytes).
+* generic mode: any record goes to one configured endpoint with the MPS contract: POST,
+  headers ``Key``, ``Topic``, ``Partition``, ``Offset`` and every Kafka header, body the
+  record value as is.
+
+An ``Envelope`` carries the original record (for dead letters), the request, the order key
+and the per-message retry state. A record that cannot be turned into a request (a trigger
+that does not parse) still becomes an envelope, marked ``invalid``, so it is dead-lettered
+through the normal path and its offset gets committed.
+
+Pure: no I/O, no clock (callers pass ``now``).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote, urlsplit
+
+import orjson
+
+from proxy.retry import AttemptState
+from tocsin.errors import TocsinError
+from topics.models import HttpCallback, KafkaCallback, PayloadType, Trigger
+
+KafkaHeaders = Sequence[tuple[str, bytes | None]]
+TopicPartition = tuple[str, int]
+
+# RFC 9110 token characters: what a header name may contain.
+_TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
+# Header values: visible ASCII/latin-1 plus space and tab; anything else is percent-encoded
+# so a Kafka header can never smuggle CR/LF into the HTTP request.
+_UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+_RESERVED = frozenset({"key", "topic", "partition", "offset", "content-length", "host",
+                       "transfer-encoding", "connection", "content-type"})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Request:
+    method: str
+    url: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    timeout_s: float
+
+    @property
+    def host(self) -> str:
+        parts = urlsplit(self.url)
+        return f"{parts.scheme}://{parts.netloc}"
+
+
+class Envelope:
+    """One record in the proxy, from poll to its final outcome."""
+
+    __slots__ = (
+        "attempt_state",
+        "attempting",
+        "cancelled",
+        "first_attempt_s",
+        "headers",
+        "host",
+        "invalid",
+        "kafka_target",
+        "key",
+        "offset",
+        "order_key",
+        "partition",
+        "read_s",
+        "request",
+        "size",
+        "timer",
+        "timestamp_ms",
+        "topic",
+        "tp",
+        "trigger",
+        "value",
+    )
+
+    def __init__(
+        self,
+        *,
+        topic: str,
+        partition: int,
+        offset: int,
+        key: bytes | None,
+        value: bytes | None,
+        headers: KafkaHeaders,
+        timestamp_ms: int | None,
+        read_s: float,
+    ) -> None:
+        self.topic = topic
+        self.partition = partition
+        self.offset = offset
+        self.key = key
+        self.value = value
+        self.headers = list(headers)
+        self.timestamp_ms = timestamp_ms
+        self.read_s = read_s
+        self.tp: TopicPartition = (topic, partition)
+        # Order is per Kafka key within a partition: that is the order Kafka itself gives.
+        self.order_key: Hashable | None = None if key is None else (topic, partition, key)
+        self.size = (
+            len(key or b"") + len(value or b"")
+            + sum(len(k) + len(v or b"") for k, v in self.headers) + 200  # + bookkeeping
+        )
+        self.request: Request | None = None
+        self.kafka_target: KafkaCallback | None = None
+        self.trigger: Trigger | None = None
+        self.invalid: str | None = None
+        self.host = ""
+        self.attempt_state = AttemptState()
+        self.attempting = False
+        self.cancelled = False
+        self.timer: Any = None  # the asyncio handle of a scheduled retry
+        self.first_attempt_s: float | None = None
+
+    def __repr__(self) -> str:
+        return f"Envelope({self.topic}[{self.partition}]@{self.offset})"
+
+
+def _header_value(raw: bytes | str | None) -> str:
+    text = raw.decode("latin-1") if isinstance(raw, bytes) else (raw or "")
+    if _UNSAFE.search(text):
+        return quote(text, safe="".join(chr(c) for c in range(0x20, 0x7f) if chr(c) != "%"))
+    return text
+
+
+def generic_request(env: Envelope, *, url: str, timeout_s: float) -> Request:
+    """The MPS request for any record: POST, Key/Topic/Partition/Offset + Kafka headers."""
+    headers: list[tuple[str, str]] = [
+        ("Topic", env.topic),
+        ("Partition", str(env.partition)),
+        ("Offset", str(env.offset)),
+        ("Content-Type", "application/octet-stream"),
+        ("Accept", "application/json"),
+    ]
+    if env.key is not None:
+        headers.append(("Key", _header_value(env.key)))
+    for name, value in env.headers:
+        # Names that are not HTTP tokens, or that would overwrite the contract's own headers
+        # or break framing, cannot travel as headers; they stay in the dead letter if any.
+        if _TOKEN.match(name) and name.lower() not in _RESERVED:
+            headers.append((name, _header_value(value)))
+    return Request(method="POST", url=url, headers=tuple(headers), body=env.value or b"",
+                   timeout_s=timeout_s)
+
+
+def _fallback_decode_trigger(data: bytes) -> Trigger:
+    """Parse the trigger JSON of docs/design.md (used until topics.codec provides it)."""
+    try:
+        doc = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise ValueError(f"trigger is not JSON: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ValueError("trigger must be a JSON object")
+    try:
+        cb = doc["callback"]
+        if cb.get("type", "http") == "kafka":
+            callback: HttpCallback | KafkaCallback = KafkaCallback(
+                topic=str(cb["topic"]), key=None if cb.get("key") is None else str(cb["key"])
+            )
+        else:
+            callback = HttpCallback(
+                url=str(cb["url"]),
+                method=str(cb.get("method", "POST")).upper(),  # type: ignore[arg-type]
+                headers={str(k): str(v) for k, v in (cb.get("headers") or {}).items()},
+                timeout_s=float(cb.get("timeout_s", 10.0)),
+            )
+        if "payload_b64" in doc:
+            payload, ptype = base64.b64decode(doc["payload_b64"], validate=True), PayloadType.BYTES
+        elif "payload" in doc:
+            payload, ptype = orjson.dumps(doc["payload"]), PayloadType.JSON
+        else:
+            payload, ptype = b"", PayloadType.BYTES
+        return Trigger(
+            trigger_id=str(doc["trigger_id"]),
+            schedule_id=str(doc["schedule_id"]),
+            tenant=str(doc["tenant"]),
+            due_ms=int(doc["due_ms"]),
+            emitted_ms=int(doc.get("emitted_ms", 0)),
+            attempt=int(doc.get("attempt", 1)),
+            order_key=str(doc.get("order_key") or doc["schedule_id"]),
+            payload=payload,
+            payload_type=ptype,
+            callback=callback,
+        )
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise ValueError(f"malformed trigger: {exc!r}") from exc
+
+
+def trigger_decoder() -> Callable[[bytes], Trigger]:
+    """topics.codec.decode_trigger when it exists, else the local parser of the same JSON."""
+    try:
+        from topics.codec import decode_trigger  # type: ignore[attr-defined,unused-ignore]
+    except ImportError:
+        return _fallback_decode_trigger
+    return decode_trigger  # type: ignore[no-any-return,unused-ignore]
+
+
+def fire_request(trigger: Trigger, callback: HttpCallback) -> Request:
+    headers = [(k, _header_value(v)) for k, v in callback.headers.items()
+               if _TOKEN.match(k) and k.lower() not in ("content-length", "host",
+                                                        "transfer-encoding", "connection")]
+    have = {k.lower() for k, _ in headers}
+    if "content-type" not in have:
+        ctype = ("application/json" if trigger.payload_type == PayloadType.JSON
+                 else "application/octet-stream")
+        headers.append(("Content-Type", ctype))
+    headers += [
+        ("Tocsin-Trigger-Id", trigger.trigger_id),
+        ("Tocsin-Schedule-Id", _header_value(trigger.schedule_id)),
+        ("Tocsin-Tenant", _header_value(trigger.tenant)),
+        ("Tocsin-Due-Ms", str(trigger.due_ms)),
+        ("Tocsin-Emit-Attempt", str(trigger.attempt)),
+        # Stable across re-emits and proxy retries: receivers can drop duplicates with it.
+        ("Idempotency-Key", trigger.trigger_id),
+    ]
+    return Request(method=callback.method, url=callback.url, headers=tuple(headers),
+                   body=trigger.payload, timeout_s=callback.timeout_s)
+
+
+def prepare_fire(env: Envelope, decode: Callable[[bytes], Trigger]) -> None:
+    """Fill a fires-topic envelope's request (or mark it invalid)."""
+    try:
+        trigger = decode(env.value or b"")
+    except (ValueError, TocsinError) as exc:
+        env.invalid = f"undecodable trigger: {exc}"
+        return
+    env.trigger = trigger
+    cb = trigger.callback
+    if isinstance(cb, KafkaCallback):
+        env.kafka_target = cb
+        env.host = f"kafka:{cb.topic}"
+        return
+    parts = urlsplit(cb.url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        env.invalid = f"callback url is not http(s): {cb.url!r}"
+        return
+    env.request = fire_request(trigger, cb)
+    env.host = env.request.host
+
+
+def prepare_generic(env: Envelope, *, url: str, timeout_s: float) -> None:
+    env.request = generic_request(env, url=url, timeout_s=timeout_s)
+    env.host = env.request.host
+
+
+DeliveryOutcome = Literal["delivered", "dead_lettered"]

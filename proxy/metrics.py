@@ -1,0 +1,60 @@
+"""Prometheus metrics of one proxy instance.
+
+Each ``ProxyMetrics`` owns its registry, so two proxies in one test process never collide.
+Counters are bumped where things happen; gauges are refreshed from the shared state once a
+second by the committer thread (cheaper than updating them per message). Never blocks.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
+
+
+class ProxyMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.pending = Gauge("tocsin_proxy_pending_messages",
+                             "Messages read and waiting to be handed to a writer", registry=r)
+        self.pending_bytes = Gauge("tocsin_proxy_held_bytes",
+                                   "Bytes held (waiting + in flight) against the bound",
+                                   registry=r)
+        self.in_flight = Gauge("tocsin_proxy_in_flight",
+                               "Messages handed out and not finished (incl. retry backoff)",
+                               registry=r)
+        self.paused = Gauge("tocsin_proxy_paused_partitions",
+                            "Partitions paused by backpressure", registry=r)
+        self.oldest_in_flight = Gauge("tocsin_proxy_oldest_in_flight_seconds",
+                                      "Age of the oldest unfinished message since it was read",
+                                      registry=r)
+        self.commit_lag = Gauge("tocsin_proxy_commit_lag_messages",
+                                "Messages read but not covered by a committed offset",
+                                ["topic", "partition"], registry=r)
+        self.deliveries = Counter("tocsin_proxy_deliveries",
+                                  "Final outcomes by outcome and last status class",
+                                  ["outcome", "status_class"], registry=r)
+        self.attempts = Counter("tocsin_proxy_attempts",
+                                "Delivery attempts by status class", ["status_class"],
+                                registry=r)
+        self.retries = Counter("tocsin_proxy_retries", "Retries scheduled, by status class",
+                               ["status_class"], registry=r)
+        self.dead_letters = Counter("tocsin_proxy_dead_letters",
+                                    "Messages dead-lettered, by kind of reason", ["kind"],
+                                    registry=r)
+        self.latency = Histogram("tocsin_proxy_delivery_seconds",
+                                 "From read to final outcome", buckets=_LATENCY_BUCKETS,
+                                 registry=r)
+        self.request_latency = Histogram("tocsin_proxy_request_seconds",
+                                         "One HTTP attempt, request to response",
+                                         buckets=_LATENCY_BUCKETS, registry=r)
+        self.commits = Counter("tocsin_proxy_commits", "Offset commits", ["result"],
+                               registry=r)
+        self.rebalances = Counter("tocsin_proxy_rebalances", "Partitions assigned or revoked",
+                                  ["event"], registry=r)
+
+    def serve(self, port: int) -> None:
+        """Expose /metrics on ``port`` (0 disables)."""
+        if port:
+            start_http_server(port, registry=self.registry)

@@ -1,0 +1,241 @@
+"""The reader thread: the proxy's only Kafka consumer, which only polls.
+
+It turns polled records into envelopes, pushes them into the bounded pending queue and
+pauses its partitions while the queue is over its high-water mark (resuming under the
+low-water mark). It never waits on a receiver, so however slow the endpoints are, it polls
+well within ``max.poll.interval.ms`` and slow receivers never cause rebalances. Paused,
+it keeps polling: that serves heartbeats and rebalance callbacks and fetches nothing.
+
+Rebalance callbacks run on this thread (inside ``consume``). On revoke it stops new
+attempts for the partitions, waits (bounded) for running attempts to finish, commits what
+is done and drops the rest: a rebalance can duplicate a message, never lose one.
+
+Auto-commit is off; offsets are committed only by the committer thread and here on
+revoke/shutdown, and only up to the contiguous done prefix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaError as RdKafkaError
+
+from proxy.envelope import Envelope
+from proxy.metrics import ProxyMetrics
+from proxy.outbox import Outbox
+from proxy.settings import ProxySettings
+from proxy.state import SharedState
+from proxy.writer import Writer
+from tocsin.errors import KafkaError
+
+log = logging.getLogger("tocsin.proxy")
+
+BATCH = 500
+
+
+def consumer_config(kafka_conf: dict[str, Any], s: ProxySettings) -> dict[str, Any]:
+    conf = dict(kafka_conf)
+    conf.update({
+        "group.id": s.group_id,
+        "enable.auto.commit": False,
+        "enable.auto.offset.store": False,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "cooperative-sticky",
+        "max.poll.interval.ms": int(s.max_poll_interval_s * 1000),
+        "session.timeout.ms": int(s.session_timeout_s * 1000),
+        "heartbeat.interval.ms": max(100, int(s.session_timeout_s * 1000 / 4)),
+        # librdkafka prefetches on its own; keep that buffer small next to our bound so the
+        # process's memory is governed by max_pending_bytes, not by the client library.
+        "queued.max.messages.kbytes": max(1024, min(16384, s.max_pending_bytes // 4096)),
+        "fetch.wait.max.ms": 100,
+    })
+    return conf
+
+
+class Reader:
+    def __init__(
+        self,
+        *,
+        kafka_conf: dict[str, Any],
+        settings: ProxySettings,
+        topics: list[str],
+        state: SharedState,
+        writer: Writer,
+        outbox: Outbox,
+        metrics: ProxyMetrics,
+        prepare: Callable[[Envelope], None],
+        commit: Callable[[Consumer, dict[tuple[str, int], int]], None],
+    ) -> None:
+        self._s = settings
+        self._topics = topics
+        self._state = state
+        self._writer = writer
+        self._outbox = outbox
+        self._metrics = metrics
+        self._prepare = prepare
+        self._commit = commit
+        self._conf = consumer_config(kafka_conf, settings)
+        self.consumer: Consumer | None = None
+        self._stop = threading.Event()
+        self.stopped_reading = threading.Event()
+        self._may_close = threading.Event()
+        self.closed = threading.Event()
+        self._paused = False
+        self._assignment_changed = False
+        self.assignment: set[tuple[str, int]] = set()
+        self.paused_partitions = 0
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="proxy-reader", daemon=True)
+
+    def start(self) -> None:
+        try:
+            self.consumer = Consumer(self._conf)
+        except KafkaException as exc:
+            raise KafkaError(f"cannot create the proxy consumer: {exc}") from exc
+        self.consumer.subscribe(self._topics, on_assign=self._on_assign,
+                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+        self._thread.start()
+
+    def stop_reading(self) -> None:
+        self._stop.set()
+
+    def close(self, timeout_s: float) -> None:
+        """After the writer drained: final revoke-commit and leave the group."""
+        self._may_close.set()
+        self._thread.join(timeout_s)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- the poll loop -----------------------------------------------------------------
+
+    def _run(self) -> None:
+        consumer = self.consumer
+        assert consumer is not None
+        try:
+            while not self._stop.is_set():
+                msgs = consumer.consume(num_messages=BATCH, timeout=0.1)
+                if msgs:
+                    self._ingest(msgs)
+                self._backpressure(consumer)
+        except BaseException as exc:
+            self.error = exc
+            log.exception("proxy reader failed")
+        finally:
+            self.stopped_reading.set()
+        # Shutdown: the app drains the writer, then lets us close. close() runs the revoke
+        # callback on this thread, which commits what is done.
+        self._may_close.wait()
+        try:
+            consumer.close()
+        except Exception:
+            log.warning("consumer close failed", exc_info=True)
+        self.closed.set()
+
+    def _ingest(self, msgs: list[Any]) -> None:
+        now = time.monotonic()
+        envs: list[Envelope] = []
+        for m in msgs:
+            err = m.error()
+            if err is not None:
+                if err.code() != RdKafkaError._PARTITION_EOF:
+                    log.warning("consume error", extra={"error": str(err)})
+                continue
+            ts_type, ts = m.timestamp()
+            env = Envelope(
+                topic=m.topic(), partition=m.partition(), offset=m.offset(), key=m.key(),
+                value=m.value(), headers=m.headers() or (), read_s=now,
+                timestamp_ms=ts if ts_type else None,
+            )
+            self._prepare(env)
+            envs.append(env)
+        if envs and self._state.push(envs):
+            self._writer.notify()
+
+    def _backpressure(self, consumer: Consumer) -> None:
+        want = self._state.should_pause()
+        if want == self._paused and not (want and self._assignment_changed):
+            return
+        parts = consumer.assignment()
+        if want:
+            consumer.pause(parts)
+            if not self._paused:
+                log.info("pending queue full, pausing", extra={"partitions": len(parts)})
+        else:
+            consumer.resume(parts)
+            log.info("pending queue drained, resuming", extra={"partitions": len(parts)})
+        self._paused = want
+        self._assignment_changed = False
+        self.paused_partitions = len(parts) if want else 0
+        self._metrics.paused.set(self.paused_partitions)
+
+    # ---- rebalance callbacks (on this thread) ------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        tps = [(p.topic, p.partition) for p in partitions]
+        self._state.assign(tps)
+        self.assignment.update(tps)
+        self._assignment_changed = True
+        self._metrics.rebalances.labels("assigned").inc(len(tps))
+        if tps:
+            log.info("partitions assigned", extra={"partitions": sorted(tps)})
+
+    def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        self._revoke(consumer, partitions, commit=True)
+
+    def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        # Lost means another member may already own them: committing now could move the
+        # new owner's offsets backwards, so drop without committing.
+        self._revoke(consumer, partitions, commit=False)
+
+    def _revoke(self, consumer: Consumer, partitions: list[TopicPartition], *,
+                commit: bool) -> None:
+        tps = {(p.topic, p.partition) for p in partitions}
+        if not tps:
+            return
+        dropped = self._state.begin_revoke(tps)
+        self._writer.freeze(tps)
+        deadline = time.monotonic() + self._s.revoke_timeout_s
+        while self._state.attempting(tps) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # Records of messages that just finished must be acknowledged before we commit
+        # past them.
+        self._outbox.flush(max(0.0, deadline - time.monotonic()) + 1.0)
+        with self._state.commit_lock:
+            positions, leftovers = self._state.end_revoke(tps)
+            if commit and positions:
+                self._commit(consumer, positions)
+        for tp in tps:
+            self.assignment.discard(tp)
+            with contextlib.suppress(KeyError):  # no gauge yet for this partition
+                self._metrics.commit_lag.remove(tp[0], str(tp[1]))
+        self._metrics.rebalances.labels("revoked" if commit else "lost").inc(len(tps))
+        log.info("partitions revoked", extra={
+            "partitions": sorted(tps), "committed": {f"{t}[{p}]": o
+                                                     for (t, p), o in positions.items()},
+            "dropped_waiting": dropped, "abandoned_in_flight": len(leftovers),
+            "lost": not commit,
+        })
+
+
+def commit_positions(consumer: Consumer, positions: dict[tuple[str, int], int],
+                     metrics: ProxyMetrics) -> bool:
+    """Synchronously commit ``positions``; False (and logged) if Kafka refused."""
+    offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items() if o != OFFSET_INVALID]
+    if not offsets:
+        return True
+    try:
+        consumer.commit(offsets=offsets, asynchronous=False)
+    except KafkaException as exc:
+        metrics.commits.labels("failed").inc()
+        log.warning("offset commit failed; will retry", extra={"error": str(exc)})
+        return False
+    metrics.commits.labels("ok").inc()
+    return True

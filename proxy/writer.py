@@ -1,0 +1,411 @@
+"""The writer pool: asyncio + aiohttp delivering what the order iterator hands out.
+
+One event loop in its own thread runs at most ``concurrency`` attempts at once, and at most
+``per_host_concurrency`` per receiver (scheme://host:port), so one slow receiver cannot
+hold every writer. A message waiting for its host's cap is *parked*: it keeps its key
+blocked but holds no writer slot. Between attempts a message waits on a timer (backoff or
+Retry-After), still in flight so its key stays blocked; it holds no slot either.
+Connections are pooled and kept alive by one ``aiohttp.ClientSession``.
+
+The decision after each attempt comes from ``proxy.retry.decide``; this module only
+carries it out. It must never block the loop (no Kafka calls except non-blocking produce)
+and never mark an offset done before the message's records are acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import aiohttp
+from multidict import CIMultiDict
+
+from proxy.deadletter import dead_letter_record, delivery_outcome
+from proxy.envelope import DeliveryOutcome, Envelope, TopicPartition
+from proxy.metrics import ProxyMetrics
+from proxy.outbox import Outbox
+from proxy.retry import (
+    AttemptResult,
+    ConnectFailure,
+    DeadLetter,
+    Decision,
+    Done,
+    HttpResult,
+    Retry,
+    RetryPolicy,
+    TimeoutResult,
+    Undeliverable,
+    decide,
+    status_class,
+)
+from proxy.settings import ProxySettings
+from proxy.state import SharedState
+
+log = logging.getLogger("tocsin.proxy")
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Writer:
+    def __init__(
+        self,
+        *,
+        state: SharedState,
+        settings: ProxySettings,
+        metrics: ProxyMetrics,
+        outbox: Outbox,
+        dead_letter_topic: str,
+        deliveries_topic: str | None,
+        rand: Callable[[], float] = random.random,
+    ) -> None:
+        self._state = state
+        self._s = settings
+        self._policy: RetryPolicy = settings.retry_policy()
+        self._metrics = metrics
+        self._outbox = outbox
+        self._dlq_topic = dead_letter_topic
+        self._deliveries_topic = deliveries_topic
+        self._rand = rand
+        self._active = 0
+        self._host_active: dict[str, int] = {}
+        self._parked: dict[str, deque[Envelope]] = {}
+        self._retry_ready: deque[Envelope] = deque()
+        self._backoff: set[Envelope] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._dispatching = True
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self._drain_timeout_s = settings.shutdown_timeout_s
+        self._session: aiohttp.ClientSession | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="proxy-writer", daemon=True)
+        self.error: BaseException | None = None
+
+    # ---- lifecycle (called from other threads) -------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(10)
+
+    def notify(self) -> None:
+        """New messages were pushed: wake the dispatcher (thread-safe, cheap)."""
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the loop is shutting down
+                loop.call_soon_threadsafe(wake.set)
+
+    def drain(self, timeout_s: float) -> None:
+        """Stop dispatching, let running attempts finish within ``timeout_s``, then stop."""
+        self._drain_timeout_s = timeout_s
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(stop.set)
+        self._thread.join(timeout_s + 10)
+
+    def freeze(self, tps: set[TopicPartition]) -> None:
+        """Revoke, step 1: abandon messages of these partitions that are not mid-attempt.
+
+        ``SharedState.begin_revoke`` already keeps new attempts from starting; this drops
+        the ones waiting in backoff or parked, so their keys and bytes are released now.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        fut = asyncio.run_coroutine_threadsafe(self._freeze(tps), loop)
+        try:
+            fut.result(timeout=10)
+        except Exception:  # the loop stopped meanwhile; nothing left to freeze
+            log.debug("freeze skipped", exc_info=True)
+
+    async def _freeze(self, tps: set[TopicPartition]) -> None:
+        for env in [e for e in self._backoff if e.tp in tps]:
+            if env.timer is not None:
+                env.timer.cancel()
+            self._backoff.discard(env)
+            self._abandon(env)
+        self._retry_ready = deque(e for e in self._retry_ready if not self._drop_if(e, tps))
+        for host, parked in self._parked.items():
+            self._parked[host] = deque(e for e in parked if not self._drop_if(e, tps))
+
+    def _drop_if(self, env: Envelope, tps: set[TopicPartition]) -> bool:
+        if env.tp in tps or env.cancelled:
+            self._abandon(env)
+            return True
+        return False
+
+    # ---- the loop ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # surfaced by ProxyApp; the thread must not die quietly
+            self.error = exc
+            log.exception("proxy writer failed")
+            self._ready.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        connector = aiohttp.TCPConnector(
+            limit=self._s.concurrency,
+            limit_per_host=self._s.per_host_concurrency,
+            ttl_dns_cache=300,
+            keepalive_timeout=30,
+        )
+        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
+            self._session = session
+            self._ready.set()
+            stop_wait = asyncio.ensure_future(self._stop.wait())
+            while not self._stop.is_set():
+                wake_wait = asyncio.ensure_future(self._wake.wait())
+                await asyncio.wait({wake_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
+                wake_wait.cancel()
+                self._wake.clear()
+                self._pump()
+            await self._shutdown()
+
+    async def _shutdown(self) -> None:
+        self._dispatching = False
+        # Messages waiting for a retry or a slot are not "in-flight work": give them back.
+        for env in list(self._backoff):
+            if env.timer is not None:
+                env.timer.cancel()
+            self._abandon(env)
+        self._backoff.clear()
+        for env in self._retry_ready:
+            self._abandon(env)
+        self._retry_ready.clear()
+        for parked in self._parked.values():
+            for env in parked:
+                self._abandon(env)
+        self._parked.clear()
+        if self._tasks:
+            _, pending = await asyncio.wait(set(self._tasks), timeout=self._drain_timeout_s)
+            for task in pending:
+                task.cancel()
+            if pending:
+                log.warning("proxy shutdown cancelled unfinished attempts",
+                            extra={"attempts": len(pending)})
+                await asyncio.wait(pending, timeout=5)
+
+    # ---- dispatch ----------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        per_host = self._s.per_host_concurrency
+        while self._dispatching and self._active < self._s.concurrency:
+            env = self._retry_ready.popleft() if self._retry_ready else self._state.take()
+            if env is None:
+                return
+            if env.cancelled or env.tp in self._state.revoking:
+                self._abandon(env)
+                continue
+            if self._host_active.get(env.host, 0) >= per_host:
+                self._parked.setdefault(env.host, deque()).append(env)
+                continue
+            self._start(env)
+
+    def _start(self, env: Envelope) -> None:
+        self._active += 1
+        self._host_active[env.host] = self._host_active.get(env.host, 0) + 1
+        env.attempting = True
+        task = asyncio.get_running_loop().create_task(self._attempt(env))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _slot_freed(self, host: str) -> None:
+        self._active -= 1
+        left = self._host_active[host] - 1
+        if left:
+            self._host_active[host] = left
+        else:
+            del self._host_active[host]
+        parked = self._parked.get(host)
+        while parked and self._dispatching:
+            env = parked.popleft()
+            if env.cancelled or env.tp in self._state.revoking:
+                self._abandon(env)
+                continue
+            self._start(env)  # the freed slot goes to the host's longest-waiting message
+            break
+        if parked is not None and not parked:
+            del self._parked[host]
+
+    def _abandon(self, env: Envelope) -> None:
+        """Give the message back without an outcome (revoke or shutdown): no offset moves."""
+        env.cancelled = True
+        env.attempting = False
+        self._state.release(env)
+
+    def _retry_due(self, env: Envelope) -> None:
+        env.timer = None
+        self._backoff.discard(env)
+        if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
+            self._abandon(env)
+            return
+        self._retry_ready.append(env)
+        self._pump()
+
+    # ---- one attempt -------------------------------------------------------------------
+
+    async def _attempt(self, env: Envelope) -> None:
+        host = env.host
+        try:
+            now = time.monotonic()
+            if env.first_attempt_s is None:
+                env.first_attempt_s = now
+            result = await self._send(env)
+        except asyncio.CancelledError:
+            env.attempting = False
+            self._slot_freed(host)
+            self._abandon(env)
+            raise
+        except Exception as exc:  # a bug or an unexpected library error: retry, loudly
+            log.exception("unexpected delivery error", extra={"record": repr(env)})
+            result = ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
+        env.attempting = False
+        self._slot_freed(host)
+        sclass = status_class(result)
+        self._metrics.attempts.labels(sclass).inc()
+        now = time.monotonic()
+        decision, env.attempt_state = decide(
+            self._policy, env.attempt_state, result,
+            now_s=now, now_epoch_s=time.time(), rand=self._rand,
+        )
+        self._carry_out(env, decision, sclass, now)
+        self._pump()
+
+    async def _send(self, env: Envelope) -> AttemptResult:
+        if env.invalid is not None:
+            return Undeliverable(detail=env.invalid)
+        if env.kafka_target is not None:
+            return await self._send_kafka(env)
+        req = env.request
+        assert req is not None and self._session is not None
+        headers = CIMultiDict(req.headers)
+        headers["Tocsin-Delivery-Attempt"] = str(env.attempt_state.attempts + 1)
+        timeout = aiohttp.ClientTimeout(
+            total=req.timeout_s, sock_connect=min(self._s.connect_timeout_s, req.timeout_s)
+        )
+        t0 = time.perf_counter()
+        try:
+            async with self._session.request(
+                req.method, req.url, headers=headers, data=req.body, timeout=timeout,
+                allow_redirects=False,
+            ) as resp:
+                if 200 <= resp.status < 300:
+                    await resp.read()  # read to the end so the connection is reused
+                    return HttpResult(status=resp.status)
+                snippet = await resp.content.read(self._s.body_snippet_bytes)
+                return HttpResult(
+                    status=resp.status,
+                    retry_after=resp.headers.get("Retry-After"),
+                    body_snippet=snippet.decode("utf-8", "replace"),
+                )
+        except aiohttp.ConnectionTimeoutError:
+            return ConnectFailure(detail="connect timeout")
+        except TimeoutError:  # includes aiohttp.SocketTimeoutError
+            return TimeoutResult(detail=f"no response within {req.timeout_s:g}s")
+        except (aiohttp.InvalidURL, ValueError) as exc:
+            return Undeliverable(detail=f"invalid request: {exc}")
+        except (aiohttp.ClientError, OSError) as exc:
+            return ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._metrics.request_latency.observe(time.perf_counter() - t0)
+
+    async def _send_kafka(self, env: Envelope) -> AttemptResult:
+        """A trigger whose callback is a Kafka topic: produce its payload there."""
+        target, trig = env.kafka_target, env.trigger
+        assert target is not None and trig is not None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def ack(err: Any, _msg: Any) -> None:
+            def resolve() -> None:
+                if not fut.done():
+                    fut.set_result(err)
+            # A closed loop (shutdown) drops the ack: the message is redelivered later.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(resolve)
+
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("tocsin-trigger-id", trig.trigger_id), ("tocsin-schedule-id", trig.schedule_id),
+            ("tocsin-tenant", trig.tenant), ("tocsin-due-ms", str(trig.due_ms)),
+        ]
+        key = None if target.key is None else target.key.encode()
+        self._outbox.produce(target.topic, key, trig.payload, headers, ack)
+        try:
+            err = await asyncio.wait_for(fut, timeout=60)
+        except TimeoutError:
+            return TimeoutResult(detail="kafka callback not acknowledged within 60s")
+        if err is None:
+            return HttpResult(status=200)
+        return ConnectFailure(detail=f"kafka callback failed: {err}")
+
+    # ---- outcomes ----------------------------------------------------------------------
+
+    def _carry_out(self, env: Envelope, decision: Decision, sclass: str, now: float) -> None:
+        if isinstance(decision, Retry):
+            self._metrics.retries.labels(sclass).inc()
+            if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
+                self._abandon(env)
+                return
+            loop = asyncio.get_running_loop()
+            env.timer = loop.call_later(decision.after_s, self._retry_due, env)
+            self._backoff.add(env)
+            log.debug("retry scheduled", extra={"record": repr(env), "after_s": decision.after_s,
+                                               "reason": decision.reason})
+            return
+        if env.cancelled:
+            self._state.release(env)  # revoked meanwhile: the new owner decides again
+            return
+        self._state.release(env)  # unblocks the key before the records are acknowledged
+        latency_s = now - env.read_s
+        self._metrics.latency.observe(latency_s)
+        now_ms = _now_ms()
+        records: list[tuple[str, bytes | None, bytes]] = []
+        outcome: tuple[DeliveryOutcome, int | None, str | None]
+        if isinstance(decision, Done):
+            self._metrics.deliveries.labels("delivered", sclass).inc()
+            outcome = ("delivered", decision.status, None)
+        else:
+            assert isinstance(decision, DeadLetter)
+            kind = sclass if sclass != "timeout" else "poison"
+            self._metrics.deliveries.labels("dead_lettered", sclass).inc()
+            self._metrics.dead_letters.labels(kind).inc()
+            st = env.attempt_state
+            first = st.first_failure_s if st.first_failure_s is not None else now
+            last = st.last_failure_s if st.last_failure_s is not None else now
+            # Failure times are monotonic; translate them to wall clock for the record.
+            records.append((self._dlq_topic, env.key, dead_letter_record(
+                env, reason=decision.reason, status=decision.status,
+                first_failure_ms=now_ms - int((now - first) * 1000),
+                last_failure_ms=now_ms - int((now - last) * 1000),
+                now_ms=now_ms, group_id=self._s.group_id,
+            )))
+            log.warning("message dead-lettered", extra={
+                "topic": env.topic, "partition": env.partition, "offset": env.offset,
+                "reason": decision.reason, "attempts": st.attempts,
+            })
+            outcome = ("dead_lettered", decision.status, decision.reason)
+        if self._deliveries_topic is not None:
+            rec = delivery_outcome(env, outcome=outcome[0],
+                                   status=outcome[1], reason=outcome[2],
+                                   latency_ms=int(latency_s * 1000), now_ms=now_ms)
+            if rec is not None:
+                records.append((self._deliveries_topic, rec[0], rec[1]))
+        if records:
+            self._outbox.send_all(records, lambda: self._state.offset_done(env))
+        else:
+            self._state.offset_done(env)

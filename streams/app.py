@@ -1,0 +1,179 @@
+"""Faust wiring of the scheduler worker (``tocsin worker``).
+
+The consumer group of the commands topic decides ownership: the worker that is assigned
+commands partition p runs the command agent for p *and* the ticker of bucket partition p
+(this replaces go-scheduler's ringpop). On revocation the ticker stops (after waiting for
+its in-flight triggers and writing its checkpoint); the next owner catches up from it.
+
+Faust acknowledges a batch of commands only after ``CommandProcessor.process_batch``
+returns, i.e. after the Cassandra writes and the results are durable, so a crash replays
+commands rather than losing them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from streams import metrics
+from streams.commands import CommandProcessor, RawCommand
+from streams.emitter import Emitter
+from streams.store import Store
+from streams.ticker import PartitionTicker, TickerConfig
+from tocsin.settings import Settings
+from topics.catalog import catalog
+from topics.validation import Limits
+
+log = logging.getLogger("tocsin.worker")
+
+
+def faust_broker_credentials(settings: Settings) -> Any:
+    """SASL/TLS settings translated to Faust's credential objects (None for PLAINTEXT)."""
+    import ssl
+
+    k = settings.kafka
+    ctx = None
+    if k.security_protocol in ("SSL", "SASL_SSL"):
+        ctx = ssl.create_default_context(cafile=k.ssl_ca_location)
+        if k.ssl_certificate_location:
+            ctx.load_cert_chain(k.ssl_certificate_location, k.ssl_key_location)
+    if k.security_protocol.startswith("SASL"):
+        return faust.SASLCredentials(
+            username=k.sasl_username, password=k.sasl_password,
+            mechanism=k.sasl_mechanism or "PLAIN", ssl_context=ctx,
+        )
+    if ctx is not None:
+        return faust.SSLCredentials(ctx)
+    return None
+
+
+class Worker:
+    """Holds the worker's edges (store, emitter, tickers) and the Faust app using them."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.catalog = catalog(settings.topics)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.store = Store(settings.cassandra)
+        self.emitter = Emitter(settings.kafka, client_id=f"tocsin-worker-{os.getpid()}")
+        self.tickers: dict[int, PartitionTicker] = {}
+        sched = settings.scheduler
+        self.ticker_config = TickerConfig(
+            fire_topic=self.catalog.fires.name,
+            owner=self.owner,
+            bucket_shards=sched.bucket_shards,
+            preload_ahead_ms=int(sched.preload_ahead_s * 1000),
+            default_misfire_tolerance_s=sched.default_misfire_tolerance_s,
+            initial_lookback_ms=sched.default_misfire_tolerance_s * 1000,
+        )
+        self.processor = CommandProcessor(
+            store=self.store, sink=self.emitter, tickers=self.tickers,
+            results_topic=self.catalog.command_results.name,
+            partitions=self.catalog.commands.partitions,
+            limits=Limits(max_payload_bytes=sched.max_payload_bytes,
+                          default_misfire_tolerance_s=sched.default_misfire_tolerance_s),
+            bucket_shards=sched.bucket_shards,
+        )
+        self.app = self._build_app()
+        self._started = False
+        self._start_lock = asyncio.Lock()
+
+    def _build_app(self) -> faust.App:
+        s = self.settings
+        data_dir = Path(s.stack.state_dir) / "faust"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        app = faust.App(
+            f"{s.topics.prefix}scheduler",
+            broker=[f"kafka://{b}" for b in s.kafka.bootstrap_servers.split(",")],
+            broker_credentials=faust_broker_credentials(s),
+            datadir=str(data_dir),
+            value_serializer="raw",
+            key_serializer="raw",
+            web_enabled=True,
+            web_port=s.scheduler.worker_web_port,
+            web_bind="127.0.0.1",
+            topic_allow_declare=False,
+            topic_disable_leader=True,
+            consumer_auto_offset_reset="earliest",
+            broker_session_timeout=s.scheduler.session_timeout_s,
+            broker_heartbeat_interval=max(1.0, s.scheduler.session_timeout_s / 5),
+            broker_commit_interval=1.0,
+            stream_wait_empty=False,
+            producer_acks=-1,
+        )
+        commands = app.topic(self.catalog.commands.name, key_type=bytes, value_type=bytes,
+                             partitions=self.catalog.commands.partitions)
+        batch_size = s.scheduler.command_batch_size
+
+        @app.agent(commands, name="commands")
+        async def command_agent(stream: faust.Stream) -> None:
+            await self._ensure_started()
+            async for events in stream.take_events(batch_size, within=0.02):
+                batch = [
+                    RawCommand(
+                        partition=e.message.partition, offset=e.message.offset,
+                        key=e.message.key, value=e.message.value,
+                        timestamp_ms=int(e.message.timestamp * 1000),
+                    )
+                    for e in events
+                ]
+                await self.processor.process_batch(batch)
+
+        @app.on_partitions_revoked.connect
+        async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+            await self._stop_tickers({tp.partition for tp in revoked
+                                      if tp.topic == self.catalog.commands.name})
+
+        @app.on_partitions_assigned.connect
+        async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+            mine = {tp.partition for tp in assigned if tp.topic == self.catalog.commands.name}
+            await self._ensure_started()
+            await self._stop_tickers(set(self.tickers) - mine)
+            for partition in sorted(mine - set(self.tickers)):
+                ticker = PartitionTicker(partition, store=self.store, sink=self.emitter,
+                                         config=self.ticker_config)
+                self.tickers[partition] = ticker
+                ticker.start()
+            metrics.OWNED_PARTITIONS.set(len(self.tickers))
+            log.info("partitions assigned", extra={"partitions": sorted(mine)})
+
+        @app.on_before_shutdown.connect
+        async def on_shutdown(sender: Any, **kwargs: Any) -> None:
+            await self._stop_tickers(set(self.tickers))
+            await self.emitter.close()
+            await self.store.close()
+
+        return app
+
+    async def _ensure_started(self) -> None:
+        """Connect the edges once, whichever of the agent or the first assignment comes first."""
+        async with self._start_lock:
+            if not self._started:
+                await self.store.connect()
+                self.emitter.start()
+                self._started = True
+
+    async def _stop_tickers(self, partitions: set[int]) -> None:
+        stopping = [self.tickers.pop(p) for p in partitions if p in self.tickers]
+        if stopping:
+            await asyncio.gather(*(t.stop() for t in stopping))
+            log.info("partitions released", extra={"partitions": sorted(partitions)})
+        metrics.OWNED_PARTITIONS.set(len(self.tickers))
+
+
+def run_worker(settings: Settings) -> None:
+    """Run a worker until SIGTERM/SIGINT (blocking)."""
+    from prometheus_client import start_http_server
+
+    start_http_server(settings.scheduler.metrics_port, addr="127.0.0.1")
+    worker = Worker(settings)
+    faust_worker = faust.Worker(worker.app, loglevel=settings.log_level.lower(),
+                                quiet=True, redirect_stdouts=False)
+    faust_worker.execute_from_commandline()

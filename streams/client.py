@@ -1,0 +1,110 @@
+"""A small synchronous client of the scheduler's topics, for the CLI, demo, tests and benches.
+
+Commands are produced with Kafka's default (murmur2) partitioner, as the wire contract
+requires, and results are read back from the command-results topic starting at the high
+watermarks taken before sending, so no answer is missed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+
+from tocsin.errors import KafkaError
+from tocsin.settings import Settings
+from topics.catalog import catalog
+from topics.codec import decode_result, decode_trigger, encode_command
+from topics.models import Command, CommandResult, Trigger
+
+
+class CommandClient:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.topics = catalog(settings.topics)
+        self.producer = Producer({
+            **settings.kafka.librdkafka(),
+            "partitioner": "murmur2_random",  # Java's default: the contract's partitioner
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "queue.buffering.max.messages": 1_000_000,
+        })
+
+    def send(self, command: Command) -> None:
+        self.send_raw(command.schedule_id.encode(), encode_command(command))
+
+    def send_raw(self, key: bytes | None, value: bytes) -> None:
+        while True:
+            try:
+                self.producer.produce(self.topics.commands.name, key=key, value=value)
+                return
+            except BufferError:
+                self.producer.poll(0.05)
+
+    def flush(self, timeout_s: float = 30.0) -> None:
+        left = self.producer.flush(timeout_s)
+        if left:
+            raise KafkaError(f"{left} commands not delivered within {timeout_s}s")
+
+
+class _TopicTail:
+    """Reads a topic from its current end (watermarks taken at construction)."""
+
+    def __init__(self, settings: Settings, topic: str, *, from_start: bool = False) -> None:
+        self.consumer = Consumer({
+            **settings.kafka.librdkafka(),
+            "group.id": f"tocsin-tail-{time.time_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 50,
+        })
+        meta = self.consumer.list_topics(topic, timeout=10)
+        partitions = sorted(meta.topics[topic].partitions)
+        assignment = []
+        for p in partitions:
+            if from_start:
+                low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                assignment.append(TopicPartition(topic, p, low))
+            else:
+                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+                assignment.append(TopicPartition(topic, p, high if high >= 0 else OFFSET_END))
+        self.consumer.assign(assignment)
+
+    def poll_values(self, timeout_s: float = 0.5, max_messages: int = 5000) -> list[bytes]:
+        msgs = self.consumer.consume(max_messages, timeout_s)
+        return [m.value() for m in msgs if m.error() is None and m.value() is not None]
+
+    def close(self) -> None:
+        self.consumer.close()
+
+
+class ResultWatcher(_TopicTail):
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings, catalog(settings.topics).command_results.name)
+
+    def poll(self, timeout_s: float = 0.5) -> list[CommandResult]:
+        return [decode_result(v) for v in self.poll_values(timeout_s)]
+
+    def wait_for(
+        self, schedule_ids: Iterable[str], timeout_s: float = 60.0
+    ) -> dict[str, CommandResult]:
+        """The latest result per schedule id, for each id in ``schedule_ids``."""
+        want = set(schedule_ids)
+        got: dict[str, CommandResult] = {}
+        deadline = time.monotonic() + timeout_s
+        while want - set(got) and time.monotonic() < deadline:
+            for r in self.poll():
+                if r.schedule_id in want:
+                    got[r.schedule_id] = r
+        return got
+
+
+class FireWatcher(_TopicTail):
+    def __init__(self, settings: Settings, *, from_start: bool = False) -> None:
+        super().__init__(settings, catalog(settings.topics).fires.name, from_start=from_start)
+
+    def poll(self, timeout_s: float = 0.5) -> Iterator[tuple[Trigger, int]]:
+        """Triggers with their receive time (epoch ms)."""
+        for value in self.poll_values(timeout_s):
+            yield decode_trigger(value), time.time_ns() // 1_000_000

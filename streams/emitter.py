@@ -1,0 +1,102 @@
+"""The worker's Kafka producer edge: librdkafka (confluent-kafka) bridged into asyncio.
+
+``send`` returns an asyncio future resolved when the broker has acknowledged the record
+(acks=all, idempotent producer, so retries never duplicate or reorder within a partition).
+The ticker advances its checkpoint only past acknowledged triggers, so this future is the
+durability boundary. A background thread serves delivery callbacks; it must never block.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from tocsin.errors import KafkaError
+from tocsin.settings import KafkaSettings
+
+
+class Emitter:
+    def __init__(self, kafka: KafkaSettings, *, client_id: str = "tocsin-worker") -> None:
+        self._producer = Producer(
+            {
+                **kafka.librdkafka(),
+                "client.id": client_id,
+                "enable.idempotence": True,
+                "acks": "all",
+                # A few ms of linger turns a burst second into large batches.
+                "linger.ms": 5,
+                "batch.num.messages": 10000,
+                "compression.type": "lz4",
+                "queue.buffering.max.messages": 500000,
+                "queue.buffering.max.kbytes": 512 * 1024,
+                "message.timeout.ms": 120000,
+            }
+        )
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name="emitter-poll", daemon=True)
+        self._started = False
+
+    def start(self) -> None:
+        if not self._started:
+            self._loop = asyncio.get_running_loop()
+            self._thread.start()
+            self._started = True
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            self._producer.poll(0.05)
+
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
+        """Queue one record; the future resolves on the broker's ack or fails with KafkaError."""
+        loop = self._loop
+        if loop is None:
+            raise KafkaError("Emitter.start() was not called")
+        fut: asyncio.Future[Any] = loop.create_future()
+
+        def settle(err: Any, msg: Any) -> None:
+            if fut.done():
+                return
+            if err is not None:
+                fut.set_exception(
+                    KafkaError(
+                        f"delivery to {topic} failed: {err}", retriable=bool(err.retriable())
+                    )
+                )
+            else:
+                fut.set_result((msg.partition(), msg.offset()))
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            loop.call_soon_threadsafe(settle, err, msg)
+
+        while True:
+            try:
+                self._producer.produce(
+                    topic, key=key, value=value, headers=headers, on_delivery=on_delivery
+                )
+                return fut
+            except BufferError:
+                # Local queue full: let the poll thread drain it (rare; sized for bursts).
+                self._producer.poll(0.01)
+            except KafkaException as exc:
+                raise KafkaError(f"cannot produce to {topic}: {exc}") from exc
+
+    async def flush(self, timeout_s: float = 30.0) -> int:
+        return await asyncio.to_thread(self._producer.flush, timeout_s)
+
+    async def close(self, timeout_s: float = 30.0) -> None:
+        if self._started:
+            await self.flush(timeout_s)
+        self._stop.set()
+        if self._started:
+            self._thread.join(timeout=5)

@@ -1,0 +1,687 @@
+"""Cassandra I/O edge of the scheduler: schedules, minute buckets, fire checkpoints, schedule
+events and tenants (schema/cql/001_initial.cql).
+
+Everything here is a thin async wrapper over cassandra-driver: statements are prepared once
+in ``connect``, ``execute_async`` futures are bridged into asyncio with
+``loop.call_soon_threadsafe`` (the driver completes them on its own I/O thread), a semaphore
+caps requests in flight, and every driver error leaves as ``tocsin.errors.StoreError`` with
+``retriable`` set for timeouts, unavailability and lost connections.
+
+This module must never decide scheduling policy (what to fire, when, whether a command is
+valid): callers pass every time (``now_ms``) and every value explicitly. It must never use
+logged batches (all multi-row changes are ordered, idempotent single-partition writes; see
+``apply_schedule_change``) and never read a whole table on a hot path.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import re
+import ssl
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from cassandra import (
+    ConsistencyLevel,
+    OperationTimedOut,
+    RequestExecutionException,
+    RequestValidationException,
+)
+from cassandra import protocol as cql_protocol
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+from cassandra.connection import ConnectionException
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.query import UNSET_VALUE, PreparedStatement, dict_factory
+
+from streams.buckets import BucketKey, shard_of, ttl_s
+from streams.buckets import minute_ms as minute_of
+from tocsin.errors import StoreError
+from tocsin.settings import CassandraSettings
+
+DEFAULT_FETCH_SIZE = 5000
+DEFAULT_MAX_IN_FLIGHT = 256
+DEFAULT_RETENTION_S = 7 * 24 * 3600
+# Cassandra 5 speaks v5; pass protocol_version=None to Store to negotiate with older servers.
+DEFAULT_PROTOCOL_VERSION = 5
+
+_KEYSPACE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
+
+# Errors that say "the cluster could not do it right now", not "the request is wrong".
+_RETRIABLE: tuple[type[BaseException], ...] = (
+    OperationTimedOut,
+    NoHostAvailable,
+    ConnectionException,
+    RequestExecutionException,  # Unavailable, Read/WriteTimeout, Read/WriteFailure
+    cql_protocol.OverloadedErrorMessage,
+    cql_protocol.IsBootstrappingErrorMessage,
+)
+
+STATE_SCHEDULED = "scheduled"
+STATE_FIRED = "fired"
+STATE_MISSED = "missed"
+STATE_CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRow:
+    """All columns of ``schedules``; ``ScheduleRow(**store_row)`` rebuilds one from
+    ``Store.get_schedule``. A None field is left untouched by ``put_schedule``."""
+
+    tenant: str
+    schedule_id: str
+    partition: int
+    state: str
+    due_ms: int
+    version: int
+    created_ms: int
+    updated_ms: int
+    order_key: str | None = None
+    payload: bytes | None = None
+    payload_type: str | None = None
+    callback: str | None = None
+    misfire_tolerance_s: int | None = None
+    fired_ms: int | None = None
+    trigger_id: str | None = None
+    applied_offset: int | None = None
+    last_code: str | None = None
+    delivery_outcome: str | None = None
+    delivery_status_code: int | None = None
+    delivery_attempts: int | None = None
+    delivery_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BucketRow:
+    """All columns of ``buckets``: everything a fire needs, so firing never reads
+    ``schedules``."""
+
+    partition: int
+    minute_ms: int
+    shard: int
+    due_ms: int
+    tenant: str
+    schedule_id: str
+    version: int
+    order_key: str | None = None
+    payload: bytes | None = None
+    payload_type: str | None = None
+    callback: str | None = None
+    misfire_tolerance_s: int | None = None
+
+    @property
+    def key(self) -> BucketKey:
+        return BucketKey(
+            partition=self.partition,
+            minute_ms=self.minute_ms,
+            shard=self.shard,
+            due_ms=self.due_ms,
+            tenant=self.tenant,
+            schedule_id=self.schedule_id,
+        )
+
+    @classmethod
+    def for_schedule(cls, row: ScheduleRow, *, shards: int) -> BucketRow:
+        """The bucket row that makes ``row`` fire (minute and shard derived from it)."""
+        return cls(
+            partition=row.partition,
+            minute_ms=minute_of(row.due_ms),
+            shard=shard_of(row.tenant, row.schedule_id, shards),
+            due_ms=row.due_ms,
+            tenant=row.tenant,
+            schedule_id=row.schedule_id,
+            version=row.version,
+            order_key=row.order_key,
+            payload=row.payload,
+            payload_type=row.payload_type,
+            callback=row.callback,
+            misfire_tolerance_s=row.misfire_tolerance_s,
+        )
+
+
+_SCHEDULE_COLUMNS = tuple(f.name for f in fields(ScheduleRow))
+_BUCKET_COLUMNS = tuple(f.name for f in fields(BucketRow))
+_EVENT_COLUMNS = ("tenant", "schedule_id", "at_ms", "event", "trigger_id", "due_ms", "detail")
+_TENANT_COLUMNS = ("tenant", "active", "created_ms", "config")
+
+
+def _unset_none(values: Sequence[Any]) -> list[Any]:
+    # UNSET leaves the cell as it is and writes no tombstone; binding None would write one
+    # tombstone per empty column on every create.
+    return [UNSET_VALUE if v is None else v for v in values]
+
+
+def translate_error(exc: BaseException, what: str) -> StoreError:
+    """The StoreError for a driver exception (``retriable`` for transient failures)."""
+    retriable = isinstance(exc, _RETRIABLE)
+    if isinstance(exc, RequestValidationException):
+        retriable = False  # InvalidRequest, Unauthorized, ConfigurationException...
+    return StoreError(f"cassandra {what} failed: {type(exc).__name__}: {exc}", retriable=retriable)
+
+
+class Store:
+    """Async access to the scheduler's tables. ``await connect()`` before use,
+    ``await close()`` after; one instance per process (the driver pools connections)."""
+
+    def __init__(
+        self,
+        settings: CassandraSettings,
+        *,
+        retention_s: int = DEFAULT_RETENTION_S,
+        fetch_size: int = DEFAULT_FETCH_SIZE,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        protocol_version: int | None = DEFAULT_PROTOCOL_VERSION,
+        bucket_read_hook: Callable[[float, int], None] | None = None,
+    ) -> None:
+        if not _KEYSPACE_RE.match(settings.keyspace):
+            # The keyspace is spliced into CQL text, so it must be a plain identifier.
+            raise StoreError(f"invalid keyspace name {settings.keyspace!r}", retriable=False)
+        if fetch_size < 1 or max_in_flight < 1:
+            raise StoreError("fetch_size and max_in_flight must be >= 1", retriable=False)
+        self.settings = settings
+        self.retention_s = retention_s
+        self.fetch_size = fetch_size
+        self._max_in_flight = max_in_flight
+        self._protocol_version = protocol_version
+        # Called after every bucket shard read with (seconds, rows) - metrics hang off it.
+        self._bucket_read_hook = bucket_read_hook
+        self._cluster: Cluster | None = None
+        self._session: Any = None
+        self._stmts: dict[str, PreparedStatement] = {}
+        # Created lazily inside the running loop (a Semaphore binds to the loop it runs on).
+        self._semaphore: asyncio.Semaphore | None = None
+        # Observability of the "one paged read per (partition, minute, shard)" promise.
+        self.bucket_reads = 0
+        self.bucket_pages = 0
+        self.bucket_rows = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def _build_cluster(self) -> Cluster:
+        s = self.settings
+        profile = ExecutionProfile(
+            # Token-aware routing sends each prepared statement straight to a replica.
+            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=s.local_dc)),
+            request_timeout=s.request_timeout_s,
+            consistency_level=ConsistencyLevel.LOCAL_QUORUM,
+            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
+            row_factory=dict_factory,
+        )
+        kwargs: dict[str, Any] = {
+            "contact_points": list(s.contact_points),
+            "port": s.port,
+            "execution_profiles": {EXEC_PROFILE_DEFAULT: profile},
+            "connect_timeout": s.request_timeout_s,
+        }
+        if self._protocol_version is not None:
+            kwargs["protocol_version"] = self._protocol_version
+        if s.username is not None:
+            kwargs["auth_provider"] = PlainTextAuthProvider(
+                username=s.username, password=s.password or ""
+            )
+        if s.ssl_ca_location is not None:
+            context = ssl.create_default_context(cafile=s.ssl_ca_location)
+            # The chain is verified against the CA; host names are not, because contact
+            # points and peers discovered through gossip are usually bare IPs.
+            context.check_hostname = False
+            kwargs["ssl_context"] = context
+        return Cluster(**kwargs)
+
+    async def connect(self) -> None:
+        """Connect and prepare every statement (blocking driver calls run in a thread)."""
+        if self._session is not None:
+            return
+        self._semaphore = asyncio.Semaphore(self._max_in_flight)
+        cluster = self._build_cluster()
+        try:
+            self._session = await asyncio.to_thread(cluster.connect)
+            self._cluster = cluster
+            self._stmts = await asyncio.to_thread(self._prepare_all)
+        except Exception as exc:
+            await asyncio.to_thread(cluster.shutdown)
+            self._session = None
+            self._cluster = None
+            raise translate_error(exc, "connect") from exc
+
+    async def close(self) -> None:
+        cluster, self._cluster, self._session = self._cluster, None, None
+        if cluster is not None:
+            await asyncio.to_thread(cluster.shutdown)
+
+    def _prepare_all(self) -> dict[str, PreparedStatement]:
+        ks = self.settings.keyspace
+
+        def insert(table: str, columns: Sequence[str], ttl: bool) -> str:
+            using = " USING TTL ?" if ttl else ""
+            return (
+                f"INSERT INTO {ks}.{table} ({', '.join(columns)}) "
+                f"VALUES ({', '.join('?' for _ in columns)}){using}"
+            )
+
+        bucket_cols = ", ".join(_BUCKET_COLUMNS)
+        bucket_where = "partition = ? AND minute_ms = ? AND shard = ?"
+        by_schedule = "WHERE tenant = ? AND schedule_id = ?"
+        cql = {
+            "get_schedule": f"SELECT {', '.join(_SCHEDULE_COLUMNS)} FROM {ks}.schedules "
+            f"{by_schedule}",
+            "put_schedule": insert("schedules", _SCHEDULE_COLUMNS, ttl=True),
+            "put_bucket": insert("buckets", _BUCKET_COLUMNS, ttl=True),
+            "delete_bucket": f"DELETE FROM {ks}.buckets WHERE {bucket_where} "
+            "AND due_ms = ? AND tenant = ? AND schedule_id = ?",
+            "read_bucket": f"SELECT {bucket_cols} FROM {ks}.buckets WHERE {bucket_where}",
+            "read_bucket_from": f"SELECT {bucket_cols} FROM {ks}.buckets WHERE {bucket_where} "
+            "AND due_ms >= ?",
+            "get_checkpoint": f"SELECT fired_before_ms FROM {ks}.fire_checkpoints "
+            "WHERE partition = ?",
+            "set_checkpoint": insert(
+                "fire_checkpoints", ("partition", "fired_before_ms", "updated_ms", "owner"), False
+            ),
+            "mark_done": f"UPDATE {ks}.schedules USING TTL ? SET state = ?, fired_ms = ?, "
+            f"trigger_id = ?, updated_ms = ? {by_schedule}",
+            "mark_done_if": f"UPDATE {ks}.schedules USING TTL ? SET state = ?, fired_ms = ?, "
+            f"trigger_id = ?, updated_ms = ? {by_schedule} IF version = ?",
+            "record_delivery": f"UPDATE {ks}.schedules USING TTL ? SET delivery_outcome = ?, "
+            "delivery_status_code = ?, delivery_attempts = ?, delivery_ms = ? "
+            f"{by_schedule}",
+            "record_event": insert("schedule_events", _EVENT_COLUMNS, ttl=True),
+            "list_events": f"SELECT {', '.join(_EVENT_COLUMNS)} FROM {ks}.schedule_events "
+            f"{by_schedule}",
+            "put_tenant": insert("tenants", _TENANT_COLUMNS, ttl=False),
+            "get_tenant": f"SELECT {', '.join(_TENANT_COLUMNS)} FROM {ks}.tenants WHERE tenant = ?",
+            "list_tenants": f"SELECT {', '.join(_TENANT_COLUMNS)} FROM {ks}.tenants",
+        }
+        prepared: dict[str, PreparedStatement] = {}
+        for name, text in cql.items():
+            stmt = self._session.prepare(text)
+            # Every statement here writes fixed values under a full key, so replaying it is
+            # harmless and the driver may retry it on timeouts - except the conditional one.
+            stmt.is_idempotent = name != "mark_done_if"
+            prepared[name] = stmt
+        return prepared
+
+    # -- asyncio bridge --------------------------------------------------------------------
+
+    async def _run(
+        self, name: str, params: Sequence[Any], *, fetch_size: int | None = None
+    ) -> list[dict[str, Any]]:
+        """Execute a prepared statement and return all its rows, following every page of the
+        one query (the driver fetches page n+1 only when asked, from its callback)."""
+        session = self._session
+        if session is None or self._semaphore is None:
+            raise StoreError("store is not connected", retriable=False)
+        bound = self._stmts[name].bind(list(params))
+        bound.fetch_size = fetch_size or self.fetch_size
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[list[dict[str, Any]]] = loop.create_future()
+        rows: list[dict[str, Any]] = []
+        pages = 0  # touched on the driver thread only, read in settle after the last page
+
+        def settle(result: list[dict[str, Any]] | None, error: BaseException | None) -> None:
+            # Runs on the event loop thread, so counters need no lock.
+            if name.startswith("read_bucket"):
+                self.bucket_pages += pages
+            if done.done():  # the awaiting task was cancelled
+                return
+            if error is not None:
+                translated = translate_error(error, name)
+                translated.__cause__ = error
+                done.set_exception(translated)
+            else:
+                done.set_result(result or [])
+
+        def post(result: list[dict[str, Any]] | None, error: BaseException | None) -> None:
+            # Runs on the driver's I/O thread: hand over to the event loop thread.
+            # RuntimeError: the loop closed during shutdown; nobody is waiting any more.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(settle, result, error)
+
+        async with self._semaphore:
+            try:
+                future = session.execute_async(bound)
+            except Exception as exc:  # the driver raises synchronously when shut down
+                raise translate_error(exc, name) from exc
+
+            def on_page(page: list[dict[str, Any]] | None) -> None:
+                # Writes complete with page None; reads once per page.
+                nonlocal pages
+                pages += 1
+                try:
+                    if page:
+                        rows.extend(page)
+                    if future.has_more_pages:
+                        future.start_fetching_next_page()
+                    else:
+                        post(rows, None)
+                except Exception as exc:  # never let an error die on the driver thread
+                    post(None, exc)
+
+            def on_error(exc: BaseException) -> None:
+                post(None, exc)
+
+            future.add_callbacks(callback=on_page, errback=on_error)
+            return await done
+
+    # -- schedules -------------------------------------------------------------------------
+
+    async def get_schedule(self, tenant: str, schedule_id: str) -> dict[str, Any] | None:
+        """The schedule's row as a dict keyed like ``ScheduleRow``, or None."""
+        rows = await self._run("get_schedule", (tenant, schedule_id))
+        return rows[0] if rows else None
+
+    def schedule_ttl_s(self, row: ScheduleRow, now_ms: int) -> int:
+        """A scheduled row lives until due + retention; a finished one retention from now."""
+        if row.state == STATE_SCHEDULED:
+            return ttl_s(row.due_ms, now_ms, self.retention_s)
+        return max(1, self.retention_s)
+
+    async def put_schedule(self, row: ScheduleRow, *, now_ms: int) -> None:
+        """Upsert every non-None column of ``row`` with the TTL of ``schedule_ttl_s``."""
+        values = _unset_none(astuple_schedule(row))
+        await self._run("put_schedule", [*values, self.schedule_ttl_s(row, now_ms)])
+
+    # -- buckets ---------------------------------------------------------------------------
+
+    async def put_bucket_row(self, row: BucketRow, *, now_ms: int) -> None:
+        """Write a bucket row living until due + retention (catch-up after an outage of up
+        to the retention still finds it)."""
+        values = _unset_none([getattr(row, c) for c in _BUCKET_COLUMNS])
+        await self._run("put_bucket", [*values, ttl_s(row.due_ms, now_ms, self.retention_s)])
+
+    async def delete_bucket_row(self, key: BucketKey) -> None:
+        await self._run(
+            "delete_bucket",
+            (key.partition, key.minute_ms, key.shard, key.due_ms, key.tenant, key.schedule_id),
+        )
+
+    async def read_bucket(
+        self,
+        partition: int,
+        minute_ms: int,
+        shards: int,
+        *,
+        from_due_ms: int | None = None,
+        fetch_size: int | None = None,
+    ) -> list[BucketRow]:
+        """Every row of bucket (partition, minute) ordered by (due_ms, tenant, schedule_id):
+        ONE paged query per shard, run concurrently and merged. ``from_due_ms`` skips rows
+        due earlier (catch-up resuming inside the checkpoint's minute)."""
+        if shards < 1:
+            raise StoreError(f"shards must be >= 1, got {shards}", retriable=False)
+        per_shard = await asyncio.gather(
+            *(
+                self._read_shard(partition, minute_ms, shard, from_due_ms, fetch_size)
+                for shard in range(shards)
+            )
+        )
+        if len(per_shard) == 1:
+            return per_shard[0]
+        # Each shard is already in clustering order; a k-way merge keeps the total order.
+        return list(heapq.merge(*per_shard, key=lambda r: (r.due_ms, r.tenant, r.schedule_id)))
+
+    async def _read_shard(
+        self,
+        partition: int,
+        minute_ms: int,
+        shard: int,
+        from_due_ms: int | None,
+        fetch_size: int | None,
+    ) -> list[BucketRow]:
+        started = time.perf_counter()
+        self.bucket_reads += 1
+        if from_due_ms is None:
+            rows = await self._run(
+                "read_bucket", (partition, minute_ms, shard), fetch_size=fetch_size
+            )
+        else:
+            rows = await self._run(
+                "read_bucket_from",
+                (partition, minute_ms, shard, from_due_ms),
+                fetch_size=fetch_size,
+            )
+        self.bucket_rows += len(rows)
+        if self._bucket_read_hook is not None:
+            self._bucket_read_hook(time.perf_counter() - started, len(rows))
+        return [BucketRow(**r) for r in rows]
+
+    async def apply_schedule_change(
+        self,
+        row: ScheduleRow,
+        *,
+        new_bucket: BucketRow | None,
+        old_bucket: BucketKey | None,
+        now_ms: int,
+        event: str | None = None,
+        event_detail: str | None = None,
+    ) -> None:
+        """Persist a create (new_bucket), reschedule (new_bucket + old_bucket) or cancel
+        (old_bucket) of ``row``, which holds the schedule's new full state.
+
+        Order, chosen so any crash leaves a state that replaying the command repairs:
+          1. concurrently: write the new bucket row, delete the old one (skipped when it is
+             the same key - an in-place upsert), and append the event;
+          2. then write the schedule row: the commit point (it carries the new version and
+             applied_offset, which is how a replayed command recognises itself).
+        A crash before 2 leaves the schedule row at the old version, so the command agent
+        (whose Kafka offset is committed only after this returns) re-applies the command in
+        full: old due time still known, old bucket row deleted (again), new one written
+        (again) - every step is an idempotent overwrite. A crash after 2 has nothing left to
+        do. Deleting the old bucket row *after* the schedule row (the other order) would leave
+        a stale row that fires at the old due time if the process dies in between, because
+        the replay no longer knows the old due time. The transient window of step 1 without a
+        crash (the old row gone, the new one written, the schedule row not yet) is harmless:
+        the fire follows the new bucket row, which is what the command asked for.
+        Pass a deterministic ``now_ms`` (e.g. the Kafka record timestamp) so a replayed event
+        row overwrites itself instead of duplicating.
+        No batch: the rows live in different Cassandra partitions, and a logged batch would
+        cost a batchlog write on every command for a guarantee the replay already gives.
+        """
+        step1 = []
+        if new_bucket is not None:
+            step1.append(self.put_bucket_row(new_bucket, now_ms=now_ms))
+        if old_bucket is not None and (new_bucket is None or new_bucket.key != old_bucket):
+            step1.append(self.delete_bucket_row(old_bucket))
+        if event is not None:
+            step1.append(
+                self.record_event(
+                    row.tenant,
+                    row.schedule_id,
+                    event,
+                    at_ms=now_ms,
+                    detail=event_detail,
+                    due_ms=row.due_ms,
+                )
+            )
+        await _gather_all(step1)
+        await self.put_schedule(row, now_ms=now_ms)
+
+    # -- fire bookkeeping ------------------------------------------------------------------
+
+    async def get_checkpoint(self, partition: int) -> int | None:
+        """``fired_before_ms`` of the partition, or None if it never fired."""
+        rows = await self._run("get_checkpoint", (partition,))
+        if not rows:
+            return None
+        value = rows[0]["fired_before_ms"]
+        return int(value) if value is not None else None
+
+    async def set_checkpoint(
+        self, partition: int, fired_before_ms: int, owner: str, *, now_ms: int
+    ) -> None:
+        """Plain upsert (no LWT). During a rebalance two owners may write: the last write
+        wins, which can move the checkpoint back (re-fires, deduplicated by the stable
+        trigger id) but never past triggers that somebody's Kafka producer did not ack,
+        since each owner only writes what its own acks cover."""
+        await self._run("set_checkpoint", (partition, fired_before_ms, now_ms, owner))
+
+    async def mark_fired(
+        self,
+        tenant: str,
+        schedule_id: str,
+        trigger_id: str,
+        *,
+        fired_ms: int,
+        due_ms: int,
+        if_version: int | None = None,
+    ) -> bool:
+        """Set state 'fired' (+ fired_ms, trigger_id) and append a 'fired' event.
+
+        Plain UPDATE by default (no Paxos, so it keeps up with burst fire rates). Race: a
+        reschedule accepted while this fire is in flight is overwritten to 'fired' although
+        its new version is still pending. Readers detect that case because ``trigger_id``
+        (uuid5 of tenant/schedule_id/due_ms of the fired version) no longer matches the row's
+        ``due_ms``; the pending version still fires from its own bucket row and marks the
+        row again. Pass ``if_version`` to make the update conditional (an LWT: correct but
+        about four times the cost); returns False when the version did not match (the event
+        row is written either way, since the fire did happen).
+        """
+        return await self._mark(
+            STATE_FIRED, tenant, schedule_id, trigger_id, fired_ms, due_ms, if_version
+        )
+
+    async def mark_missed(
+        self,
+        tenant: str,
+        schedule_id: str,
+        trigger_id: str,
+        *,
+        missed_ms: int,
+        due_ms: int,
+        detail: str | None = None,
+        if_version: int | None = None,
+    ) -> bool:
+        """Set state 'missed' (beyond misfire tolerance) and append a 'missed' event. Same
+        race and ``if_version`` semantics as ``mark_fired``; fired_ms stays empty."""
+        return await self._mark(
+            STATE_MISSED, tenant, schedule_id, trigger_id, missed_ms, due_ms, if_version, detail
+        )
+
+    async def _mark(
+        self,
+        state: str,
+        tenant: str,
+        schedule_id: str,
+        trigger_id: str,
+        at_ms: int,
+        due_ms: int,
+        if_version: int | None,
+        detail: str | None = None,
+    ) -> bool:
+        ttl = max(1, self.retention_s)
+        fired_ms = at_ms if state == STATE_FIRED else UNSET_VALUE
+        params: list[Any] = [ttl, state, fired_ms, trigger_id, at_ms, tenant, schedule_id]
+        if if_version is None:
+            update = self._run("mark_done", params)
+        else:
+            update = self._run("mark_done_if", [*params, if_version])
+        event = self.record_event(
+            tenant,
+            schedule_id,
+            state,
+            at_ms=at_ms,
+            detail=detail,
+            trigger_id=trigger_id,
+            due_ms=due_ms,
+        )
+        rows, _ = await _gather_all([update, event])
+        if if_version is None:
+            return True
+        return bool(rows and rows[0].get("[applied]"))
+
+    async def record_delivery(
+        self,
+        tenant: str,
+        schedule_id: str,
+        *,
+        outcome: str,
+        status_code: int | None,
+        attempts: int,
+        at_ms: int,
+        trigger_id: str | None = None,
+        due_ms: int | None = None,
+        detail: str | None = None,
+    ) -> None:
+        """Store the delivery outcome reported by the proxy and append an event named after
+        it ('delivered' | 'dead_lettered')."""
+        update = self._run(
+            "record_delivery",
+            [
+                max(1, self.retention_s),
+                outcome,
+                UNSET_VALUE if status_code is None else status_code,
+                attempts,
+                at_ms,
+                tenant,
+                schedule_id,
+            ],
+        )
+        event = self.record_event(
+            tenant,
+            schedule_id,
+            outcome,
+            at_ms=at_ms,
+            detail=detail,
+            trigger_id=trigger_id,
+            due_ms=due_ms,
+        )
+        await _gather_all([update, event])
+
+    # -- events ----------------------------------------------------------------------------
+
+    async def record_event(
+        self,
+        tenant: str,
+        schedule_id: str,
+        event: str,
+        *,
+        at_ms: int,
+        detail: str | None = None,
+        trigger_id: str | None = None,
+        due_ms: int | None = None,
+    ) -> None:
+        """Append to the schedule's history; (at_ms, event) is the row key, so writing the
+        same event at the same instant again is an overwrite, not a duplicate."""
+        await self._run(
+            "record_event",
+            [
+                *_unset_none([tenant, schedule_id, at_ms, event, trigger_id, due_ms, detail]),
+                max(1, self.retention_s),
+            ],
+        )
+
+    async def list_events(self, tenant: str, schedule_id: str) -> list[dict[str, Any]]:
+        """The schedule's history, oldest first."""
+        return await self._run("list_events", (tenant, schedule_id))
+
+    # -- tenants ---------------------------------------------------------------------------
+
+    async def put_tenant(
+        self, tenant: str, *, active: bool, created_ms: int, config: str | None = None
+    ) -> None:
+        await self._run("put_tenant", _unset_none([tenant, active, created_ms, config]))
+
+    async def get_tenant(self, tenant: str) -> dict[str, Any] | None:
+        rows = await self._run("get_tenant", (tenant,))
+        return rows[0] if rows else None
+
+    async def list_tenants(self) -> list[dict[str, Any]]:
+        """All tenants (a small table; admin use only, never on a hot path)."""
+        return await self._run("list_tenants", ())
+
+
+def astuple_schedule(row: ScheduleRow) -> list[Any]:
+    """``row``'s values in ``_SCHEDULE_COLUMNS`` order."""
+    return [getattr(row, c) for c in _SCHEDULE_COLUMNS]
+
+
+async def _gather_all(awaitables: Sequence[Any]) -> list[Any]:
+    """Run concurrently; wait for all of them even if one fails (so no write is left
+    running unobserved), then raise the first error."""
+    results = await asyncio.gather(*awaitables, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return list(results)

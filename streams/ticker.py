@@ -1,0 +1,432 @@
+"""The per-partition tick agent: fires one commands-partition's buckets at their due second.
+
+Exactly one live worker runs the ticker of a partition: the one the consumer group gave
+that commands partition to (started on assignment, stopped on revocation). It:
+
+1. reads the durable checkpoint ``fired_before_ms`` (every row due before it was acked on
+   the fire topic or recorded as missed), then loads each minute bucket from the
+   checkpoint's minute onwards with one paged read, ``preload_ahead_s`` before the minute
+   starts: catch-up after downtime is just loading the minutes that passed;
+2. pops entries whose due second has come and emits them (or, beyond their misfire
+   tolerance, records them as missed) - never before their due time by this clock;
+3. advances the checkpoint only below the earliest trigger not yet acknowledged by Kafka
+   and recorded in Cassandra, so a crash re-emits at most what was in flight (duplicates
+   carry the same trigger id; nothing is lost).
+
+The command agent of the same worker calls ``offer``/``withdraw`` for schedules it changes,
+so a schedule created or moved into a minute that is already loaded still fires on time,
+and a cancelled one does not.
+
+It must never emit a trigger whose bucket row it has not seen or been offered, and never
+write a checkpoint past an unacknowledged trigger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from streams import metrics
+from streams.buckets import minute_ms
+from streams.store import BucketRow
+from streams.timeline import Entry, Timeline
+from topics.codec import encode_trigger, trigger_headers
+from topics.ids import trigger_id as make_trigger_id
+from topics.models import Trigger
+
+log = logging.getLogger("tocsin.ticker")
+
+MINUTE_MS = 60_000
+
+
+class TickerStore(Protocol):
+    async def get_checkpoint(self, partition: int) -> int | None: ...
+
+    async def set_checkpoint(
+        self, partition: int, fired_before_ms: int, owner: str, *, now_ms: int
+    ) -> None: ...
+
+    async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]: ...
+
+    async def mark_fired(
+        self,
+        tenant: str,
+        schedule_id: str,
+        trigger_id: str,
+        *,
+        fired_ms: int,
+        due_ms: int,
+        if_version: int | None = None,
+    ) -> bool: ...
+
+    async def mark_missed(
+        self,
+        tenant: str,
+        schedule_id: str,
+        trigger_id: str,
+        *,
+        missed_ms: int,
+        due_ms: int,
+        detail: str | None = None,
+        if_version: int | None = None,
+    ) -> bool: ...
+
+
+class TriggerSink(Protocol):
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]: ...
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True, kw_only=True)
+class TickerConfig:
+    fire_topic: str
+    owner: str
+    bucket_shards: int = 1
+    preload_ahead_ms: int = 10_000
+    default_misfire_tolerance_s: int = 3600
+    # With no checkpoint yet (a brand-new partition), look back this far for rows.
+    initial_lookback_ms: int = 3_600_000
+    checkpoint_interval_ms: int = 1_000
+    emit_slice: int = 2_000
+    # How far beyond the loaded horizon an offer is still kept in memory.
+    offer_window_ms: int = 120_000
+
+
+@dataclass
+class _InFlight:
+    entry: Entry[BucketRow]
+    done: bool = False
+
+
+class PartitionTicker:
+    def __init__(
+        self,
+        partition: int,
+        *,
+        store: TickerStore,
+        sink: TriggerSink,
+        config: TickerConfig,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self.partition = partition
+        self.store = store
+        self.sink = sink
+        self.config = config
+        self.clock_ms = clock_ms
+        self.timeline: Timeline[BucketRow] = Timeline()
+        self.fired_before_ms: int | None = None  # None until the checkpoint is read
+        self._next_minute_ms: int | None = None
+        self._inflight: dict[tuple[str, str, int], _InFlight] = {}
+        self._firing: dict[tuple[str, str], int] = {}  # in-flight count per schedule
+        self._inflight_heap: list[tuple[int, int, tuple[str, str, int]]] = []
+        self._seq = itertools.count()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stopping = False
+        self._last_checkpoint_ms = 0
+        self._written_checkpoint: int | None = None
+        self.ready = asyncio.Event()  # set once catch-up has loaded up to "now"
+        self.emitted = 0
+        self.missed = 0
+        self._label = str(partition)
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"ticker-{self.partition}")
+
+    async def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop firing, wait for in-flight triggers (bounded) and write a final checkpoint."""
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+        with contextlib.suppress(Exception):
+            await self._write_checkpoint(force=True)
+        metrics.TIMELINE_SIZE.labels(self._label).set(0)
+        metrics.INFLIGHT.labels(self._label).set(0)
+
+    # -- the command agent's side ----------------------------------------------------------
+
+    def offer(self, row: BucketRow) -> None:
+        """A schedule was created or moved: keep it in memory if its minute may already be
+        loaded (or is about to be), so it fires on time without another bucket read."""
+        horizon = max(self.timeline.loaded_until_ms, self.clock_ms()) + self.config.offer_window_ms
+        if row.due_ms >= horizon:
+            return
+        added = self.timeline.add(Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row))
+        if added:
+            self._wake.set()
+
+    def withdraw(self, tenant: str, schedule_id: str, version: int) -> None:
+        """A schedule was cancelled or moved away (``version`` is its new version)."""
+        self.timeline.remove(tenant, schedule_id, version=version, now_ms=self.clock_ms())
+
+    def is_firing(self, tenant: str, schedule_id: str) -> bool:
+        """True while a trigger of this schedule is emitted but not yet recorded as fired,
+        so a cancel arriving now is answered "already fired", not "cancelled"."""
+        return self._firing.get((tenant, schedule_id), 0) > 0
+
+    async def fire_now(self, row: BucketRow) -> None:
+        """Emit a row whose due time has passed (a late create) and wait for its ack."""
+        entry = Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
+        self.timeline.remove(row.tenant, row.schedule_id)
+        fut = self._dispatch(entry, self.clock_ms())
+        if fut is not None:
+            await fut
+
+    # -- the loop --------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        try:
+            checkpoint = await self.store.get_checkpoint(self.partition)
+            now = self.clock_ms()
+            if checkpoint is None:
+                checkpoint = now - self.config.initial_lookback_ms
+            self.fired_before_ms = checkpoint
+            self._written_checkpoint = checkpoint
+            self._next_minute_ms = minute_ms(checkpoint)
+            log.info(
+                "ticker started",
+                extra={
+                    "partition": self.partition,
+                    "fired_before_ms": checkpoint,
+                    "catchup_ms": now - checkpoint,
+                },
+            )
+            while not self._stopping:
+                await self._load_due_buckets()
+                now = self.clock_ms()
+                due = self.timeline.pop_due(now, limit=self.config.emit_slice)
+                for entry in due:
+                    self._dispatch(entry, now)
+                await self._write_checkpoint()
+                metrics.TIMELINE_SIZE.labels(self._label).set(len(self.timeline))
+                metrics.INFLIGHT.labels(self._label).set(len(self._inflight))
+                if len(due) >= self.config.emit_slice:
+                    await asyncio.sleep(0)  # more due now: yield to the loop, then go on
+                    continue
+                await self._sleep_until_next(now)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("ticker failed", extra={"partition": self.partition})
+            raise
+
+    async def _load_due_buckets(self) -> None:
+        """Read every bucket whose minute starts before now + preload, one paged read each."""
+        assert self._next_minute_ms is not None
+        while not self._stopping:
+            now = self.clock_ms()
+            horizon_minute = minute_ms(now + self.config.preload_ahead_ms)
+            backlog = (horizon_minute - self._next_minute_ms) // MINUTE_MS + 1
+            metrics.CATCHUP_BACKLOG.labels(self._label).set(max(0, backlog - 1))
+            if self._next_minute_ms > horizon_minute:
+                if not self.ready.is_set():
+                    self.ready.set()
+                return
+            minute = self._next_minute_ms
+            started = time.perf_counter()
+            rows = await self.store.read_bucket(self.partition, minute, self.config.bucket_shards)
+            metrics.BUCKET_READS.inc()
+            metrics.BUCKET_READ_SECONDS.observe(time.perf_counter() - started)
+            floor = self.fired_before_ms if self.fired_before_ms is not None else 0
+            for row in rows:
+                if row.due_ms >= floor:
+                    self.timeline.add(
+                        Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
+                    )
+            self.timeline.mark_loaded(minute + MINUTE_MS)
+            self._next_minute_ms = minute + MINUTE_MS
+            if backlog > 1:
+                # Catching up: fire what this minute held before reading the next one, so a
+                # long outage streams out instead of loading every minute into memory first.
+                now = self.clock_ms()
+                for entry in self.timeline.pop_due(now):
+                    self._dispatch(entry, now)
+                await self._write_checkpoint()
+
+    async def _sleep_until_next(self, now: int) -> None:
+        assert self._next_minute_ms is not None
+        wake_at = min(
+            now + 1_000,  # re-check at least once a second (checkpoint, clock jumps)
+            self._next_minute_ms - self.config.preload_ahead_ms,
+        )
+        next_due = self.timeline.next_due_ms()
+        if next_due is not None:
+            wake_at = min(wake_at, next_due)
+        delay_s = max(0.0, (wake_at - now) / 1000)
+        self._wake.clear()
+        if delay_s > 0:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
+
+    # -- emitting --------------------------------------------------------------------------
+
+    def _dispatch(self, entry: Entry[BucketRow], now: int) -> asyncio.Future[Any] | None:
+        row = entry.payload
+        key = (row.tenant, row.schedule_id, row.due_ms)
+        if key in self._inflight:
+            return None
+        tolerance_s = row.misfire_tolerance_s
+        if tolerance_s is None:
+            tolerance_s = self.config.default_misfire_tolerance_s
+        trig_id = make_trigger_id(row.tenant, row.schedule_id, row.due_ms)
+        record = _InFlight(entry)
+        self._inflight[key] = record
+        self._firing[key[:2]] = self._firing.get(key[:2], 0) + 1
+        heapq.heappush(self._inflight_heap, (row.due_ms, next(self._seq), key))
+        if now - row.due_ms > tolerance_s * 1000:
+            fut: asyncio.Future[Any] = asyncio.ensure_future(self._record_missed(row, trig_id, now))
+        else:
+            trigger = Trigger(
+                trigger_id=trig_id,
+                schedule_id=row.schedule_id,
+                tenant=row.tenant,
+                due_ms=row.due_ms,
+                emitted_ms=now,
+                attempt=1,
+                order_key=row.order_key or row.schedule_id,
+                payload=row.payload or b"",
+                payload_type=row.payload_type or "bytes",
+                callback=_callback_of(row),
+            )
+            ack = self.sink.send(
+                self.config.fire_topic,
+                key=trigger.order_key.encode(),
+                value=encode_trigger(trigger),
+                headers=trigger_headers(trigger),
+            )
+            fut = asyncio.ensure_future(self._record_fired(ack, row, trig_id, now))
+        task = fut if isinstance(fut, asyncio.Task) else None
+        if task is not None:
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        fut.add_done_callback(lambda f, k=key: self._settle(k, f))
+        return fut
+
+    async def _record_fired(
+        self, ack: asyncio.Future[Any], row: BucketRow, trig_id: str, emitted_ms: int
+    ) -> None:
+        await ack
+        self.emitted += 1
+        metrics.TRIGGERS_EMITTED.labels(self._label).inc()
+        metrics.FIRE_LATENESS.observe(max(0, emitted_ms - row.due_ms) / 1000)
+        await self.store.mark_fired(
+            row.tenant, row.schedule_id, trig_id, fired_ms=emitted_ms, due_ms=row.due_ms
+        )
+
+    async def _record_missed(self, row: BucketRow, trig_id: str, now: int) -> None:
+        self.missed += 1
+        metrics.TRIGGERS_MISSED.labels(self._label).inc()
+        log.warning(
+            "trigger missed",
+            extra={
+                "tenant": row.tenant,
+                "schedule_id": row.schedule_id,
+                "due_ms": row.due_ms,
+                "late_ms": now - row.due_ms,
+                "partition": self.partition,
+            },
+        )
+        await self.store.mark_missed(
+            row.tenant,
+            row.schedule_id,
+            trig_id,
+            missed_ms=now,
+            due_ms=row.due_ms,
+            detail=f"late by {now - row.due_ms} ms, beyond tolerance",
+        )
+
+    def _settle(self, key: tuple[str, str, int], fut: asyncio.Future[Any]) -> None:
+        record = self._inflight.get(key)
+        if record is None:
+            return
+        if fut.cancelled() or fut.exception() is not None:
+            # Not acknowledged or not recorded: it stays in flight (holding the checkpoint
+            # below it, so even a crash now re-emits it on the next start) and is retried.
+            exc = None if fut.cancelled() else fut.exception()
+            log.warning(
+                "trigger not acknowledged; retrying",
+                extra={"partition": self.partition, "schedule_id": key[1], "error": repr(exc)},
+            )
+            if not self._stopping:
+                asyncio.get_running_loop().call_later(1.0, self._redispatch, key)
+            return
+        record.done = True
+        self._forget(key)
+
+    def _forget(self, key: tuple[str, str, int]) -> None:
+        del self._inflight[key]
+        left = self._firing.get(key[:2], 0) - 1
+        if left > 0:
+            self._firing[key[:2]] = left
+        else:
+            self._firing.pop(key[:2], None)
+
+    def _redispatch(self, key: tuple[str, str, int]) -> None:
+        record = self._inflight.get(key)
+        if record is None or self._stopping:
+            return
+        self._forget(key)
+        self._dispatch(record.entry, self.clock_ms())
+
+    # -- checkpoint ------------------------------------------------------------------------
+
+    def checkpoint_candidate(self, now: int) -> int:
+        """Everything due before this is acknowledged and recorded (or never existed)."""
+        candidate = now + 1
+        loaded = self.timeline.loaded_until_ms
+        candidate = min(candidate, loaded) if loaded else candidate
+        heap = self._inflight_heap
+        while heap and heap[0][2] not in self._inflight:
+            heapq.heappop(heap)
+        if heap:
+            candidate = min(candidate, heap[0][0])
+        next_due = self.timeline.next_due_ms()
+        if next_due is not None:
+            candidate = min(candidate, next_due)
+        return candidate
+
+    async def _write_checkpoint(self, *, force: bool = False) -> None:
+        if self.fired_before_ms is None:
+            return
+        now = self.clock_ms()
+        if not force and now - self._last_checkpoint_ms < self.config.checkpoint_interval_ms:
+            return
+        candidate = max(self.fired_before_ms, self.checkpoint_candidate(now))
+        self.fired_before_ms = candidate
+        self._last_checkpoint_ms = now
+        metrics.CHECKPOINT_LAG.labels(self._label).set(max(0, now - candidate) / 1000)
+        if candidate == self._written_checkpoint:
+            return
+        await self.store.set_checkpoint(self.partition, candidate, self.config.owner, now_ms=now)
+        self._written_checkpoint = candidate
+
+
+def _callback_of(row: BucketRow) -> Any:
+    from topics.codec import callback_from_json
+
+    return callback_from_json(row.callback) if row.callback else None

@@ -1,0 +1,425 @@
+"""streams.store against the real local Cassandra (127.0.0.1:9042), in a keyspace of its own.
+
+Also holds the cross-check of streams.partitioner against a real librdkafka producer (it
+needs Kafka, and the bucket partition of a schedule is only right if both agree).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from streams.buckets import MINUTE_MS, minute_ms
+from streams.partitioner import partition_for
+from streams.store import BucketRow, ScheduleRow, Store
+from tocsin.errors import StoreError
+from tocsin.settings import CassandraSettings, KafkaSettings
+
+pytestmark = pytest.mark.integration
+
+CQL = Path(__file__).resolve().parents[2] / "schema" / "cql" / "001_initial.cql"
+KEYSPACE = f"test_store_{uuid.uuid4().hex[:8]}"
+T0 = 1_763_744_400_000  # a minute start (bucket math only; TTLs use the real clock)
+
+
+def _unavailable(what: str, exc: BaseException) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{what} unavailable in CI: {exc}")
+    pytest.skip(f"{what} unavailable: {exc}")
+
+
+def _schema_statements(keyspace: str) -> list[str]:
+    """001_initial.cql with ${keyspace} substituted, split on lines holding only ';'.
+
+    Local stand-in for schema.migrate (the lead's shared fixture will replace it)."""
+    text = CQL.read_text().replace("${keyspace}", keyspace)
+    statements, current = [], []
+    for line in [*text.splitlines(), ";"]:
+        if line.strip() == ";":
+            body = "\n".join(x for x in current if not x.strip().startswith("--")).strip()
+            if body:
+                statements.append(body)
+            current = []
+        else:
+            current.append(line)
+    return statements
+
+
+@pytest.fixture(scope="module")
+def cql_session() -> Iterator[Any]:
+    """A raw driver session on the test keyspace (for DDL and checks such as TTL())."""
+    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+    from cassandra.policies import RoundRobinPolicy
+
+    profile = ExecutionProfile(load_balancing_policy=RoundRobinPolicy())
+    cluster = Cluster(
+        ["127.0.0.1"],
+        port=9042,
+        protocol_version=5,
+        connect_timeout=5,
+        execution_profiles={EXEC_PROFILE_DEFAULT: profile},
+    )
+    try:
+        session = cluster.connect()
+        session.execute("SELECT release_version FROM system.local")
+    except Exception as exc:
+        cluster.shutdown()
+        _unavailable("cassandra", exc)
+    session.execute(
+        f"CREATE KEYSPACE {KEYSPACE} WITH replication = "
+        "{'class': 'SimpleStrategy', 'replication_factor': 1}",
+        timeout=60,
+    )
+    for stmt in _schema_statements(KEYSPACE):
+        session.execute(stmt, timeout=60)
+    yield session
+    session.execute(f"DROP KEYSPACE IF EXISTS {KEYSPACE}", timeout=60)
+    cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+async def store(cql_session: Any) -> AsyncIterator[Store]:
+    s = Store(CassandraSettings(keyspace=KEYSPACE), retention_s=3600, fetch_size=5000)
+    await s.connect()
+    yield s
+    await s.close()
+
+
+def now_ms() -> int:
+    import time
+
+    return int(time.time() * 1000)
+
+
+def schedule(sid: str, due_ms: int, **overrides: Any) -> ScheduleRow:
+    row = ScheduleRow(
+        tenant="acme",
+        schedule_id=sid,
+        partition=partition_for(sid, 8),
+        state="scheduled",
+        due_ms=due_ms,
+        version=1,
+        created_ms=due_ms - 60_000,
+        updated_ms=due_ms - 60_000,
+        order_key="customer-7",
+        payload=b'{"n": 1}',
+        payload_type="json",
+        callback='{"type": "kafka", "topic": "out"}',
+        misfire_tolerance_s=3600,
+        applied_offset=17,
+        last_code="accepted",
+    )
+    return dataclasses.replace(row, **overrides)
+
+
+async def test_schedule_round_trip(store: Store) -> None:
+    due = now_ms() + 120_000
+    row = schedule("round-trip", due)
+    assert await store.get_schedule("acme", "round-trip") is None
+    await store.put_schedule(row, now_ms=now_ms())
+    got = await store.get_schedule("acme", "round-trip")
+    assert got is not None
+    assert ScheduleRow(**got) == row  # every column, Nones included
+    # A later upsert with None fields leaves those cells alone (UNSET, no tombstones).
+    await store.put_schedule(
+        dataclasses.replace(row, version=2, payload=None, last_code=None), now_ms=now_ms()
+    )
+    again = await store.get_schedule("acme", "round-trip")
+    assert again is not None
+    assert (again["version"], again["payload"], again["last_code"]) == (2, row.payload, "accepted")
+
+
+async def test_ttls_are_applied(store: Store, cql_session: Any) -> None:
+    now = now_ms()
+    due = now + 600_000  # 10 minutes ahead, retention 3600 s
+    row = schedule("ttl", due)
+    bucket = BucketRow.for_schedule(row, shards=1)
+    await store.put_schedule(row, now_ms=now)
+    await store.put_bucket_row(bucket, now_ms=now)
+    await store.record_event("acme", "ttl", "created", at_ms=now, detail="d", due_ms=due)
+    await store.mark_fired("acme", "ttl", "trig", fired_ms=now, due_ms=due)
+    k = bucket.key
+
+    def ttl_of(cql: str, *params: Any) -> int:
+        value = cql_session.execute(cql, params).one()[0]
+        assert value is not None, cql
+        return int(value)
+
+    until_due = 600 + 3600  # due + retention
+    schedule_payload = ttl_of(
+        f"SELECT TTL(payload) FROM {KEYSPACE}.schedules WHERE tenant=%s AND schedule_id=%s",
+        "acme",
+        "ttl",
+    )
+    bucket_payload = ttl_of(
+        f"SELECT TTL(payload) FROM {KEYSPACE}.buckets WHERE partition=%s AND minute_ms=%s "
+        "AND shard=%s AND due_ms=%s AND tenant=%s AND schedule_id=%s",
+        k.partition,
+        k.minute_ms,
+        k.shard,
+        k.due_ms,
+        k.tenant,
+        k.schedule_id,
+    )
+    event_detail = ttl_of(
+        f"SELECT TTL(detail) FROM {KEYSPACE}.schedule_events WHERE tenant=%s "
+        "AND schedule_id=%s AND at_ms=%s AND event=%s",
+        "acme",
+        "ttl",
+        now,
+        "created",
+    )
+    fired_state = ttl_of(
+        f"SELECT TTL(state) FROM {KEYSPACE}.schedules WHERE tenant=%s AND schedule_id=%s",
+        "acme",
+        "ttl",
+    )
+    assert until_due - 60 < schedule_payload <= until_due
+    assert until_due - 60 < bucket_payload <= until_due
+    assert 3600 - 60 < event_detail <= 3600  # history: retention from the event
+    assert 3600 - 60 < fired_state <= 3600  # a finished schedule: retention from the fire
+
+
+async def test_bucket_read_is_one_paged_query_in_due_order(store: Store) -> None:
+    minute = T0 + 7 * MINUTE_MS
+    rng = random.Random(3)
+    dues = [minute + rng.randrange(MINUTE_MS) for _ in range(23)] + [minute, minute + 59_999]
+    now = now_ms()
+    rows = [
+        BucketRow.for_schedule(schedule(f"b-{i}", due, partition=2), shards=1)
+        for i, due in enumerate(dues)
+    ]
+    await asyncio.gather(*(store.put_bucket_row(r, now_ms=now) for r in rows))
+    # A row of the next minute and one of another partition must not leak in.
+    await store.put_bucket_row(
+        BucketRow.for_schedule(schedule("next", minute + MINUTE_MS, partition=2), shards=1),
+        now_ms=now,
+    )
+    await store.put_bucket_row(
+        BucketRow.for_schedule(schedule("other", minute + 5, partition=3), shards=1),
+        now_ms=now,
+    )
+
+    reads, pages = store.bucket_reads, store.bucket_pages
+    got = await store.read_bucket(2, minute, 1, fetch_size=4)
+    assert store.bucket_reads - reads == 1  # one query for the (partition, minute, shard)...
+    assert store.bucket_pages - pages == 7  # ...fetched in ceil(25 / 4) pages
+    assert [(r.due_ms, r.schedule_id) for r in got] == sorted(
+        (r.due_ms, r.schedule_id) for r in rows
+    )
+    assert got[0] == min(rows, key=lambda r: (r.due_ms, r.schedule_id))
+
+    # Catch-up inside a minute: only rows due at or after the checkpoint.
+    cut = sorted(dues)[10]
+    tail = await store.read_bucket(2, minute, 1, from_due_ms=cut)
+    assert [r.due_ms for r in tail] == sorted(d for d in dues if d >= cut)
+
+    await store.delete_bucket_row(got[0].key)
+    after = await store.read_bucket(2, minute, 1)
+    assert len(after) == len(rows) - 1
+    assert got[0].key not in {r.key for r in after}
+
+
+async def test_sharded_bucket_reads_each_shard_once_and_merges(store: Store) -> None:
+    minute = T0 + 20 * MINUTE_MS
+    shards = 3
+    now = now_ms()
+    rows = [
+        BucketRow.for_schedule(schedule(f"s-{i}", minute + 997 * i, partition=1), shards=shards)
+        for i in range(40)
+    ]
+    assert {r.shard for r in rows} == {0, 1, 2}
+    await asyncio.gather(*(store.put_bucket_row(r, now_ms=now) for r in rows))
+    reads = store.bucket_reads
+    seen: list[tuple[float, int]] = []
+    store._bucket_read_hook = lambda seconds, n: seen.append((seconds, n))
+    try:
+        got = await store.read_bucket(1, minute, shards, fetch_size=5)
+    finally:
+        store._bucket_read_hook = None
+    assert store.bucket_reads - reads == shards
+    assert [r.schedule_id for r in got] == [f"s-{i}" for i in range(40)]
+    assert sum(n for _, n in seen) == 40 and len(seen) == shards
+
+
+async def test_apply_schedule_change_create_reschedule_cancel(store: Store) -> None:
+    now = now_ms()
+    sid, shards = "lifecycle", 2
+    due1, due2 = now + 300_000, now + 900_000
+
+    def bucket_ids(rows: list[BucketRow]) -> list[str]:
+        return [r.schedule_id for r in rows if r.schedule_id == sid]
+
+    created = schedule(sid, due1)
+    b1 = BucketRow.for_schedule(created, shards=shards)
+    await store.apply_schedule_change(
+        created, new_bucket=b1, old_bucket=None, now_ms=now, event="created"
+    )
+    assert bucket_ids(await store.read_bucket(created.partition, minute_ms(due1), shards)) == [sid]
+
+    moved = dataclasses.replace(created, due_ms=due2, version=2, updated_ms=now + 1)
+    b2 = BucketRow.for_schedule(moved, shards=shards)
+    await store.apply_schedule_change(
+        moved, new_bucket=b2, old_bucket=b1.key, now_ms=now + 1, event="rescheduled"
+    )
+    assert bucket_ids(await store.read_bucket(created.partition, minute_ms(due1), shards)) == []
+    [new_row] = await store.read_bucket(created.partition, minute_ms(due2), shards)
+    assert (new_row.version, new_row.due_ms) == (2, due2)
+
+    # Same key (payload-only update): upsert in place, the row is not deleted.
+    edited = dataclasses.replace(moved, version=3, payload=b"new")
+    b3 = BucketRow.for_schedule(edited, shards=shards)
+    assert b3.key == b2.key
+    await store.apply_schedule_change(edited, new_bucket=b3, old_bucket=b2.key, now_ms=now + 2)
+    [same] = await store.read_bucket(created.partition, minute_ms(due2), shards)
+    assert (same.version, same.payload) == (3, b"new")
+
+    cancelled = dataclasses.replace(edited, state="cancelled", version=4, updated_ms=now + 3)
+    await store.apply_schedule_change(
+        cancelled, new_bucket=None, old_bucket=b3.key, now_ms=now + 3, event="cancelled"
+    )
+    assert await store.read_bucket(created.partition, minute_ms(due2), shards) == []
+    got = await store.get_schedule("acme", sid)
+    assert got is not None and (got["state"], got["version"]) == ("cancelled", 4)
+    events = await store.list_events("acme", sid)
+    assert [(e["event"], e["at_ms"]) for e in events] == [
+        ("created", now),
+        ("rescheduled", now + 1),
+        ("cancelled", now + 3),
+    ]
+    assert events[0]["due_ms"] == due1
+
+
+async def test_checkpoint(store: Store) -> None:
+    assert await store.get_checkpoint(6) is None
+    await store.set_checkpoint(6, T0, "worker-a", now_ms=now_ms())
+    assert await store.get_checkpoint(6) == T0
+    await store.set_checkpoint(6, T0 + 1000, "worker-b", now_ms=now_ms())
+    assert await store.get_checkpoint(6) == T0 + 1000
+
+
+async def test_mark_fired_missed_and_events(store: Store) -> None:
+    now = now_ms()
+    await store.put_schedule(schedule("fire-me", now), now_ms=now)
+    assert await store.mark_fired("acme", "fire-me", "trig-1", fired_ms=now + 5, due_ms=now)
+    got = await store.get_schedule("acme", "fire-me")
+    assert got is not None
+    assert (got["state"], got["fired_ms"], got["trigger_id"]) == ("fired", now + 5, "trig-1")
+
+    await store.put_schedule(schedule("miss-me", now - 7_200_000), now_ms=now)
+    await store.mark_missed(
+        "acme", "miss-me", "trig-2", missed_ms=now, due_ms=now - 7_200_000, detail="late 2h"
+    )
+    got = await store.get_schedule("acme", "miss-me")
+    assert got is not None
+    assert (got["state"], got["fired_ms"]) == ("missed", None)
+    [event] = await store.list_events("acme", "miss-me")
+    assert (event["event"], event["trigger_id"], event["detail"]) == ("missed", "trig-2", "late 2h")
+
+    # Conditional form: applied only when the version still matches.
+    await store.put_schedule(schedule("lwt", now, version=5), now_ms=now)
+    assert not await store.mark_fired(
+        "acme", "lwt", "t-old", fired_ms=now, due_ms=now, if_version=4
+    )
+    got = await store.get_schedule("acme", "lwt")
+    assert got is not None and got["state"] == "scheduled"
+    assert await store.mark_fired(
+        "acme", "lwt", "t-new", fired_ms=now + 1, due_ms=now, if_version=5
+    )
+    got = await store.get_schedule("acme", "lwt")
+    assert got is not None and (got["state"], got["trigger_id"]) == ("fired", "t-new")
+
+
+async def test_record_delivery(store: Store) -> None:
+    now = now_ms()
+    await store.put_schedule(schedule("deliver", now), now_ms=now)
+    await store.record_delivery(
+        "acme", "deliver", outcome="delivered", status_code=204, attempts=2, at_ms=now + 9
+    )
+    got = await store.get_schedule("acme", "deliver")
+    assert got is not None
+    assert (got["delivery_outcome"], got["delivery_status_code"], got["delivery_attempts"]) == (
+        "delivered",
+        204,
+        2,
+    )
+    assert [e["event"] for e in await store.list_events("acme", "deliver")] == ["delivered"]
+
+
+async def test_tenants(store: Store) -> None:
+    assert await store.get_tenant("nobody") is None
+    await store.put_tenant("acme", active=True, created_ms=T0, config='{"max": 1}')
+    await store.put_tenant("globex", active=False, created_ms=T0 + 1)
+    got = await store.get_tenant("acme")
+    assert got == {"tenant": "acme", "active": True, "created_ms": T0, "config": '{"max": 1}'}
+    names = {t["tenant"] for t in await store.list_tenants()}
+    assert {"acme", "globex"} <= names
+
+
+async def test_many_concurrent_writes_under_a_small_cap(cql_session: Any) -> None:
+    s = Store(CassandraSettings(keyspace=KEYSPACE), max_in_flight=4)
+    await s.connect()
+    try:
+        now = now_ms()
+        minute = T0 + 40 * MINUTE_MS
+        rows = [
+            BucketRow.for_schedule(schedule(f"c-{i}", minute + i, partition=4), shards=1)
+            for i in range(300)
+        ]
+        await asyncio.gather(*(s.put_bucket_row(r, now_ms=now) for r in rows))
+        assert len(await s.read_bucket(4, minute, 1)) == 300
+    finally:
+        await s.close()
+
+
+async def test_errors_are_store_errors(cql_session: Any) -> None:
+    # A keyspace without the tables: preparing fails, and retrying cannot help.
+    missing = Store(CassandraSettings(keyspace="tocsin_no_such_keyspace"))
+    with pytest.raises(StoreError) as info:
+        await missing.connect()
+    assert not info.value.retriable
+    # Nobody listening: NoHostAvailable, which is worth retrying.
+    nowhere = Store(CassandraSettings(port=1, request_timeout_s=2.0))
+    with pytest.raises(StoreError) as info:
+        await nowhere.connect()
+    assert info.value.retriable
+
+
+def test_partitioner_matches_a_real_murmur2_random_producer() -> None:
+    """Produce keyed records with librdkafka's murmur2_random partitioner and compare the
+    partition each landed on with streams.partitioner."""
+    from confluent_kafka import KafkaException, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    kafka = KafkaSettings()
+    admin = AdminClient(kafka.librdkafka())
+    topic = f"test.{uuid.uuid4().hex[:8]}.partitioner"
+    partitions = 12
+    try:
+        admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
+    except KafkaException as exc:
+        _unavailable("kafka", exc)
+    try:
+        producer = Producer({**kafka.librdkafka(), "partitioner": "murmur2_random"})
+        landed: dict[str, int] = {}
+
+        def on_delivery(err: Any, msg: Any) -> None:
+            assert err is None, err
+            landed[msg.key().decode()] = msg.partition()
+
+        keys = [f"sched-{i}" for i in range(200)] + ["", "a", "ab", "abc", "ordér-42", "x" * 300]
+        for key in keys:
+            producer.produce(topic, key=key.encode(), value=b"v", on_delivery=on_delivery)
+        assert producer.flush(30) == 0
+        assert landed == {key: partition_for(key, partitions) for key in keys}
+        assert len(set(landed.values())) == partitions
+    finally:
+        admin.delete_topics([topic], operation_timeout=30)[topic].result(timeout=30)

@@ -1,0 +1,295 @@
+"""Bytes <-> models for every message Tocsin writes, plus client-side command encoding.
+
+Command *decoding* lives in ``topics.validation`` (it is the untrusted edge); this module
+encodes commands for clients and tests, encodes/decodes command results and triggers, and
+(de)serialises callbacks for storage. Decoders of results and triggers ignore unknown
+fields, so fields can be added to those messages without breaking older readers; they raise
+``CommandRejected`` (the wire-contract error) on anything else that is wrong.
+
+Pure: must never do I/O or read the clock.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import orjson
+
+from tocsin.errors import CommandRejected
+from topics.codes import Code
+from topics.models import (
+    Callback,
+    Command,
+    CommandResult,
+    CommandType,
+    CreateCommand,
+    HttpCallback,
+    PayloadType,
+    ResultStatus,
+    Trigger,
+    UpdateCommand,
+)
+from topics.validation import (
+    DEFAULT_LIMITS,
+    Fields,
+    Limits,
+    load_object,
+    parse_callback,
+    parse_payload,
+)
+
+HEADER_TRIGGER_ID = "tocsin-trigger-id"
+HEADER_SCHEDULE_ID = "tocsin-schedule-id"
+HEADER_TENANT = "tocsin-tenant"
+HEADER_DUE_MS = "tocsin-due-ms"
+
+# Shapes of the messages Tocsin writes; the unit tests compare them with the JSON Schemas.
+RESULT_FIELDS = Fields(
+    required=(
+        "schedule_id",
+        "tenant",
+        "request_id",
+        "command",
+        "status",
+        "code",
+        "message",
+        "at_ms",
+        "partition",
+        "offset",
+    ),
+    optional=(),
+)
+# Exactly one of payload / payload_b64 is present in a trigger.
+TRIGGER_FIELDS = Fields(
+    required=(
+        "trigger_id",
+        "schedule_id",
+        "tenant",
+        "due_ms",
+        "emitted_ms",
+        "attempt",
+        "order_key",
+        "callback",
+    ),
+    optional=("payload", "payload_b64"),
+)
+
+_COMMAND_TYPES = frozenset(m.value for m in CommandType)
+_STATUSES = frozenset(m.value for m in ResultStatus)
+_CODES = frozenset(m.value for m in Code)
+
+
+def _bad(field: str, expected: str, value: object) -> CommandRejected:
+    shown = repr(value)
+    shown = shown if len(shown) <= 64 else shown[:61] + "..."
+    return CommandRejected(Code.INVALID_FIELD, f"{field} must be {expected}, got {shown}")
+
+
+def _required(obj: dict[str, Any], field: str) -> object:
+    if field not in obj:
+        raise CommandRejected(Code.MISSING_FIELD, f"missing required field {field!r}")
+    return obj[field]
+
+
+def _str(obj: dict[str, Any], field: str) -> str:
+    value = _required(obj, field)
+    if not isinstance(value, str) or not value:
+        raise _bad(field, "a non-empty string", value)
+    return value
+
+
+def _opt_str(obj: dict[str, Any], field: str) -> str | None:
+    value = _required(obj, field)
+    if value is not None and not isinstance(value, str):
+        raise _bad(field, "a string or null", value)
+    return value
+
+
+def _int(obj: dict[str, Any], field: str, *, minimum: int = 0) -> int:
+    value = _required(obj, field)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise _bad(field, f"an integer >= {minimum}", value)
+    return value
+
+
+def _payload_fields(payload: bytes, payload_type: PayloadType) -> dict[str, Any]:
+    if payload_type is PayloadType.JSON:
+        # Embedded as is: the bytes are canonical JSON already, and re-parsing 64 KiB per
+        # trigger would cost more than the rest of the encoding.
+        return {"payload": orjson.Fragment(payload)}
+    return {"payload_b64": base64.b64encode(payload).decode("ascii")}
+
+
+# -- callbacks ----------------------------------------------------------------------------
+
+
+def callback_to_dict(callback: Callback) -> dict[str, Any]:
+    """The JSON object form of a callback, every field spelled out."""
+    if isinstance(callback, HttpCallback):
+        return {
+            "type": "http",
+            "url": callback.url,
+            "method": callback.method,
+            "headers": dict(callback.headers),
+            "timeout_s": callback.timeout_s,
+        }
+    return {"type": "kafka", "topic": callback.topic, "key": callback.key}
+
+
+def callback_from_dict(obj: object, *, limits: Limits = DEFAULT_LIMITS) -> Callback:
+    """A callback from its JSON object, validated exactly as in a command."""
+    return parse_callback(obj, limits=limits)
+
+
+def callback_to_json(callback: Callback) -> str:
+    """Deterministic JSON text (sorted keys) for storage, so equal callbacks compare equal."""
+    return orjson.dumps(callback_to_dict(callback), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def callback_from_json(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) -> Callback:
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise CommandRejected(Code.MALFORMED_JSON, f"callback is not valid JSON: {exc}") from None
+    return parse_callback(obj, limits=limits)
+
+
+# -- commands -----------------------------------------------------------------------------
+
+
+def command_to_dict(command: Command) -> dict[str, Any]:
+    """The JSON object of a command; ``due`` as epoch ms, defaults left out."""
+    out: dict[str, Any] = {
+        "type": str(command.type),
+        "tenant": command.tenant,
+        "schedule_id": command.schedule_id,
+    }
+    if command.request_id is not None:
+        out["request_id"] = command.request_id
+    if isinstance(command, CreateCommand):
+        out["due"] = command.due_ms
+        if command.payload or command.payload_type is PayloadType.JSON:
+            out.update(_payload_fields(command.payload, command.payload_type))
+        out["callback"] = callback_to_dict(command.callback)
+        if command.order_key != command.schedule_id:
+            out["order_key"] = command.order_key
+        out["misfire_tolerance_s"] = command.misfire_tolerance_s
+    elif isinstance(command, UpdateCommand):
+        if command.due_ms is not None:
+            out["due"] = command.due_ms
+        if command.payload is not None and command.payload_type is not None:
+            out.update(_payload_fields(command.payload, command.payload_type))
+        if command.callback is not None:
+            out["callback"] = callback_to_dict(command.callback)
+    return out
+
+
+def encode_command(command: Command) -> bytes:
+    """The commands-topic value for ``command`` (key it by ``command.schedule_id``)."""
+    return orjson.dumps(command_to_dict(command))
+
+
+# -- command results ----------------------------------------------------------------------
+
+
+def encode_result(result: CommandResult) -> bytes:
+    return orjson.dumps(
+        {
+            "schedule_id": result.schedule_id,
+            "tenant": result.tenant,
+            "request_id": result.request_id,
+            "command": None if result.command is None else str(result.command),
+            "status": str(result.status),
+            "code": str(result.code),
+            "message": result.message,
+            "at_ms": result.at_ms,
+            "partition": result.partition,
+            "offset": result.offset,
+        }
+    )
+
+
+def decode_result(raw: bytes) -> CommandResult:
+    obj = load_object(raw)
+    command = _opt_str(obj, "command")
+    status = _str(obj, "status")
+    code = _str(obj, "code")
+    if command is not None and command not in _COMMAND_TYPES:
+        raise _bad("command", "create, update, cancel or null", command)
+    if status not in _STATUSES:
+        raise _bad("status", "accepted or rejected", status)
+    if code not in _CODES:
+        raise _bad("code", "a code listed in topics.codes", code)
+    try:
+        return CommandResult(
+            schedule_id=_opt_str(obj, "schedule_id"),
+            tenant=_opt_str(obj, "tenant"),
+            request_id=_opt_str(obj, "request_id"),
+            command=None if command is None else CommandType(command),
+            status=ResultStatus(status),
+            code=Code(code),
+            message=_str_or_empty(obj, "message"),
+            at_ms=_int(obj, "at_ms"),
+            partition=_int(obj, "partition"),
+            offset=_int(obj, "offset"),
+        )
+    except ValueError as exc:
+        raise CommandRejected(Code.INVALID_FIELD, str(exc)) from None
+
+
+def _str_or_empty(obj: dict[str, Any], field: str) -> str:
+    value = _required(obj, field)
+    if not isinstance(value, str):
+        raise _bad(field, "a string", value)
+    return value
+
+
+# -- triggers -----------------------------------------------------------------------------
+
+
+def encode_trigger(trigger: Trigger) -> bytes:
+    """The fires-topic value; the payload is a JSON value for json, base64 for bytes."""
+    return orjson.dumps(
+        {
+            "trigger_id": trigger.trigger_id,
+            "schedule_id": trigger.schedule_id,
+            "tenant": trigger.tenant,
+            "due_ms": trigger.due_ms,
+            "emitted_ms": trigger.emitted_ms,
+            "attempt": trigger.attempt,
+            "order_key": trigger.order_key,
+            **_payload_fields(trigger.payload, trigger.payload_type),
+            "callback": callback_to_dict(trigger.callback),
+        }
+    )
+
+
+def decode_trigger(raw: bytes, *, limits: Limits = DEFAULT_LIMITS) -> Trigger:
+    """The trigger in a fires-topic value; ``decode_trigger(encode_trigger(t)) == t``."""
+    obj = load_object(raw)
+    payload, payload_type = parse_payload(obj, max_bytes=None)
+    if payload is None or payload_type is None:
+        raise CommandRejected(Code.MISSING_FIELD, "a trigger needs payload or payload_b64")
+    return Trigger(
+        trigger_id=_str(obj, "trigger_id"),
+        schedule_id=_str(obj, "schedule_id"),
+        tenant=_str(obj, "tenant"),
+        due_ms=_int(obj, "due_ms"),
+        emitted_ms=_int(obj, "emitted_ms"),
+        attempt=_int(obj, "attempt", minimum=1),
+        order_key=_str(obj, "order_key"),
+        payload=payload,
+        payload_type=payload_type,
+        callback=parse_callback(_required(obj, "callback"), limits=limits),
+    )
+
+
+def trigger_headers(trigger: Trigger) -> list[tuple[str, bytes]]:
+    """Kafka headers of a fires-topic record, so consumers can route without parsing JSON."""
+    return [
+        (HEADER_TRIGGER_ID, trigger.trigger_id.encode("utf-8")),
+        (HEADER_SCHEDULE_ID, trigger.schedule_id.encode("utf-8")),
+        (HEADER_TENANT, trigger.tenant.encode("utf-8")),
+        (HEADER_DUE_MS, str(trigger.due_ms).encode("ascii")),
+    ]

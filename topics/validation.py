@@ -1,0 +1,655 @@
+"""Turning untrusted command bytes into a validated ``Command``, or a precise rejection.
+
+Everything a client can get wrong is caught here and raised as
+``CommandRejected(code, message)`` naming the offending field, so the scheduler can answer
+on the command-results topic instead of crashing or storing garbage. The field parsers
+(``parse_due``, ``parse_callback``, ``canonical_json``...) are shared with ``topics.codec``
+so a callback means the same thing wherever it is read.
+
+Checks that need stored state (tenant registered, schedule exists, duplicate or conflict,
+an update's due against the stored misfire tolerance) belong to the scheduler. This module
+must never do I/O, read the clock (``now_ms`` is passed in) or raise anything but
+``CommandRejected`` from ``decode_command``; ``salvage_ids`` must never raise at all.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import ipaddress
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, NamedTuple, cast
+from urllib.parse import urlsplit
+
+import orjson
+
+from tocsin.errors import CommandRejected, ConfigError
+from tocsin.settings import SchedulerSettings
+from topics.codes import Code
+from topics.ids import MAX_EPOCH_MS, MIN_EPOCH_MS, format_iso_ms, parse_iso_ms
+from topics.models import (
+    HTTP_METHODS,
+    Callback,
+    CancelCommand,
+    Command,
+    CommandType,
+    CreateCommand,
+    HttpCallback,
+    HttpMethod,
+    KafkaCallback,
+    PayloadType,
+    UpdateCommand,
+)
+
+# The JSON envelope around a payload (ids, callback, headers) fits easily in this much.
+ENVELOPE_BYTES = 16 * 1024
+MAX_TIMEOUT_S = 300.0
+MAX_URL_LEN = 2048
+MAX_TENANT_LEN = 64
+# misfire_tolerance_s is stored in a Cassandra ``int`` (signed 32 bit).
+MAX_MISFIRE_TOLERANCE_S = 2**31 - 1
+# orjson refuses to serialise deeper structures, so a deeper payload could be stored but
+# never emitted again.
+MAX_PAYLOAD_DEPTH = 254
+MAX_TOPIC_LEN = 249  # Kafka's own limit on topic names
+
+
+@dataclass(frozen=True, kw_only=True)
+class Limits:
+    """Size bounds of commands; ``max_message_bytes`` None = room for a maximal payload."""
+
+    max_payload_bytes: int = 64 * 1024
+    default_misfire_tolerance_s: int = 3600
+    max_message_bytes: int | None = None
+    max_id_len: int = 256
+    max_headers: int = 32
+    max_header_bytes: int = 8 * 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_payload_bytes", "max_id_len", "max_header_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"Limits.{name} must be positive, got {getattr(self, name)}")
+        if self.max_headers < 0:
+            raise ConfigError(f"Limits.max_headers must be >= 0, got {self.max_headers}")
+        if not 0 <= self.default_misfire_tolerance_s <= MAX_MISFIRE_TOLERANCE_S:
+            raise ConfigError(
+                "Limits.default_misfire_tolerance_s must be within "
+                f"0..{MAX_MISFIRE_TOLERANCE_S}, got {self.default_misfire_tolerance_s}"
+            )
+        if self.max_message_bytes is not None and self.max_message_bytes < 1:
+            raise ConfigError(
+                f"Limits.max_message_bytes must be positive, got {self.max_message_bytes}"
+            )
+
+    @property
+    def message_cap(self) -> int:
+        """Bytes above which a message is rejected unparsed (``too_large``)."""
+        if self.max_message_bytes is not None:
+            return self.max_message_bytes
+        # A bytes payload travels as base64, 4/3 of its size.
+        return -(-self.max_payload_bytes // 3) * 4 + ENVELOPE_BYTES
+
+    @classmethod
+    def from_settings(cls, scheduler: SchedulerSettings) -> Limits:
+        return cls(
+            max_payload_bytes=scheduler.max_payload_bytes,
+            default_misfire_tolerance_s=scheduler.default_misfire_tolerance_s,
+        )
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class Fields(NamedTuple):
+    """The top-level keys a JSON object may carry; anything else is rejected."""
+
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return frozenset(self.required + self.optional)
+
+
+# The single source of the command and callback shapes: the decoder enforces these and the
+# unit tests compare them with schema/json/*.schema.json.
+COMMAND_FIELDS: dict[CommandType, Fields] = {
+    CommandType.CREATE: Fields(
+        required=("type", "tenant", "schedule_id", "due", "callback"),
+        optional=("request_id", "payload", "payload_b64", "order_key", "misfire_tolerance_s"),
+    ),
+    CommandType.UPDATE: Fields(
+        required=("type", "tenant", "schedule_id"),
+        optional=("request_id", "due", "payload", "payload_b64", "callback"),
+    ),
+    CommandType.CANCEL: Fields(
+        required=("type", "tenant", "schedule_id"),
+        optional=("request_id",),
+    ),
+}
+CALLBACK_FIELDS: dict[str, Fields] = {
+    "http": Fields(required=("type", "url"), optional=("method", "headers", "timeout_s")),
+    "kafka": Fields(required=("type", "topic"), optional=("key",)),
+}
+
+_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}", re.ASCII)
+# C0/C1 controls, lone surrogates, line/paragraph separators and bidi overrides: ids end up
+# in logs, Kafka keys and dashboards, where these corrupt or disguise what is shown.
+_FORBIDDEN_CHAR = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
+_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}", re.ASCII)
+_HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", re.ASCII)  # RFC 9110 token
+_HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # HTAB is the one allowed control
+_URL_CHARS = re.compile(r"[\x21-\x7e]+", re.ASCII)
+_HOSTNAME = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?", re.ASCII)
+# Framing and hop-by-hop headers belong to the HTTP client; letting a schedule set them
+# could desynchronise the connection or smuggle a second request.
+RESERVED_HEADERS: frozenset[str] = frozenset(
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "upgrade",
+    }
+)
+
+
+_COMMAND_TYPES = frozenset(t.value for t in CommandType)
+
+
+class Salvaged(NamedTuple):
+    tenant: str | None
+    schedule_id: str | None
+    request_id: str | None
+    command: CommandType | None
+
+
+def _reject(code: Code, message: str) -> CommandRejected:
+    return CommandRejected(code, message)
+
+
+def _show(value: object, limit: int = 64) -> str:
+    """A short, escaped rendering of client data for messages (never the whole thing)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def load_object(raw: bytes) -> dict[str, Any]:
+    """Parse JSON bytes that must hold an object (``malformed_json`` / ``not_an_object``)."""
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise _reject(Code.MALFORMED_JSON, f"message is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise _reject(Code.NOT_AN_OBJECT, f"message must be a JSON object, got {_kind(obj)}")
+    return obj
+
+
+def check_fields(
+    obj: dict[str, Any], fields: Fields, *, where: str, code: Code = Code.INVALID_FIELD
+) -> None:
+    """Reject keys outside ``fields`` (typos would otherwise be silently ignored) and absent
+    required keys (``missing_field`` at top level, ``code`` inside a nested object)."""
+    unknown = sorted(set(obj) - fields.allowed)
+    if unknown:
+        allowed = ", ".join(sorted(fields.allowed))
+        raise _reject(code, f"{where}: unknown field {_show(unknown[0])}; allowed: {allowed}")
+    for name in fields.required:
+        if name not in obj:
+            missing_code = Code.MISSING_FIELD if code == Code.INVALID_FIELD else code
+            raise _reject(missing_code, f"{where}: missing required field {name!r}")
+
+
+def canonical_json(value: object) -> bytes:
+    """The stored form of a JSON payload: compact, object keys sorted.
+
+    Sorting makes equal values equal bytes, so an idempotent retry that re-serialised its
+    payload in another key order is still a duplicate and not a conflict.
+    """
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+    except orjson.JSONEncodeError as exc:
+        raise _reject(
+            Code.INVALID_FIELD,
+            f"payload cannot be stored as JSON ({exc}); it may nest at most "
+            f"{MAX_PAYLOAD_DEPTH} levels deep",
+        ) from None
+
+
+def check_text(value: object, field: str, *, max_len: int, code: Code = Code.INVALID_FIELD) -> str:
+    """An id-like string: non-empty, at most ``max_len`` UTF-8 bytes, no control chars."""
+    if not isinstance(value, str):
+        raise _reject(code, f"{field} must be a string, got {_kind(value)}")
+    if not value:
+        raise _reject(code, f"{field} must not be empty")
+    bad = _FORBIDDEN_CHAR.search(value)
+    if bad is not None:
+        raise _reject(
+            code,
+            f"{field} contains the control character U+{ord(bad.group()):04X} "
+            f"at index {bad.start()}",
+        )
+    size = len(value.encode("utf-8"))
+    if size > max_len:
+        raise _reject(code, f"{field} is {size} bytes long; at most {max_len} are allowed")
+    return value
+
+
+def check_tenant(value: object, field: str = "tenant") -> str:
+    if not isinstance(value, str):
+        raise _reject(Code.INVALID_FIELD, f"{field} must be a string, got {_kind(value)}")
+    if _TENANT.fullmatch(value) is None:
+        raise _reject(
+            Code.INVALID_FIELD,
+            f"{field} {_show(value)} must be 1-{MAX_TENANT_LEN} characters of A-Z a-z 0-9 . _ -",
+        )
+    return value
+
+
+def _integer(value: object, field: str, code: Code) -> int:
+    """An integer, also written as an integral float (1.7e12); never a boolean."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _reject(code, f"{field} must be an integer, got {_kind(value)}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise _reject(code, f"{field} must be an integer, got {value!r}")
+        return int(value)
+    return value
+
+
+def parse_due(value: object, field: str = "due") -> int:
+    """Epoch ms of a due time given as RFC 3339 text with offset or as integer epoch ms."""
+    if isinstance(value, str):
+        try:
+            due_ms = parse_iso_ms(value)
+        except ValueError as exc:
+            raise _reject(Code.INVALID_DUE, f"{field} {_show(value)}: {exc}") from None
+    elif isinstance(value, bool) or not isinstance(value, int | float):
+        raise _reject(
+            Code.INVALID_DUE,
+            f"{field} must be an ISO-8601 string with an offset or integer epoch ms, "
+            f"got {_kind(value)}",
+        )
+    else:
+        due_ms = _integer(value, field, Code.INVALID_DUE)
+    if not MIN_EPOCH_MS <= due_ms <= MAX_EPOCH_MS:
+        raise _reject(
+            Code.INVALID_DUE,
+            f"{field} {_show(value)} is outside {format_iso_ms(MIN_EPOCH_MS)} .. "
+            f"{format_iso_ms(MAX_EPOCH_MS)} (epoch ms {MIN_EPOCH_MS}..{MAX_EPOCH_MS})",
+        )
+    return due_ms
+
+
+def check_not_past(
+    due_ms: int, *, now_ms: int, misfire_tolerance_s: int, field: str = "due"
+) -> None:
+    """``due_in_past`` unless ``due_ms`` is within the misfire tolerance of ``now_ms``.
+
+    Exposed so the scheduler applies the same rule to an update's due with the schedule's
+    stored tolerance, which the decoder cannot know.
+    """
+    oldest_ms = now_ms - misfire_tolerance_s * 1000
+    if due_ms < oldest_ms:
+        raise _reject(
+            Code.DUE_IN_PAST,
+            f"{field} {_when(due_ms)} is more than misfire_tolerance_s={misfire_tolerance_s} "
+            f"before now ({_when(now_ms)})",
+        )
+
+
+def _when(epoch_ms: int) -> str:
+    if MIN_EPOCH_MS <= epoch_ms <= MAX_EPOCH_MS:
+        return format_iso_ms(epoch_ms)
+    return f"epoch ms {epoch_ms}"
+
+
+def parse_payload(
+    obj: dict[str, Any], *, max_bytes: int | None
+) -> tuple[bytes, PayloadType] | tuple[None, None]:
+    """The payload of a command or trigger object; ``(None, None)`` when it carries none.
+
+    ``max_bytes`` None skips the size check: readers of triggers trust the scheduler's
+    limit, which may be configured above their own.
+    """
+    has_json = "payload" in obj
+    has_b64 = "payload_b64" in obj
+    if has_json and has_b64:
+        raise _reject(Code.INVALID_FIELD, "give either payload or payload_b64, not both")
+    if has_json:
+        data = canonical_json(obj["payload"])
+        kind = PayloadType.JSON
+    elif has_b64:
+        text = obj["payload_b64"]
+        if not isinstance(text, str):
+            raise _reject(
+                Code.INVALID_FIELD, f"payload_b64 must be a base64 string, got {_kind(text)}"
+            )
+        try:
+            data = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise _reject(
+                Code.INVALID_FIELD, f"payload_b64 is not standard padded base64 ({exc})"
+            ) from None
+        kind = PayloadType.BYTES
+    else:
+        return None, None
+    if max_bytes is not None and len(data) > max_bytes:
+        raise _reject(
+            Code.PAYLOAD_TOO_LARGE,
+            f"{'payload' if has_json else 'payload_b64'} is {len(data)} bytes; "
+            f"at most {max_bytes} are allowed",
+        )
+    return data, kind
+
+
+def check_url(value: object, field: str = "callback.url") -> str:
+    """An absolute http(s) URL with a host, no credentials, ASCII only, bounded."""
+    if not isinstance(value, str):
+        raise _reject(Code.INVALID_URL, f"{field} must be a string, got {_kind(value)}")
+    if len(value) > MAX_URL_LEN:
+        raise _reject(
+            Code.INVALID_URL, f"{field} is {len(value)} characters; at most {MAX_URL_LEN}"
+        )
+    if _URL_CHARS.fullmatch(value) is None:
+        raise _reject(
+            Code.INVALID_URL,
+            f"{field} {_show(value)} must be non-empty printable ASCII without spaces "
+            "(percent-encode the path, use punycode for the host)",
+        )
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError as exc:
+        raise _reject(Code.INVALID_URL, f"{field} {_show(value)}: {exc}") from None
+    if parts.scheme not in ("http", "https"):
+        raise _reject(Code.INVALID_URL, f"{field} {_show(value)} must use http or https")
+    if "@" in parts.netloc:
+        raise _reject(
+            Code.INVALID_URL,
+            f"{field} must not carry user info (credentials); send them in callback.headers",
+        )
+    host = parts.hostname
+    if not host:
+        raise _reject(Code.INVALID_URL, f"{field} {_show(value)} has no host")
+    if parts.netloc.startswith("["):
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise _reject(
+                Code.INVALID_URL, f"{field} host {_show(host)} is not an IPv6 address"
+            ) from None
+    elif _HOSTNAME.fullmatch(host) is None:
+        raise _reject(Code.INVALID_URL, f"{field} host {_show(host)} is not a valid host name")
+    if port == 0:
+        raise _reject(Code.INVALID_URL, f"{field} port 0 cannot be called")
+    return value
+
+
+def _headers(value: object, *, limits: Limits, field: str) -> dict[str, str]:
+    code = Code.INVALID_CALLBACK
+    if not isinstance(value, dict):
+        raise _reject(code, f"{field} must be an object of strings, got {_kind(value)}")
+    if len(value) > limits.max_headers:
+        raise _reject(
+            code, f"{field} has {len(value)} entries; at most {limits.max_headers} are allowed"
+        )
+    seen: set[str] = set()
+    total = 0
+    for name, item in value.items():
+        if not isinstance(name, str) or _HEADER_NAME.fullmatch(name) is None:
+            raise _reject(code, f"{field}: {_show(name)} is not a valid HTTP header name")
+        lowered = name.lower()
+        if lowered in RESERVED_HEADERS:
+            raise _reject(code, f"{field}: {name!r} is set by the HTTP client and not allowed")
+        if lowered in seen:
+            raise _reject(code, f"{field}: {name!r} is given twice (names ignore case)")
+        seen.add(lowered)
+        if not isinstance(item, str):
+            raise _reject(code, f"{field}[{name!r}] must be a string, got {_kind(item)}")
+        if _HEADER_VALUE_BAD.search(item) is not None:
+            raise _reject(code, f"{field}[{name!r}] contains a control character")
+        total += len(name) + len(item.encode("utf-8"))
+    if total > limits.max_header_bytes:
+        raise _reject(
+            code,
+            f"{field} total {total} bytes; at most {limits.max_header_bytes} are allowed",
+        )
+    return dict(value)
+
+
+def _timeout(value: object, field: str) -> float:
+    code = Code.INVALID_CALLBACK
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _reject(code, f"{field} must be a number of seconds, got {_kind(value)}")
+    timeout = float(value)
+    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
+        raise _reject(code, f"{field} must be > 0 and <= {MAX_TIMEOUT_S:g}, got {value!r}")
+    return timeout
+
+
+def _method(value: object, field: str) -> HttpMethod:
+    if isinstance(value, str) and value in HTTP_METHODS:
+        return cast(HttpMethod, value)
+    raise _reject(
+        Code.INVALID_CALLBACK,
+        f"{field} {_show(value)} must be one of {', '.join(sorted(HTTP_METHODS))}",
+    )
+
+
+def check_topic(value: object, field: str = "callback.topic") -> str:
+    if not isinstance(value, str):
+        raise _reject(Code.INVALID_CALLBACK, f"{field} must be a string, got {_kind(value)}")
+    if _TOPIC.fullmatch(value) is None or value in (".", ".."):
+        raise _reject(
+            Code.INVALID_CALLBACK,
+            f"{field} {_show(value)} is not a legal Kafka topic name (1-{MAX_TOPIC_LEN} "
+            "characters of A-Z a-z 0-9 . _ -, not '.' or '..')",
+        )
+    return value
+
+
+def parse_callback(
+    value: object, *, limits: Limits = DEFAULT_LIMITS, field: str = "callback"
+) -> Callback:
+    """An HTTP or Kafka callback from its JSON object (``invalid_callback`` / ``invalid_url``)."""
+    code = Code.INVALID_CALLBACK
+    if not isinstance(value, dict):
+        raise _reject(code, f"{field} must be an object, got {_kind(value)}")
+    if "type" not in value:
+        raise _reject(code, f"{field}: missing required field 'type' ('http' or 'kafka')")
+    kind = value["type"]
+    if not isinstance(kind, str) or kind not in CALLBACK_FIELDS:
+        raise _reject(code, f"{field}.type must be 'http' or 'kafka', got {_show(kind)}")
+    check_fields(value, CALLBACK_FIELDS[kind], where=field, code=code)
+    if kind == "http":
+        return HttpCallback(
+            url=check_url(value["url"], f"{field}.url"),
+            method=_method(value["method"], f"{field}.method") if "method" in value else "POST",
+            headers=(
+                _headers(value["headers"], limits=limits, field=f"{field}.headers")
+                if "headers" in value
+                else {}
+            ),
+            timeout_s=(
+                _timeout(value["timeout_s"], f"{field}.timeout_s") if "timeout_s" in value else 10.0
+            ),
+        )
+    key = value.get("key")
+    return KafkaCallback(
+        topic=check_topic(value["topic"], f"{field}.topic"),
+        key=None
+        if key is None
+        else check_text(key, f"{field}.key", max_len=limits.max_id_len, code=code),
+    )
+
+
+def _command_type(obj: dict[str, Any]) -> CommandType:
+    if "type" not in obj:
+        raise _reject(Code.MISSING_FIELD, "missing required field 'type'")
+    value = obj["type"]
+    if not isinstance(value, str) or value not in _COMMAND_TYPES:
+        raise _reject(
+            Code.UNKNOWN_COMMAND_TYPE,
+            f"type {_show(value)} is not one of create, update, cancel",
+        )
+    return CommandType(value)
+
+
+def _check_key(key: bytes | None, schedule_id: str) -> None:
+    if key is not None and key != schedule_id.encode("utf-8"):
+        raise _reject(
+            Code.KEY_MISMATCH,
+            f"Kafka key {_show(key)} differs from schedule_id {_show(schedule_id)}; key "
+            "commands by schedule_id so every command of a schedule shares a partition",
+        )
+
+
+def decode_command(raw: bytes, *, key: bytes | None, now_ms: int, limits: Limits) -> Command:
+    """The command in a commands-topic message, or ``CommandRejected`` saying what is wrong.
+
+    ``key`` is the Kafka message key; when given it must be the UTF-8 schedule id.
+    """
+    if len(raw) > limits.message_cap:
+        raise _reject(
+            Code.TOO_LARGE,
+            f"message is {len(raw)} bytes; at most {limits.message_cap} are accepted",
+        )
+    obj = load_object(raw)
+    ctype = _command_type(obj)
+    check_fields(obj, COMMAND_FIELDS[ctype], where=f"{ctype} command")
+    tenant = check_tenant(obj["tenant"])
+    schedule_id = check_text(obj["schedule_id"], "schedule_id", max_len=limits.max_id_len)
+    _check_key(key, schedule_id)
+    request_id = obj.get("request_id")
+    if request_id is not None:
+        request_id = check_text(request_id, "request_id", max_len=limits.max_id_len)
+    if ctype is CommandType.CANCEL:
+        return CancelCommand(tenant=tenant, schedule_id=schedule_id, request_id=request_id)
+    if ctype is CommandType.CREATE:
+        return _create(obj, tenant, schedule_id, request_id, now_ms=now_ms, limits=limits)
+    return _update(obj, tenant, schedule_id, request_id, limits=limits)
+
+
+def _create(
+    obj: dict[str, Any],
+    tenant: str,
+    schedule_id: str,
+    request_id: str | None,
+    *,
+    now_ms: int,
+    limits: Limits,
+) -> CreateCommand:
+    due_ms = parse_due(obj["due"])
+    tolerance = limits.default_misfire_tolerance_s
+    if "misfire_tolerance_s" in obj:
+        tolerance = _integer(obj["misfire_tolerance_s"], "misfire_tolerance_s", Code.INVALID_FIELD)
+        if not 0 <= tolerance <= MAX_MISFIRE_TOLERANCE_S:
+            raise _reject(
+                Code.INVALID_FIELD,
+                f"misfire_tolerance_s must be within 0..{MAX_MISFIRE_TOLERANCE_S}, got {tolerance}",
+            )
+    check_not_past(due_ms, now_ms=now_ms, misfire_tolerance_s=tolerance)
+    payload, payload_type = parse_payload(obj, max_bytes=limits.max_payload_bytes)
+    callback = parse_callback(obj["callback"], limits=limits)
+    order_key = schedule_id
+    if "order_key" in obj:
+        order_key = check_text(obj["order_key"], "order_key", max_len=limits.max_id_len)
+    return CreateCommand(
+        tenant=tenant,
+        schedule_id=schedule_id,
+        request_id=request_id,
+        due_ms=due_ms,
+        payload=b"" if payload is None else payload,
+        payload_type=PayloadType.BYTES if payload_type is None else payload_type,
+        callback=callback,
+        order_key=order_key,
+        misfire_tolerance_s=tolerance,
+    )
+
+
+def _update(
+    obj: dict[str, Any],
+    tenant: str,
+    schedule_id: str,
+    request_id: str | None,
+    *,
+    limits: Limits,
+) -> UpdateCommand:
+    if not any(name in obj for name in ("due", "payload", "payload_b64", "callback")):
+        raise _reject(
+            Code.NOTHING_TO_UPDATE,
+            "an update must carry at least one of due, payload, payload_b64, callback",
+        )
+    due_ms = parse_due(obj["due"]) if "due" in obj else None
+    payload, payload_type = parse_payload(obj, max_bytes=limits.max_payload_bytes)
+    callback = parse_callback(obj["callback"], limits=limits) if "callback" in obj else None
+    return UpdateCommand(
+        tenant=tenant,
+        schedule_id=schedule_id,
+        request_id=request_id,
+        due_ms=due_ms,
+        payload=payload,
+        payload_type=payload_type,
+        callback=callback,
+    )
+
+
+def _salvage_text(value: object) -> str | None:
+    try:
+        return check_text(value, "", max_len=DEFAULT_LIMITS.max_id_len)
+    except CommandRejected:
+        return None
+
+
+def salvage_ids(raw: bytes, key: bytes | None) -> Salvaged:
+    """Whatever ids a rejected message still yields, to correlate its rejection result.
+
+    Best effort and total: never raises. Values that would not pass validation (too long,
+    control characters, malformed tenant) come back as ``None`` rather than be echoed. The
+    schedule id falls back to the Kafka key when the body does not give one.
+    """
+    tenant = schedule_id = request_id = None
+    command = None
+    try:
+        obj = orjson.loads(raw)
+    except Exception:  # any garbage at all: fall back to the key alone
+        obj = None
+    with contextlib.suppress(Exception):  # correlation is optional, the rejection is not
+        if isinstance(obj, dict):
+            raw_tenant = obj.get("tenant")
+            if isinstance(raw_tenant, str) and _TENANT.fullmatch(raw_tenant):
+                tenant = raw_tenant
+            schedule_id = _salvage_text(obj.get("schedule_id"))
+            request_id = _salvage_text(obj.get("request_id"))
+            raw_type = obj.get("type")
+            if isinstance(raw_type, str) and raw_type in _COMMAND_TYPES:
+                command = CommandType(raw_type)
+        if schedule_id is None and key is not None:
+            schedule_id = _salvage_text(key.decode("utf-8"))
+    return Salvaged(tenant=tenant, schedule_id=schedule_id, request_id=request_id, command=command)
