@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import os
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -27,7 +28,9 @@ pytestmark = pytest.mark.integration
 
 CQL = Path(__file__).resolve().parents[2] / "schema" / "cql" / "001_initial.cql"
 KEYSPACE = f"test_store_{uuid.uuid4().hex[:8]}"
-T0 = 1_763_744_400_000  # a minute start (bucket math only; TTLs use the real clock)
+# A minute start an hour ahead: rows get TTLs from the real clock (due - now + retention),
+# so bucket rows due in the past would expire within a second.
+T0 = (int(time.time() * 1000) // MINUTE_MS + 60) * MINUTE_MS
 
 
 def _unavailable(what: str, exc: BaseException) -> None:
@@ -94,8 +97,6 @@ async def store(cql_session: Any) -> AsyncIterator[Store]:
 
 
 def now_ms() -> int:
-    import time
-
     return int(time.time() * 1000)
 
 
@@ -423,3 +424,83 @@ def test_partitioner_matches_a_real_murmur2_random_producer() -> None:
         assert len(set(landed.values())) == partitions
     finally:
         admin.delete_topics([topic], operation_timeout=30)[topic].result(timeout=30)
+
+
+async def test_write_buckets_batches_per_bucket_and_chunks(cql_session: Any) -> None:
+    # A tiny byte budget forces several chunks per bucket partition.
+    s = Store(CassandraSettings(keyspace=KEYSPACE), max_batch_bytes=2_000)
+    await s.connect()
+    try:
+        now = now_ms()
+        minute = T0 + 50 * MINUTE_MS
+        rows = [
+            BucketRow.for_schedule(
+                schedule(f"w-{i}", minute + (i % 3) * MINUTE_MS + i, partition=5), shards=2
+            )
+            for i in range(90)
+        ]
+        await s.write_buckets(put=rows, now_ms=now)
+        for m in range(3):
+            got = await s.read_bucket(5, minute + m * MINUTE_MS, 2)
+            assert sorted(r.schedule_id for r in got) == sorted(
+                r.schedule_id for r in rows if r.minute_ms == minute + m * MINUTE_MS
+            )
+        gone = rows[::2]
+        await s.write_buckets(delete=[r.key for r in gone], now_ms=now)
+        left = [r for m in range(3) for r in await s.read_bucket(5, minute + m * MINUTE_MS, 2)]
+        assert {r.schedule_id for r in left} == {r.schedule_id for r in rows[1::2]}
+    finally:
+        await s.close()
+
+
+async def test_apply_schedule_changes_in_bulk_keeps_per_schedule_order(store: Store) -> None:
+    from streams.store import ScheduleChange
+
+    now = now_ms()
+    due = now + 400_000
+    changes = []
+    for i in range(30):
+        row = schedule(f"bulk-{i}", due + i, partition=7)
+        changes.append(
+            ScheduleChange(
+                row=row,
+                new_bucket=BucketRow.for_schedule(row, shards=1),
+                old_bucket=None,
+                now_ms=now,
+                event="created",
+            )
+        )
+    # The same command batch also cancels bulk-0, then re-creates it one minute later.
+    first = changes[0]
+    cancelled = dataclasses.replace(first.row, state="cancelled", version=2)
+    recreated = dataclasses.replace(first.row, version=3, due_ms=due + MINUTE_MS)
+    changes.append(
+        ScheduleChange(
+            row=cancelled,
+            new_bucket=None,
+            old_bucket=first.new_bucket.key if first.new_bucket else None,
+            now_ms=now + 1,
+            event="cancelled",
+        )
+    )
+    changes.append(
+        ScheduleChange(
+            row=recreated,
+            new_bucket=BucketRow.for_schedule(recreated, shards=1),
+            old_bucket=None,
+            now_ms=now + 2,
+            event="created",
+        )
+    )
+    await store.apply_schedule_changes(changes)
+    in_minute = await store.read_bucket(7, minute_ms(due), 1)
+    next_minute = await store.read_bucket(7, minute_ms(due + MINUTE_MS), 1)
+    all_ids = {r.schedule_id for r in in_minute + next_minute if r.due_ms >= due}
+    assert all_ids == {f"bulk-{i}" for i in range(30)}
+    [again] = [r for r in in_minute + next_minute if r.schedule_id == "bulk-0"]
+    assert (again.version, again.due_ms) == (3, due + MINUTE_MS)
+    got = await store.get_schedule("acme", "bulk-0")
+    assert got is not None and (got["version"], got["state"]) == (3, "scheduled")
+    events = await store.list_events("acme", "bulk-0")
+    assert [e["event"] for e in events] == ["created", "cancelled", "created"]
+    assert [e["event"] for e in await store.list_events("acme", "bulk-7")] == ["created"]

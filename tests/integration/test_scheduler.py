@@ -1,0 +1,182 @@
+"""The scheduler core on the real stack: commands in, triggers out, nothing lost."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+import pytest
+
+from streams.client import CommandClient, FireWatcher, ResultWatcher
+from tocsin.settings import Settings
+from topics.ids import trigger_id
+from topics.models import (
+    CancelCommand,
+    CreateCommand,
+    HttpCallback,
+    PayloadType,
+    UpdateCommand,
+)
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def create(tenant: str, sid: str, due_ms: int, **kw: Any) -> CreateCommand:
+    return CreateCommand(
+        tenant=tenant, schedule_id=sid, request_id=f"r-{sid}", due_ms=due_ms,
+        payload=orjson.dumps({"n": sid}), payload_type=PayloadType.JSON,
+        callback=HttpCallback(url="https://receiver.example/cb"),
+        misfire_tolerance_s=kw.pop("misfire_tolerance_s", 3600), **kw,
+    )
+
+
+def collect_fires(watcher: FireWatcher, want: set[str], timeout_s: float) -> dict[str, list[Any]]:
+    """trigger id -> list of (trigger, received_ms) until every wanted id is seen."""
+    seen: dict[str, list[Any]] = {}
+    deadline = time.monotonic() + timeout_s
+    while not want <= set(seen) and time.monotonic() < deadline:
+        for trig, got_ms in watcher.poll(0.5):
+            seen.setdefault(trig.trigger_id, []).append((trig, got_ms))
+    return seen
+
+
+def wait_worker_ready(settings: Settings, tenant: str, timeout_s: float = 90.0) -> None:
+    """A probe create answered means the worker has joined and owns partitions."""
+    client, results = CommandClient(settings), ResultWatcher(settings)
+    sid = f"probe-{uuid.uuid4().hex[:8]}"
+    client.send(create(tenant, sid, now_ms() + 3_600_000))
+    client.flush()
+    got = results.wait_for([sid], timeout_s=timeout_s)
+    results.close()
+    assert sid in got, "worker did not answer a probe command"
+
+
+@pytest.fixture
+def worker(worker_factory: Any, real_stack: Settings, tenant: str) -> Any:
+    w = worker_factory.make("main")
+    wait_worker_ready(real_stack, tenant)
+    return w
+
+
+def test_create_fires_at_its_due_second(worker: Any, real_stack: Settings, tenant: str) -> None:
+    client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+    fires = FireWatcher(real_stack)
+    base = now_ms() + 4_000
+    sids = [f"fire-{uuid.uuid4().hex[:8]}-{i}" for i in range(20)]
+    for i, sid in enumerate(sids):
+        client.send(create(tenant, sid, base + i * 150))
+    client.flush()
+    answered = results.wait_for(sids, timeout_s=30)
+    assert {r.code for r in answered.values()} == {"ok"}
+
+    want = {trigger_id(tenant, sid, base + i * 150) for i, sid in enumerate(sids)}
+    seen = collect_fires(fires, want, timeout_s=40)
+    assert want <= set(seen)
+    for tid in want:
+        trig, received_ms = seen[tid][0]
+        # Never before its due time (same clock), and carrying what was scheduled.
+        assert trig.emitted_ms >= trig.due_ms
+        assert received_ms >= trig.due_ms
+        assert orjson.loads(trig.payload) == {"n": trig.schedule_id}
+        assert trig.order_key == trig.schedule_id
+        assert isinstance(trig.callback, HttpCallback)
+
+
+def test_reschedule_cancel_and_already_fired(worker: Any, real_stack: Settings,
+                                             tenant: str) -> None:
+    client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+    fires = FireWatcher(real_stack)
+    due = now_ms() + 5_000
+    moved, cancelled, fired = (f"{n}-{uuid.uuid4().hex[:8]}" for n in ("mv", "cx", "fx"))
+    for sid in (moved, cancelled, fired):
+        client.send(create(tenant, sid, due))
+    client.flush()
+    assert {r.code for r in results.wait_for([moved, cancelled, fired], 30).values()} == {"ok"}
+
+    new_due = due + 3_000
+    client.send(UpdateCommand(tenant=tenant, schedule_id=moved, due_ms=new_due))
+    client.send(CancelCommand(tenant=tenant, schedule_id=cancelled))
+    client.flush()
+    answers = results.wait_for([moved, cancelled], 30)
+    assert answers[moved].code == "ok" and answers[cancelled].code == "ok"
+
+    want = {trigger_id(tenant, moved, new_due), trigger_id(tenant, fired, due)}
+    seen = collect_fires(fires, want, timeout_s=40)
+    assert want <= set(seen)
+    # Drain a little longer: the cancelled one and the old time of the moved one never fire.
+    for trig, _ in fires.poll(2.0):
+        seen.setdefault(trig.trigger_id, []).append(trig)
+    assert trigger_id(tenant, cancelled, due) not in seen
+    assert trigger_id(tenant, moved, due) not in seen
+    assert seen[trigger_id(tenant, moved, new_due)][0][0].emitted_ms >= new_due
+
+    client.send(CancelCommand(tenant=tenant, schedule_id=fired))
+    client.flush()
+    assert results.wait_for([fired], 30)[fired].code == "already_fired"
+
+
+def test_bad_commands_get_their_own_codes_and_never_block(worker: Any, real_stack: Settings,
+                                                          tenant: str) -> None:
+    client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+    base = {"type": "create", "tenant": tenant, "due": now_ms() + 60_000,
+            "callback": {"type": "http", "url": "https://ok.example/cb"}}
+    cases = {
+        "malformed_json": b"{not json",
+        "unknown_command_type": orjson.dumps({**base, "type": "explode"}),
+        "payload_too_large": orjson.dumps({**base, "payload": "x" * (70 * 1024)}),
+        "invalid_url": orjson.dumps({**base, "callback": {"type": "http", "url": "ftp://x/y"}}),
+        "due_in_past": orjson.dumps({**base, "due": now_ms() - 7_200_000}),
+        "unknown_tenant": orjson.dumps({**base, "tenant": "nobody-here"}),
+        "inactive_tenant": orjson.dumps({**base, "tenant": "sleepy"}),
+    }
+    # All on one key, so all land in one partition, followed by a good command.
+    key = f"bad-{uuid.uuid4().hex[:8]}"
+    for code, value in cases.items():
+        body = value
+        if code not in ("malformed_json",):
+            body = orjson.dumps({**orjson.loads(value), "schedule_id": key})
+        client.send_raw(key.encode(), body)
+    client.send(create(tenant, key, now_ms() + 60_000))
+    client.flush()
+
+    got: list[Any] = []
+    deadline = time.monotonic() + 40
+    while len(got) < len(cases) + 1 and time.monotonic() < deadline:
+        got += [r for r in results.poll() if r.schedule_id == key]
+    codes = [r.code for r in sorted(got, key=lambda r: r.offset)]
+    assert codes == [*cases.keys(), "ok"]
+    assert all(r.message for r in got)
+
+
+def test_duplicate_create_is_idempotent_and_conflict_is_rejected(
+    worker: Any, real_stack: Settings, tenant: str
+) -> None:
+    client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+    sid = f"dup-{uuid.uuid4().hex[:8]}"
+    due = now_ms() + 120_000
+    client.send(create(tenant, sid, due))
+    client.flush()
+    assert results.wait_for([sid], 30)[sid].code == "ok"
+    client.send(create(tenant, sid, due))
+    client.flush()
+    assert results.wait_for([sid], 30)[sid].code == "duplicate"
+    client.send(create(tenant, sid, due + 1000))
+    client.flush()
+    assert results.wait_for([sid], 30)[sid].code == "conflict"
+
+
+def test_late_create_within_tolerance_fires_at_once(worker: Any, real_stack: Settings,
+                                                    tenant: str) -> None:
+    client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+    fires = FireWatcher(real_stack)
+    sid = f"late-{uuid.uuid4().hex[:8]}"
+    due = now_ms() - 90_000  # 90 s ago, tolerance 1 h
+    client.send(create(tenant, sid, due))
+    client.flush()
+    assert results.wait_for([sid], 30)[sid].code == "ok"
+    tid = trigger_id(tenant, sid, due)
+    assert tid in collect_fires(fires, {tid}, timeout_s=20)
