@@ -204,6 +204,7 @@ class Store:
         fetch_size: int = DEFAULT_FETCH_SIZE,
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
+        commit_group_size: int = 1,
         protocol_version: int | None = DEFAULT_PROTOCOL_VERSION,
         bucket_read_hook: Callable[[float, int], None] | None = None,
     ) -> None:
@@ -216,6 +217,16 @@ class Store:
         self.retention_s = retention_s
         self.fetch_size = fetch_size
         self.max_batch_bytes = max_batch_bytes
+        # Schedules committed per request by apply_schedule_changes. 1 (default): one
+        # single-partition batch per schedule. >1: an UNLOGGED batch spanning that many
+        # schedule partitions - each schedule's row+event stay atomic (one mutation), the
+        # group is not. Saves client CPU, which is the bottleneck on a small box (measured
+        # on the 2-core dev machine: 1 -> ~1,000 commands/s, 10 -> ~2,400/s), at the price
+        # of coordinator fan-out on a large cluster. Keep it <= 10 (Cassandra's
+        # unlogged_batch_across_partitions_warn_threshold).
+        if commit_group_size < 1:
+            raise StoreError("commit_group_size must be >= 1", retriable=False)
+        self.commit_group_size = commit_group_size
         self._max_in_flight = max_in_flight
         self._protocol_version = protocol_version
         # Called after every bucket shard read with (seconds, rows) - metrics hang off it.
@@ -651,8 +662,14 @@ class Store:
                         row.due_ms,
                     )
                 )
-            commits.append(self._run_together("put_schedule", stmts))
-        await _gather_all(commits)
+            commits.append(stmts)
+        group = self.commit_group_size
+        await _gather_all(
+            [
+                self._run_together("put_schedule", [s for c in commits[i : i + group] for s in c])
+                for i in range(0, len(commits), group)
+            ]
+        )
 
     # -- fire bookkeeping ------------------------------------------------------------------
 

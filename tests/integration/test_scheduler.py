@@ -180,3 +180,76 @@ def test_late_create_within_tolerance_fires_at_once(worker: Any, real_stack: Set
     assert results.wait_for([sid], 30)[sid].code == "ok"
     tid = trigger_id(tenant, sid, due)
     assert tid in collect_fires(fires, {tid}, timeout_s=20)
+
+
+@pytest.mark.slow
+def test_worker_killed_mid_minute_the_other_takes_over(
+    worker_factory: Any, real_stack: Settings, tenant: str
+) -> None:
+    first = worker_factory.make("a")
+    wait_worker_ready(real_stack, tenant)
+    second = worker_factory.make("b")
+    time.sleep(8)  # let the group rebalance over both workers
+    client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+    fires = FireWatcher(real_stack)
+    base = now_ms() + 5_000
+    n = 400
+    sids = [f"kill-{uuid.uuid4().hex[:8]}-{i}" for i in range(n)]
+    due = {sid: base + (i * 25_000) // n for i, sid in enumerate(sids)}  # over 25 s
+    for sid in sids:
+        client.send(create(tenant, sid, due[sid]))
+    client.flush()
+    answered = results.wait_for(sids, timeout_s=60)
+    assert len(answered) == n and {r.code for r in answered.values()} == {"ok"}
+
+    time.sleep(max(0.0, (base + 8_000 - now_ms()) / 1000))
+    first.kill()  # SIGKILL mid-burst: no checkpoint flush, no graceful leave
+    want = {trigger_id(tenant, sid, due[sid]) for sid in sids}
+    seen = collect_fires(fires, want, timeout_s=90)
+    lost = want - set(seen)
+    duplicates = sum(len(v) - 1 for v in seen.values())
+    print(f"kill test: triggers={n} lost={len(lost)} duplicates={duplicates}")
+    assert not lost, f"{len(lost)} triggers lost; survivor log:\n{second.log_tail()}"
+    assert second.alive()
+
+
+@pytest.mark.slow
+def test_worker_stopped_two_minutes_catches_up(
+    worker_factory: Any, real_stack: Settings, tenant: str
+) -> None:
+    client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+    fires = FireWatcher(real_stack)
+    w = worker_factory.make("before")
+    wait_worker_ready(real_stack, tenant)
+    base = now_ms() + 10_000
+    sids = [f"down-{uuid.uuid4().hex[:8]}-{i}" for i in range(120)]
+    due = {sid: base + i * 1_000 for i, sid in enumerate(sids)}  # over 2 minutes
+    tight = f"tight-{uuid.uuid4().hex[:8]}"  # 30 s tolerance: must be marked missed
+    for sid in sids:
+        client.send(create(tenant, sid, due[sid]))
+    client.send(create(tenant, tight, base + 5_000, misfire_tolerance_s=30))
+    client.flush()
+    assert len(results.wait_for([*sids, tight], 60)) == len(sids) + 1
+    w.stop()
+    time.sleep(max(0.0, (base + 120_000 - now_ms()) / 1000))  # down for two minutes
+    worker_factory.make("after")
+    want = {trigger_id(tenant, sid, due[sid]) for sid in sids}
+    seen = collect_fires(fires, want, timeout_s=120)
+    assert want <= set(seen), f"{len(want - set(seen))} not caught up"
+    assert trigger_id(tenant, tight, base + 5_000) not in seen
+
+    import asyncio
+
+    from streams.store import Store
+
+    async def state_of(sid: str) -> str:
+        store = Store(real_stack.cassandra)
+        await store.connect()
+        try:
+            row = await store.get_schedule(tenant, sid)
+            assert row is not None
+            return str(row["state"])
+        finally:
+            await store.close()
+
+    assert asyncio.run(state_of(tight)) == "missed"
