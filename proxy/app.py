@@ -65,7 +65,7 @@ class ProxyApp:
         )
         self.committer = Committer(
             state=self.state, outbox=self.outbox, metrics=self.metrics,
-            interval_s=proxy.commit_interval_s, commit=self._commit,
+            interval_s=proxy.commit_interval_s, request_commit=self.reader.request_commit,
             paused=lambda: self.reader.paused_partitions,
         )
         self._started = False
@@ -86,10 +86,6 @@ class ProxyApp:
     def _commit_on(self, consumer: Consumer, positions: dict[tuple[str, int], int]) -> None:
         if commit_positions(consumer, positions, self.metrics):
             self.state.mark_committed(positions)
-
-    def _commit(self, positions: dict[tuple[str, int], int]) -> bool:
-        consumer = self.reader.consumer
-        return consumer is not None and commit_positions(consumer, positions, self.metrics)
 
     # ---- lifecycle ---------------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """The offset-commit thread (which also serves the producer and refreshes gauges).
 
-Every ``commit_interval_s`` it commits, per partition, the highest offset below which every
-message is done. Between commits it polls the producer so acknowledgements of dead letters
+Every ``commit_interval_s`` it has the reader commit, per partition, the highest offset
+below which every message is done (the consumer itself is only touched on the reader
+thread; see proxy.reader). Between commits it polls the producer so acknowledgements of dead letters
 and outcomes arrive (they are what lets offsets advance), and once a second it copies the
 shared state into the gauges. Never touches the pending queue's contents.
 """
@@ -28,14 +29,14 @@ class Committer:
         outbox: Outbox,
         metrics: ProxyMetrics,
         interval_s: float,
-        commit: Callable[[dict[tuple[str, int], int]], bool],
+        request_commit: Callable[[], None],
         paused: Callable[[], int],
     ) -> None:
         self._state = state
         self._outbox = outbox
         self._metrics = metrics
         self._interval_s = interval_s
-        self._commit = commit
+        self._request_commit = request_commit
         self._paused = paused
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="proxy-committer", daemon=True)
@@ -45,16 +46,9 @@ class Committer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop and make one last commit."""
+        """Stop; the reader makes the last commit when it closes the consumer."""
         self._stop.set()
         self._thread.join(30)
-        self.commit_now()
-
-    def commit_now(self) -> None:
-        with self._state.commit_lock:
-            positions = self._state.to_commit()
-            if positions and self._commit(positions):
-                self._state.mark_committed(positions)
 
     def _run(self) -> None:
         next_commit = time.monotonic() + self._interval_s
@@ -64,7 +58,7 @@ class Committer:
                 self._outbox.poll(0.05)
                 now = time.monotonic()
                 if now >= next_commit:
-                    self.commit_now()
+                    self._request_commit()
                     next_commit = now + self._interval_s
                 if now >= next_gauges:
                     self.refresh_gauges(now)

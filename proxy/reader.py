@@ -10,8 +10,11 @@ Rebalance callbacks run on this thread (inside ``consume``). On revoke it stops 
 attempts for the partitions, waits (bounded) for running attempts to finish, commits what
 is done and drops the rest: a rebalance can duplicate a message, never lose one.
 
-Auto-commit is off; offsets are committed only by the committer thread and here on
-revoke/shutdown, and only up to the contiguous done prefix.
+Auto-commit is off and offsets only ever go up to the contiguous done prefix. Every call
+on the consumer happens on this thread: confluent-kafka serialises calls on one consumer,
+and a consumer polled in a tight loop starves other threads' calls (a commit from another
+thread was seen to wait forever). So the committer thread only *asks* for a commit
+(``request_commit``) and this thread sends it, asynchronously, between polls.
 """
 
 from __future__ import annotations
@@ -81,6 +84,8 @@ class Reader:
         self._prepare = prepare
         self._commit = commit
         self._conf = consumer_config(kafka_conf, settings)
+        self._conf["on_commit"] = self._on_commit
+        self._commit_requested = threading.Event()
         self.consumer: Consumer | None = None
         self._stop = threading.Event()
         self.stopped_reading = threading.Event()
@@ -101,6 +106,10 @@ class Reader:
         self.consumer.subscribe(self._topics, on_assign=self._on_assign,
                                 on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._thread.start()
+
+    def request_commit(self) -> None:
+        """Thread-safe: commit the done positions at the next turn of the poll loop."""
+        self._commit_requested.set()
 
     def stop_reading(self) -> None:
         self._stop.set()
@@ -125,6 +134,9 @@ class Reader:
                 if msgs:
                     self._ingest(msgs)
                 self._backpressure(consumer)
+                if self._commit_requested.is_set():
+                    self._commit_requested.clear()
+                    self._commit_async(consumer)
         except BaseException as exc:
             self.error = exc
             log.exception("proxy reader failed")
@@ -134,6 +146,10 @@ class Reader:
         # callback on this thread, which commits what is done.
         self._may_close.wait()
         try:
+            with self._state.commit_lock:
+                positions = self._state.to_commit()
+                if positions:
+                    self._commit(consumer, positions)
             consumer.close()
         except Exception:
             log.warning("consumer close failed", exc_info=True)
@@ -158,6 +174,29 @@ class Reader:
             envs.append(env)
         if envs and self._state.push(envs):
             self._writer.notify()
+
+    def _commit_async(self, consumer: Consumer) -> None:
+        with self._state.commit_lock:
+            positions = self._state.to_commit()
+        if not positions:
+            return
+        offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
+        try:
+            consumer.commit(offsets=offsets, asynchronous=True)
+        except KafkaException as exc:
+            self._metrics.commits.labels("failed").inc()
+            log.warning("offset commit failed; will retry", extra={"error": str(exc)})
+
+    def _on_commit(self, err: Any, partitions: list[TopicPartition]) -> None:
+        """Result of an asynchronous commit (served on this thread by ``consume``)."""
+        if err is not None:
+            self._metrics.commits.labels("failed").inc()
+            log.warning("offset commit failed; will retry", extra={"error": str(err)})
+        done = {(p.topic, p.partition): p.offset for p in partitions
+                if p.error is None and p.offset >= 0}
+        if done:
+            self._state.mark_committed(done)
+            self._metrics.commits.labels("ok").inc()
 
     def _backpressure(self, consumer: Consumer) -> None:
         want = self._state.should_pause()

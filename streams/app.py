@@ -46,8 +46,10 @@ def faust_broker_credentials(settings: Settings) -> Any:
             ctx.load_cert_chain(k.ssl_certificate_location, k.ssl_key_location)
     if k.security_protocol.startswith("SASL"):
         return faust.SASLCredentials(
-            username=k.sasl_username, password=k.sasl_password,
-            mechanism=k.sasl_mechanism or "PLAIN", ssl_context=ctx,
+            username=k.sasl_username,
+            password=k.sasl_password,
+            mechanism=k.sasl_mechanism or "PLAIN",
+            ssl_context=ctx,
         )
     if ctx is not None:
         return faust.SSLCredentials(ctx)
@@ -74,11 +76,15 @@ class Worker:
             initial_lookback_ms=sched.default_misfire_tolerance_s * 1000,
         )
         self.processor = CommandProcessor(
-            store=self.store, sink=self.emitter, tickers=self.tickers,
+            store=self.store,
+            sink=self.emitter,
+            tickers=self.tickers,
             results_topic=self.catalog.command_results.name,
             partitions=self.catalog.commands.partitions,
-            limits=Limits(max_payload_bytes=sched.max_payload_bytes,
-                          default_misfire_tolerance_s=sched.default_misfire_tolerance_s),
+            limits=Limits(
+                max_payload_bytes=sched.max_payload_bytes,
+                default_misfire_tolerance_s=sched.default_misfire_tolerance_s,
+            ),
             bucket_shards=sched.bucket_shards,
         )
         self.app = self._build_app()
@@ -108,8 +114,12 @@ class Worker:
             stream_wait_empty=False,
             producer_acks=-1,
         )
-        commands = app.topic(self.catalog.commands.name, key_type=bytes, value_type=bytes,
-                             partitions=self.catalog.commands.partitions)
+        commands = app.topic(
+            self.catalog.commands.name,
+            key_type=bytes,
+            value_type=bytes,
+            partitions=self.catalog.commands.partitions,
+        )
         batch_size = s.scheduler.command_batch_size
 
         @app.agent(commands, name="commands")
@@ -118,8 +128,10 @@ class Worker:
             async for events in stream.take_events(batch_size, within=0.02):
                 batch = [
                     RawCommand(
-                        partition=e.message.partition, offset=e.message.offset,
-                        key=e.message.key, value=e.message.value,
+                        partition=e.message.partition,
+                        offset=e.message.offset,
+                        key=e.message.key,
+                        value=e.message.value,
                         timestamp_ms=int(e.message.timestamp * 1000),
                     )
                     for e in events
@@ -128,8 +140,9 @@ class Worker:
 
         @app.on_partitions_revoked.connect
         async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-            await self._stop_tickers({tp.partition for tp in revoked
-                                      if tp.topic == self.catalog.commands.name})
+            await self._stop_tickers(
+                {tp.partition for tp in revoked if tp.topic == self.catalog.commands.name}
+            )
 
         @app.on_partitions_assigned.connect
         async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
@@ -137,8 +150,9 @@ class Worker:
             await self._ensure_started()
             await self._stop_tickers(set(self.tickers) - mine)
             for partition in sorted(mine - set(self.tickers)):
-                ticker = PartitionTicker(partition, store=self.store, sink=self.emitter,
-                                         config=self.ticker_config)
+                ticker = PartitionTicker(
+                    partition, store=self.store, sink=self.emitter, config=self.ticker_config
+                )
                 self.tickers[partition] = ticker
                 ticker.start()
             metrics.OWNED_PARTITIONS.set(len(self.tickers))
@@ -174,6 +188,7 @@ def run_worker(settings: Settings) -> None:
 
     start_http_server(settings.scheduler.metrics_port, addr="127.0.0.1")
     worker = Worker(settings)
-    faust_worker = faust.Worker(worker.app, loglevel=settings.log_level.lower(),
-                                quiet=True, redirect_stdouts=False)
+    faust_worker = faust.Worker(
+        worker.app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False
+    )
     faust_worker.execute_from_commandline()

@@ -34,17 +34,21 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
     from tocsin.cli import EXIT_OK, _emit
 
     if args.action == "add":
+
         async def add(store: Any) -> None:
             import time
 
-            await store.put_tenant(args.name, active=True, created_ms=time.time_ns() // 10**6,
-                                   config="{}")
+            await store.put_tenant(
+                args.name, active=True, created_ms=time.time_ns() // 10**6, config="{}"
+            )
+
         asyncio.run(_with_store(settings, add))
         print(f"tenant {args.name} registered")
         return EXIT_OK
     rows = asyncio.run(_with_store(settings, lambda s: s.list_tenants()))
-    _emit(args, [{"tenant": r["tenant"], "active": r["active"]} for r in rows],
-          ["tenant", "active"])
+    _emit(
+        args, [{"tenant": r["tenant"], "active": r["active"]} for r in rows], ["tenant", "active"]
+    )
     return EXIT_OK
 
 
@@ -53,17 +57,22 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     from topics.ids import format_iso_ms
 
     if args.action == "get":
+
         async def get(store: Any) -> tuple[Any, Any]:
             row = await store.get_schedule(args.tenant, args.schedule_id)
             events = await store.list_events(args.tenant, args.schedule_id) if row else []
             return row, events
+
         row, events = asyncio.run(_with_store(settings, get))
         if row is None:
             print(f"no schedule {args.schedule_id!r} for tenant {args.tenant!r}")
             return EXIT_NOT_FOUND
         view = {
-            "tenant": row["tenant"], "schedule_id": row["schedule_id"], "state": row["state"],
-            "due": format_iso_ms(row["due_ms"]), "version": row["version"],
+            "tenant": row["tenant"],
+            "schedule_id": row["schedule_id"],
+            "state": row["state"],
+            "due": format_iso_ms(row["due_ms"]),
+            "version": row["version"],
             "fired": format_iso_ms(row["fired_ms"]) if row.get("fired_ms") else "",
             "trigger_id": row.get("trigger_id") or "",
             "delivery": row.get("delivery_outcome") or "",
@@ -86,13 +95,21 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     command: Any
     if args.action == "create":
         due_ms = int(args.due) if args.due.isdigit() else parse_iso_ms(args.due)
-        callback: Any = (HttpCallback(url=args.url) if args.url
-                         else KafkaCallback(topic=args.topic or "tocsin.callbacks", key=None))
+        callback: Any = (
+            HttpCallback(url=args.url)
+            if args.url
+            else KafkaCallback(topic=args.topic or "tocsin.callbacks", key=None)
+        )
         payload = orjson.dumps(orjson.loads(args.payload)) if args.payload else b""
         command = CreateCommand(
-            tenant=args.tenant, schedule_id=args.schedule_id, request_id=rid, due_ms=due_ms,
-            payload=payload, payload_type=PayloadType.JSON if args.payload else PayloadType.BYTES,
-            callback=callback, misfire_tolerance_s=settings.scheduler.default_misfire_tolerance_s,
+            tenant=args.tenant,
+            schedule_id=args.schedule_id,
+            request_id=rid,
+            due_ms=due_ms,
+            payload=payload,
+            payload_type=PayloadType.JSON if args.payload else PayloadType.BYTES,
+            callback=callback,
+            misfire_tolerance_s=settings.scheduler.default_misfire_tolerance_s,
         )
     else:
         command = CancelCommand(tenant=args.tenant, schedule_id=args.schedule_id, request_id=rid)
@@ -106,9 +123,18 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     if result is None:
         print(f"no result within {args.timeout_s}s (is a worker running?)")
         return 1
-    _emit(args, [{"schedule_id": result.schedule_id, "status": str(result.status),
-                  "code": str(result.code), "message": result.message}],
-          ["schedule_id", "status", "code", "message"])
+    _emit(
+        args,
+        [
+            {
+                "schedule_id": result.schedule_id,
+                "status": str(result.status),
+                "code": str(result.code),
+                "message": result.message,
+            }
+        ],
+        ["schedule_id", "status", "code", "message"],
+    )
     return EXIT_OK if str(result.status) == "accepted" else EXIT_REJECTED
 
 

@@ -23,13 +23,15 @@ class CommandClient:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topics = catalog(settings.topics)
-        self.producer = Producer({
-            **settings.kafka.librdkafka(),
-            "partitioner": "murmur2_random",  # Java's default: the contract's partitioner
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            "queue.buffering.max.messages": 1_000_000,
-        })
+        self.producer = Producer(
+            {
+                **settings.kafka.librdkafka(),
+                "partitioner": "murmur2_random",  # Java's default: the contract's partitioner
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "queue.buffering.max.messages": 1_000_000,
+            }
+        )
 
     def send(self, command: Command) -> None:
         self.send_raw(command.schedule_id.encode(), encode_command(command))
@@ -52,13 +54,15 @@ class _TopicTail:
     """Reads a topic from its current end (watermarks taken at construction)."""
 
     def __init__(self, settings: Settings, topic: str, *, from_start: bool = False) -> None:
-        self.consumer = Consumer({
-            **settings.kafka.librdkafka(),
-            "group.id": f"tocsin-tail-{time.time_ns()}",
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "fetch.wait.max.ms": 50,
-        })
+        self.consumer = Consumer(
+            {
+                **settings.kafka.librdkafka(),
+                "group.id": f"tocsin-tail-{time.time_ns()}",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 50,
+            }
+        )
         meta = self.consumer.list_topics(topic, timeout=10)
         partitions = sorted(meta.topics[topic].partitions)
         assignment = []

@@ -111,8 +111,9 @@ class CommandProcessor:
         groups: dict[bytes | None, list[RawCommand]] = {}
         for msg in batch:
             # Keyless messages can't be ordered against anything: each is its own group.
-            groups.setdefault(msg.key if msg.key is not None else object().__repr__().encode(),
-                              []).append(msg)
+            groups.setdefault(
+                msg.key if msg.key is not None else object().__repr__().encode(), []
+            ).append(msg)
 
         async def run_group(msgs: list[RawCommand]) -> list[CommandResult]:
             return [await self.handle(m) for m in msgs]
@@ -120,8 +121,11 @@ class CommandProcessor:
         per_group = await asyncio.gather(*(run_group(g) for g in groups.values()))
         results = [r for group in per_group for r in group]
         acks = [
-            self.sink.send(self.results_topic,
-                           key=(r.schedule_id or "").encode() or None, value=encode_result(r))
+            self.sink.send(
+                self.results_topic,
+                key=(r.schedule_id or "").encode() or None,
+                value=encode_result(r),
+            )
             for r in results
         ]
         await asyncio.gather(*acks)
@@ -131,33 +135,52 @@ class CommandProcessor:
         now = self.clock_ms()
         command: Command | None = None
         try:
-            command = decode_command(msg.value or b"", key=msg.key, now_ms=now,
-                                     limits=self.limits)
+            command = decode_command(msg.value or b"", key=msg.key, now_ms=now, limits=self.limits)
             code, text = await self._apply(command, msg, now)
         except CommandRejected as rej:
             code, text = Code(rej.code), rej.message
         result = self._result(msg, command, code, text, now)
         metrics.COMMANDS.labels(
-            str(result.command or "unknown"), str(result.status), str(result.code)).inc()
+            str(result.command or "unknown"), str(result.status), str(result.code)
+        ).inc()
         if result.status == ResultStatus.REJECTED:
-            log.info("command rejected", extra={
-                "code": str(code), "reason": text, "partition": msg.partition,
-                "offset": msg.offset, "schedule_id": result.schedule_id})
+            log.info(
+                "command rejected",
+                extra={
+                    "code": str(code),
+                    "reason": text,
+                    "partition": msg.partition,
+                    "offset": msg.offset,
+                    "schedule_id": result.schedule_id,
+                },
+            )
         return result
 
     def _result(
         self, msg: RawCommand, command: Command | None, code: Code, text: str, now: int
     ) -> CommandResult:
         if command is not None:
-            tenant, sid, rid, ctype = (command.tenant, command.schedule_id, command.request_id,
-                                       command.type)
+            tenant, sid, rid, ctype = (
+                command.tenant,
+                command.schedule_id,
+                command.request_id,
+                command.type,
+            )
         else:
             s = salvage_ids(msg.value or b"", msg.key)
             tenant, sid, rid, ctype = s.tenant, s.schedule_id, s.request_id, s.command
         status = ResultStatus.ACCEPTED if code in ACCEPTED_CODES else ResultStatus.REJECTED
         return CommandResult(
-            schedule_id=sid, tenant=tenant, request_id=rid, command=ctype, status=status,
-            code=code, message=text, at_ms=now, partition=msg.partition, offset=msg.offset,
+            schedule_id=sid,
+            tenant=tenant,
+            request_id=rid,
+            command=ctype,
+            status=status,
+            code=code,
+            message=text,
+            at_ms=now,
+            partition=msg.partition,
+            offset=msg.offset,
         )
 
     # -- applying --------------------------------------------------------------------------
@@ -165,11 +188,11 @@ class CommandProcessor:
     async def _apply(self, command: Command, msg: RawCommand, now: int) -> tuple[Code, str]:
         tenant = await self.tenants.get(command.tenant)
         if tenant is None:
-            raise CommandRejected(Code.UNKNOWN_TENANT,
-                                  f"tenant {command.tenant!r} is not registered")
+            raise CommandRejected(
+                Code.UNKNOWN_TENANT, f"tenant {command.tenant!r} is not registered"
+            )
         if tenant.get("active") is False:
-            raise CommandRejected(Code.INACTIVE_TENANT,
-                                  f"tenant {command.tenant!r} is deactivated")
+            raise CommandRejected(Code.INACTIVE_TENANT, f"tenant {command.tenant!r} is deactivated")
         expected = partition_for(command.schedule_id.encode(), self.partitions)
         if expected != msg.partition:
             # Another partitioner than Kafka's default (murmur2) would split one schedule's
@@ -182,8 +205,11 @@ class CommandProcessor:
             )
         existing_raw = await self.store.get_schedule(command.tenant, command.schedule_id)
         existing = ScheduleRow(**existing_raw) if existing_raw is not None else None
-        if existing is not None and existing.applied_offset is not None \
-                and msg.offset <= existing.applied_offset:
+        if (
+            existing is not None
+            and existing.applied_offset is not None
+            and msg.offset <= existing.applied_offset
+        ):
             return await self._replayed(existing, msg, now)
         if isinstance(command, CreateCommand):
             return await self._create(command, existing, msg, now)
@@ -194,8 +220,9 @@ class CommandProcessor:
     async def _replayed(self, row: ScheduleRow, msg: RawCommand, now: int) -> tuple[Code, str]:
         if row.state == STATE_SCHEDULED:
             await self._hand_to_ticker(row, now)
-        code = Code(row.last_code) if (row.applied_offset == msg.offset and row.last_code) \
-            else Code.OK
+        code = (
+            Code(row.last_code) if (row.applied_offset == msg.offset and row.last_code) else Code.OK
+        )
         return code, "already applied (replayed command)"
 
     async def _create(
@@ -203,10 +230,14 @@ class CommandProcessor:
     ) -> tuple[Code, str]:
         callback = callback_to_json(cmd.callback)
         if existing is not None:
-            same = (existing.due_ms == cmd.due_ms and (existing.payload or b"") == cmd.payload
-                    and existing.payload_type == str(cmd.payload_type)
-                    and existing.callback == callback and existing.order_key == cmd.order_key
-                    and existing.misfire_tolerance_s == cmd.misfire_tolerance_s)
+            same = (
+                existing.due_ms == cmd.due_ms
+                and (existing.payload or b"") == cmd.payload
+                and existing.payload_type == str(cmd.payload_type)
+                and existing.callback == callback
+                and existing.order_key == cmd.order_key
+                and existing.misfire_tolerance_s == cmd.misfire_tolerance_s
+            )
             if same:
                 return Code.DUPLICATE, f"schedule {cmd.schedule_id!r} already exists unchanged"
             raise CommandRejected(
@@ -215,16 +246,26 @@ class CommandProcessor:
                 "different content; use update, or a new schedule id",
             )
         row = ScheduleRow(
-            tenant=cmd.tenant, schedule_id=cmd.schedule_id, partition=msg.partition,
-            state=STATE_SCHEDULED, due_ms=cmd.due_ms, version=1, created_ms=msg.timestamp_ms,
-            updated_ms=msg.timestamp_ms, order_key=cmd.order_key, payload=cmd.payload,
-            payload_type=str(cmd.payload_type), callback=callback,
-            misfire_tolerance_s=cmd.misfire_tolerance_s, applied_offset=msg.offset,
+            tenant=cmd.tenant,
+            schedule_id=cmd.schedule_id,
+            partition=msg.partition,
+            state=STATE_SCHEDULED,
+            due_ms=cmd.due_ms,
+            version=1,
+            created_ms=msg.timestamp_ms,
+            updated_ms=msg.timestamp_ms,
+            order_key=cmd.order_key,
+            payload=cmd.payload,
+            payload_type=str(cmd.payload_type),
+            callback=callback,
+            misfire_tolerance_s=cmd.misfire_tolerance_s,
+            applied_offset=msg.offset,
             last_code=str(Code.OK),
         )
         bucket = BucketRow.for_schedule(row, shards=self.bucket_shards)
-        await self.store.apply_schedule_change(row, new_bucket=bucket, old_bucket=None,
-                                               now_ms=msg.timestamp_ms, event="created")
+        await self.store.apply_schedule_change(
+            row, new_bucket=bucket, old_bucket=None, now_ms=msg.timestamp_ms, event="created"
+        )
         await self._hand_to_ticker(row, now, bucket)
         return Code.OK, "scheduled"
 
@@ -236,15 +277,21 @@ class CommandProcessor:
         if cmd.due_ms is not None:
             check_not_past(cmd.due_ms, now_ms=now, misfire_tolerance_s=tolerance)
         row = ScheduleRow(
-            **{**_as_dict(current),
-               "due_ms": cmd.due_ms if cmd.due_ms is not None else current.due_ms,
-               "payload": cmd.payload if cmd.payload is not None else current.payload,
-               "payload_type": str(cmd.payload_type) if cmd.payload_type is not None
-               else current.payload_type,
-               "callback": callback_to_json(cmd.callback) if cmd.callback is not None
-               else current.callback,
-               "version": current.version + 1, "updated_ms": msg.timestamp_ms,
-               "applied_offset": msg.offset, "last_code": str(Code.OK)},
+            **{
+                **_as_dict(current),
+                "due_ms": cmd.due_ms if cmd.due_ms is not None else current.due_ms,
+                "payload": cmd.payload if cmd.payload is not None else current.payload,
+                "payload_type": str(cmd.payload_type)
+                if cmd.payload_type is not None
+                else current.payload_type,
+                "callback": callback_to_json(cmd.callback)
+                if cmd.callback is not None
+                else current.callback,
+                "version": current.version + 1,
+                "updated_ms": msg.timestamp_ms,
+                "applied_offset": msg.offset,
+                "last_code": str(Code.OK),
+            },
         )
         old = BucketRow.for_schedule(current, shards=self.bucket_shards)
         new = BucketRow.for_schedule(row, shards=self.bucket_shards)
@@ -252,8 +299,9 @@ class CommandProcessor:
         if ticker is not None:
             # Tombstone the old version only: stale rows of it are refused, the new one isn't.
             ticker.withdraw(row.tenant, row.schedule_id, current.version)
-        await self.store.apply_schedule_change(row, new_bucket=new, old_bucket=old.key,
-                                               now_ms=msg.timestamp_ms, event="updated")
+        await self.store.apply_schedule_change(
+            row, new_bucket=new, old_bucket=old.key, now_ms=msg.timestamp_ms, event="updated"
+        )
         await self._hand_to_ticker(row, now, new)
         return Code.OK, "updated" if cmd.due_ms is None else "rescheduled"
 
@@ -261,28 +309,36 @@ class CommandProcessor:
         self, cmd: CancelCommand, existing: ScheduleRow | None, msg: RawCommand, now: int
     ) -> tuple[Code, str]:
         current = self._changeable(existing, cmd.schedule_id)
-        row = ScheduleRow(**{**_as_dict(current), "state": STATE_CANCELLED,
-                             "version": current.version + 1, "updated_ms": msg.timestamp_ms,
-                             "applied_offset": msg.offset, "last_code": str(Code.OK)})
+        row = ScheduleRow(
+            **{
+                **_as_dict(current),
+                "state": STATE_CANCELLED,
+                "version": current.version + 1,
+                "updated_ms": msg.timestamp_ms,
+                "applied_offset": msg.offset,
+                "last_code": str(Code.OK),
+            }
+        )
         ticker = self.tickers.get(msg.partition)
         if ticker is not None:
             ticker.withdraw(row.tenant, row.schedule_id, row.version)
         old = BucketRow.for_schedule(current, shards=self.bucket_shards)
-        await self.store.apply_schedule_change(row, new_bucket=None, old_bucket=old.key,
-                                               now_ms=msg.timestamp_ms, event="cancelled")
+        await self.store.apply_schedule_change(
+            row, new_bucket=None, old_bucket=old.key, now_ms=msg.timestamp_ms, event="cancelled"
+        )
         return Code.OK, "cancelled"
 
     def _changeable(self, existing: ScheduleRow | None, schedule_id: str) -> ScheduleRow:
         if existing is None:
             raise CommandRejected(Code.NOT_FOUND, f"no schedule {schedule_id!r}")
         if existing.state == STATE_CANCELLED:
-            raise CommandRejected(Code.ALREADY_CANCELLED,
-                                  f"schedule {schedule_id!r} was already cancelled")
+            raise CommandRejected(
+                Code.ALREADY_CANCELLED, f"schedule {schedule_id!r} was already cancelled"
+            )
         ticker = self.tickers.get(existing.partition)
         firing = ticker is not None and ticker.is_firing(existing.tenant, existing.schedule_id)
         if existing.state in (STATE_FIRED, STATE_MISSED) or firing:
-            raise CommandRejected(Code.ALREADY_FIRED,
-                                  f"schedule {schedule_id!r} has already fired")
+            raise CommandRejected(Code.ALREADY_FIRED, f"schedule {schedule_id!r} has already fired")
         return existing
 
     async def _hand_to_ticker(

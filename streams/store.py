@@ -9,10 +9,10 @@ caps requests in flight, and every driver error leaves as ``tocsin.errors.StoreE
 
 This module must never decide scheduling policy (what to fire, when, whether a command is
 valid): callers pass every time (``now_ms``) and every value explicitly. It must never use
-logged batches, nor unlogged batches across partition keys: multi-row changes are ordered,
-idempotent writes (see ``apply_schedule_changes``), batched only where the rows share a
-partition key (a bucket's rows; a schedule row with its event row). It must never read a
-whole table on a hot path.
+logged batches: multi-row changes are ordered, idempotent writes (see
+``apply_schedule_changes``), batched where the rows share a partition key (a bucket's rows;
+a schedule row with its event row) and across partition keys only when the caller opts in
+(``commit_group_size``). It must never read a whole table on a hot path.
 """
 
 from __future__ import annotations

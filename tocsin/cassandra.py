@@ -29,6 +29,9 @@ def make_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
         kwargs["auth_provider"] = PlainTextAuthProvider(settings.username, settings.password or "")
     if settings.ssl_ca_location:
         ctx = ssl.create_default_context(cafile=settings.ssl_ca_location)
+        # The driver connects by IP and passes no server name, so the certificate is
+        # verified against the CA but not against a host name.
+        ctx.check_hostname = False
         kwargs["ssl_context"] = ctx
     kwargs.update(overrides)
     return Cluster(**kwargs)

@@ -48,6 +48,21 @@ class TextFormatter(logging.Formatter):
         return text
 
 
+def logging_dict(level: str = "INFO", fmt: str = "json") -> dict[str, Any]:
+    """The same setup as a dictConfig, for runners that configure logging themselves
+    (Faust's worker takes it as ``logging_config``)."""
+    formatter = "tocsin.logs.JsonFormatter" if fmt == "json" else "tocsin.logs.TextFormatter"
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"tocsin": {"()": formatter}},
+        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "tocsin",
+                                "stream": "ext://sys.stderr"}},
+        "root": {"level": level.upper(), "handlers": ["stderr"]},
+        "loggers": {name: {"level": "WARNING"} for name in _NOISY},
+    }
+
+
 def setup_logging(level: str = "INFO", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())

@@ -76,7 +76,8 @@ DOCS: dict[Code, str] = {
 
 ACCEPTED_CODES: frozenset[Code] = frozenset({Code.OK, Code.DUPLICATE})
 
-# Decided by the scheduler against stored state, so ``decode_command`` never raises them.
+# Decided by the scheduler (from stored state or the partition a message arrived on), never
+# by ``decode_command``, which sees only the bytes and the key.
 STATEFUL_CODES: frozenset[Code] = frozenset(
     {
         Code.DUPLICATE,

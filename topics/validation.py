@@ -135,13 +135,13 @@ CALLBACK_FIELDS: dict[str, Fields] = {
     "kafka": Fields(required=("type", "topic"), optional=("key",)),
 }
 
-_TENANT = re.compile(r"[A-Za-z0-9._-]{1,64}", re.ASCII)
+_TENANT = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TENANT_LEN}}}", re.ASCII)
 # C0/C1 controls, lone surrogates, line/paragraph separators and bidi overrides: ids end up
 # in logs, Kafka keys and dashboards, where these corrupt or disguise what is shown.
 _FORBIDDEN_CHAR = re.compile(
     "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
-_TOPIC = re.compile(r"[A-Za-z0-9._-]{1,249}", re.ASCII)
+_TOPIC = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOPIC_LEN}}}", re.ASCII)
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", re.ASCII)  # RFC 9110 token
 _HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # HTAB is the one allowed control
 _URL_CHARS = re.compile(r"[\x21-\x7e]+", re.ASCII)
@@ -173,10 +173,6 @@ class Salvaged(NamedTuple):
     command: CommandType | None
 
 
-def _reject(code: Code, message: str) -> CommandRejected:
-    return CommandRejected(code, message)
-
-
 def _show(value: object, limit: int = 64) -> str:
     """A short, escaped rendering of client data for messages (never the whole thing)."""
     text = repr(value)
@@ -204,9 +200,11 @@ def load_object(raw: bytes) -> dict[str, Any]:
     try:
         obj = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise _reject(Code.MALFORMED_JSON, f"message is not valid JSON: {exc}") from None
+        raise CommandRejected(Code.MALFORMED_JSON, f"message is not valid JSON: {exc}") from None
     if not isinstance(obj, dict):
-        raise _reject(Code.NOT_AN_OBJECT, f"message must be a JSON object, got {_kind(obj)}")
+        raise CommandRejected(
+            Code.NOT_AN_OBJECT, f"message must be a JSON object, got {_kind(obj)}"
+        )
     return obj
 
 
@@ -218,11 +216,13 @@ def check_fields(
     unknown = sorted(set(obj) - fields.allowed)
     if unknown:
         allowed = ", ".join(sorted(fields.allowed))
-        raise _reject(code, f"{where}: unknown field {_show(unknown[0])}; allowed: {allowed}")
+        raise CommandRejected(
+            code, f"{where}: unknown field {_show(unknown[0])}; allowed: {allowed}"
+        )
     for name in fields.required:
         if name not in obj:
             missing_code = Code.MISSING_FIELD if code == Code.INVALID_FIELD else code
-            raise _reject(missing_code, f"{where}: missing required field {name!r}")
+            raise CommandRejected(missing_code, f"{where}: missing required field {name!r}")
 
 
 def canonical_json(value: object) -> bytes:
@@ -234,7 +234,7 @@ def canonical_json(value: object) -> bytes:
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
     except orjson.JSONEncodeError as exc:
-        raise _reject(
+        raise CommandRejected(
             Code.INVALID_FIELD,
             f"payload cannot be stored as JSON ({exc}); it may nest at most "
             f"{MAX_PAYLOAD_DEPTH} levels deep",
@@ -244,27 +244,27 @@ def canonical_json(value: object) -> bytes:
 def check_text(value: object, field: str, *, max_len: int, code: Code = Code.INVALID_FIELD) -> str:
     """An id-like string: non-empty, at most ``max_len`` UTF-8 bytes, no control chars."""
     if not isinstance(value, str):
-        raise _reject(code, f"{field} must be a string, got {_kind(value)}")
+        raise CommandRejected(code, f"{field} must be a string, got {_kind(value)}")
     if not value:
-        raise _reject(code, f"{field} must not be empty")
+        raise CommandRejected(code, f"{field} must not be empty")
     bad = _FORBIDDEN_CHAR.search(value)
     if bad is not None:
-        raise _reject(
+        raise CommandRejected(
             code,
             f"{field} contains the control character U+{ord(bad.group()):04X} "
             f"at index {bad.start()}",
         )
     size = len(value.encode("utf-8"))
     if size > max_len:
-        raise _reject(code, f"{field} is {size} bytes long; at most {max_len} are allowed")
+        raise CommandRejected(code, f"{field} is {size} bytes long; at most {max_len} are allowed")
     return value
 
 
 def check_tenant(value: object, field: str = "tenant") -> str:
     if not isinstance(value, str):
-        raise _reject(Code.INVALID_FIELD, f"{field} must be a string, got {_kind(value)}")
+        raise CommandRejected(Code.INVALID_FIELD, f"{field} must be a string, got {_kind(value)}")
     if _TENANT.fullmatch(value) is None:
-        raise _reject(
+        raise CommandRejected(
             Code.INVALID_FIELD,
             f"{field} {_show(value)} must be 1-{MAX_TENANT_LEN} characters of A-Z a-z 0-9 . _ -",
         )
@@ -274,10 +274,10 @@ def check_tenant(value: object, field: str = "tenant") -> str:
 def _integer(value: object, field: str, code: Code) -> int:
     """An integer, also written as an integral float (1.7e12); never a boolean."""
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _reject(code, f"{field} must be an integer, got {_kind(value)}")
+        raise CommandRejected(code, f"{field} must be an integer, got {_kind(value)}")
     if isinstance(value, float):
         if not math.isfinite(value) or not value.is_integer():
-            raise _reject(code, f"{field} must be an integer, got {value!r}")
+            raise CommandRejected(code, f"{field} must be an integer, got {value!r}")
         return int(value)
     return value
 
@@ -288,9 +288,9 @@ def parse_due(value: object, field: str = "due") -> int:
         try:
             due_ms = parse_iso_ms(value)
         except ValueError as exc:
-            raise _reject(Code.INVALID_DUE, f"{field} {_show(value)}: {exc}") from None
+            raise CommandRejected(Code.INVALID_DUE, f"{field} {_show(value)}: {exc}") from None
     elif isinstance(value, bool) or not isinstance(value, int | float):
-        raise _reject(
+        raise CommandRejected(
             Code.INVALID_DUE,
             f"{field} must be an ISO-8601 string with an offset or integer epoch ms, "
             f"got {_kind(value)}",
@@ -298,7 +298,7 @@ def parse_due(value: object, field: str = "due") -> int:
     else:
         due_ms = _integer(value, field, Code.INVALID_DUE)
     if not MIN_EPOCH_MS <= due_ms <= MAX_EPOCH_MS:
-        raise _reject(
+        raise CommandRejected(
             Code.INVALID_DUE,
             f"{field} {_show(value)} is outside {format_iso_ms(MIN_EPOCH_MS)} .. "
             f"{format_iso_ms(MAX_EPOCH_MS)} (epoch ms {MIN_EPOCH_MS}..{MAX_EPOCH_MS})",
@@ -316,7 +316,7 @@ def check_not_past(
     """
     oldest_ms = now_ms - misfire_tolerance_s * 1000
     if due_ms < oldest_ms:
-        raise _reject(
+        raise CommandRejected(
             Code.DUE_IN_PAST,
             f"{field} {_when(due_ms)} is more than misfire_tolerance_s={misfire_tolerance_s} "
             f"before now ({_when(now_ms)})",
@@ -340,27 +340,27 @@ def parse_payload(
     has_json = "payload" in obj
     has_b64 = "payload_b64" in obj
     if has_json and has_b64:
-        raise _reject(Code.INVALID_FIELD, "give either payload or payload_b64, not both")
+        raise CommandRejected(Code.INVALID_FIELD, "give either payload or payload_b64, not both")
     if has_json:
         data = canonical_json(obj["payload"])
         kind = PayloadType.JSON
     elif has_b64:
         text = obj["payload_b64"]
         if not isinstance(text, str):
-            raise _reject(
+            raise CommandRejected(
                 Code.INVALID_FIELD, f"payload_b64 must be a base64 string, got {_kind(text)}"
             )
         try:
             data = base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError) as exc:
-            raise _reject(
+            raise CommandRejected(
                 Code.INVALID_FIELD, f"payload_b64 is not standard padded base64 ({exc})"
             ) from None
         kind = PayloadType.BYTES
     else:
         return None, None
     if max_bytes is not None and len(data) > max_bytes:
-        raise _reject(
+        raise CommandRejected(
             Code.PAYLOAD_TOO_LARGE,
             f"{'payload' if has_json else 'payload_b64'} is {len(data)} bytes; "
             f"at most {max_bytes} are allowed",
@@ -371,13 +371,13 @@ def parse_payload(
 def check_url(value: object, field: str = "callback.url") -> str:
     """An absolute http(s) URL with a host, no credentials, ASCII only, bounded."""
     if not isinstance(value, str):
-        raise _reject(Code.INVALID_URL, f"{field} must be a string, got {_kind(value)}")
+        raise CommandRejected(Code.INVALID_URL, f"{field} must be a string, got {_kind(value)}")
     if len(value) > MAX_URL_LEN:
-        raise _reject(
+        raise CommandRejected(
             Code.INVALID_URL, f"{field} is {len(value)} characters; at most {MAX_URL_LEN}"
         )
     if _URL_CHARS.fullmatch(value) is None:
-        raise _reject(
+        raise CommandRejected(
             Code.INVALID_URL,
             f"{field} {_show(value)} must be non-empty printable ASCII without spaces "
             "(percent-encode the path, use punycode for the host)",
@@ -386,57 +386,61 @@ def check_url(value: object, field: str = "callback.url") -> str:
         parts = urlsplit(value)
         port = parts.port
     except ValueError as exc:
-        raise _reject(Code.INVALID_URL, f"{field} {_show(value)}: {exc}") from None
+        raise CommandRejected(Code.INVALID_URL, f"{field} {_show(value)}: {exc}") from None
     if parts.scheme not in ("http", "https"):
-        raise _reject(Code.INVALID_URL, f"{field} {_show(value)} must use http or https")
+        raise CommandRejected(Code.INVALID_URL, f"{field} {_show(value)} must use http or https")
     if "@" in parts.netloc:
-        raise _reject(
+        raise CommandRejected(
             Code.INVALID_URL,
             f"{field} must not carry user info (credentials); send them in callback.headers",
         )
     host = parts.hostname
     if not host:
-        raise _reject(Code.INVALID_URL, f"{field} {_show(value)} has no host")
+        raise CommandRejected(Code.INVALID_URL, f"{field} {_show(value)} has no host")
     if parts.netloc.startswith("["):
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
-            raise _reject(
+            raise CommandRejected(
                 Code.INVALID_URL, f"{field} host {_show(host)} is not an IPv6 address"
             ) from None
     elif _HOSTNAME.fullmatch(host) is None:
-        raise _reject(Code.INVALID_URL, f"{field} host {_show(host)} is not a valid host name")
+        raise CommandRejected(
+            Code.INVALID_URL, f"{field} host {_show(host)} is not a valid host name"
+        )
     if port == 0:
-        raise _reject(Code.INVALID_URL, f"{field} port 0 cannot be called")
+        raise CommandRejected(Code.INVALID_URL, f"{field} port 0 cannot be called")
     return value
 
 
 def _headers(value: object, *, limits: Limits, field: str) -> dict[str, str]:
     code = Code.INVALID_CALLBACK
     if not isinstance(value, dict):
-        raise _reject(code, f"{field} must be an object of strings, got {_kind(value)}")
+        raise CommandRejected(code, f"{field} must be an object of strings, got {_kind(value)}")
     if len(value) > limits.max_headers:
-        raise _reject(
+        raise CommandRejected(
             code, f"{field} has {len(value)} entries; at most {limits.max_headers} are allowed"
         )
     seen: set[str] = set()
     total = 0
     for name, item in value.items():
         if not isinstance(name, str) or _HEADER_NAME.fullmatch(name) is None:
-            raise _reject(code, f"{field}: {_show(name)} is not a valid HTTP header name")
+            raise CommandRejected(code, f"{field}: {_show(name)} is not a valid HTTP header name")
         lowered = name.lower()
         if lowered in RESERVED_HEADERS:
-            raise _reject(code, f"{field}: {name!r} is set by the HTTP client and not allowed")
+            raise CommandRejected(
+                code, f"{field}: {name!r} is set by the HTTP client and not allowed"
+            )
         if lowered in seen:
-            raise _reject(code, f"{field}: {name!r} is given twice (names ignore case)")
+            raise CommandRejected(code, f"{field}: {name!r} is given twice (names ignore case)")
         seen.add(lowered)
         if not isinstance(item, str):
-            raise _reject(code, f"{field}[{name!r}] must be a string, got {_kind(item)}")
+            raise CommandRejected(code, f"{field}[{name!r}] must be a string, got {_kind(item)}")
         if _HEADER_VALUE_BAD.search(item) is not None:
-            raise _reject(code, f"{field}[{name!r}] contains a control character")
+            raise CommandRejected(code, f"{field}[{name!r}] contains a control character")
         total += len(name) + len(item.encode("utf-8"))
     if total > limits.max_header_bytes:
-        raise _reject(
+        raise CommandRejected(
             code,
             f"{field} total {total} bytes; at most {limits.max_header_bytes} are allowed",
         )
@@ -446,17 +450,17 @@ def _headers(value: object, *, limits: Limits, field: str) -> dict[str, str]:
 def _timeout(value: object, field: str) -> float:
     code = Code.INVALID_CALLBACK
     if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _reject(code, f"{field} must be a number of seconds, got {_kind(value)}")
+        raise CommandRejected(code, f"{field} must be a number of seconds, got {_kind(value)}")
     timeout = float(value)
     if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT_S):
-        raise _reject(code, f"{field} must be > 0 and <= {MAX_TIMEOUT_S:g}, got {value!r}")
+        raise CommandRejected(code, f"{field} must be > 0 and <= {MAX_TIMEOUT_S:g}, got {value!r}")
     return timeout
 
 
 def _method(value: object, field: str) -> HttpMethod:
     if isinstance(value, str) and value in HTTP_METHODS:
         return cast(HttpMethod, value)
-    raise _reject(
+    raise CommandRejected(
         Code.INVALID_CALLBACK,
         f"{field} {_show(value)} must be one of {', '.join(sorted(HTTP_METHODS))}",
     )
@@ -464,9 +468,11 @@ def _method(value: object, field: str) -> HttpMethod:
 
 def check_topic(value: object, field: str = "callback.topic") -> str:
     if not isinstance(value, str):
-        raise _reject(Code.INVALID_CALLBACK, f"{field} must be a string, got {_kind(value)}")
+        raise CommandRejected(
+            Code.INVALID_CALLBACK, f"{field} must be a string, got {_kind(value)}"
+        )
     if _TOPIC.fullmatch(value) is None or value in (".", ".."):
-        raise _reject(
+        raise CommandRejected(
             Code.INVALID_CALLBACK,
             f"{field} {_show(value)} is not a legal Kafka topic name (1-{MAX_TOPIC_LEN} "
             "characters of A-Z a-z 0-9 . _ -, not '.' or '..')",
@@ -480,12 +486,12 @@ def parse_callback(
     """An HTTP or Kafka callback from its JSON object (``invalid_callback`` / ``invalid_url``)."""
     code = Code.INVALID_CALLBACK
     if not isinstance(value, dict):
-        raise _reject(code, f"{field} must be an object, got {_kind(value)}")
+        raise CommandRejected(code, f"{field} must be an object, got {_kind(value)}")
     if "type" not in value:
-        raise _reject(code, f"{field}: missing required field 'type' ('http' or 'kafka')")
+        raise CommandRejected(code, f"{field}: missing required field 'type' ('http' or 'kafka')")
     kind = value["type"]
     if not isinstance(kind, str) or kind not in CALLBACK_FIELDS:
-        raise _reject(code, f"{field}.type must be 'http' or 'kafka', got {_show(kind)}")
+        raise CommandRejected(code, f"{field}.type must be 'http' or 'kafka', got {_show(kind)}")
     check_fields(value, CALLBACK_FIELDS[kind], where=field, code=code)
     if kind == "http":
         return HttpCallback(
@@ -511,10 +517,10 @@ def parse_callback(
 
 def _command_type(obj: dict[str, Any]) -> CommandType:
     if "type" not in obj:
-        raise _reject(Code.MISSING_FIELD, "missing required field 'type'")
+        raise CommandRejected(Code.MISSING_FIELD, "missing required field 'type'")
     value = obj["type"]
     if not isinstance(value, str) or value not in _COMMAND_TYPES:
-        raise _reject(
+        raise CommandRejected(
             Code.UNKNOWN_COMMAND_TYPE,
             f"type {_show(value)} is not one of create, update, cancel",
         )
@@ -523,7 +529,7 @@ def _command_type(obj: dict[str, Any]) -> CommandType:
 
 def _check_key(key: bytes | None, schedule_id: str) -> None:
     if key is not None and key != schedule_id.encode("utf-8"):
-        raise _reject(
+        raise CommandRejected(
             Code.KEY_MISMATCH,
             f"Kafka key {_show(key)} differs from schedule_id {_show(schedule_id)}; key "
             "commands by schedule_id so every command of a schedule shares a partition",
@@ -536,7 +542,7 @@ def decode_command(raw: bytes, *, key: bytes | None, now_ms: int, limits: Limits
     ``key`` is the Kafka message key; when given it must be the UTF-8 schedule id.
     """
     if len(raw) > limits.message_cap:
-        raise _reject(
+        raise CommandRejected(
             Code.TOO_LARGE,
             f"message is {len(raw)} bytes; at most {limits.message_cap} are accepted",
         )
@@ -570,7 +576,7 @@ def _create(
     if "misfire_tolerance_s" in obj:
         tolerance = _integer(obj["misfire_tolerance_s"], "misfire_tolerance_s", Code.INVALID_FIELD)
         if not 0 <= tolerance <= MAX_MISFIRE_TOLERANCE_S:
-            raise _reject(
+            raise CommandRejected(
                 Code.INVALID_FIELD,
                 f"misfire_tolerance_s must be within 0..{MAX_MISFIRE_TOLERANCE_S}, got {tolerance}",
             )
@@ -602,7 +608,7 @@ def _update(
     limits: Limits,
 ) -> UpdateCommand:
     if not any(name in obj for name in ("due", "payload", "payload_b64", "callback")):
-        raise _reject(
+        raise CommandRejected(
             Code.NOTHING_TO_UPDATE,
             "an update must carry at least one of due, payload, payload_b64, callback",
         )

@@ -453,14 +453,24 @@ async def test_write_buckets_batches_per_bucket_and_chunks(cql_session: Any) -> 
         await s.close()
 
 
-async def test_apply_schedule_changes_in_bulk_keeps_per_schedule_order(store: Store) -> None:
+@pytest.fixture(params=[1, 10], ids=["per-schedule", "grouped"])
+async def bulk_store(request: pytest.FixtureRequest, cql_session: Any) -> AsyncIterator[Store]:
+    s = Store(CassandraSettings(keyspace=KEYSPACE), commit_group_size=request.param)
+    await s.connect()
+    yield s
+    await s.close()
+
+
+async def test_apply_schedule_changes_in_bulk_keeps_per_schedule_order(bulk_store: Store) -> None:
     from streams.store import ScheduleChange
 
+    store = bulk_store
     now = now_ms()
+    partition = 7 + store.commit_group_size  # separate buckets per parametrization
     due = now + 400_000
     changes = []
     for i in range(30):
-        row = schedule(f"bulk-{i}", due + i, partition=7)
+        row = schedule(f"bulk{partition}-{i}", due + i, partition=partition)
         changes.append(
             ScheduleChange(
                 row=row,
@@ -493,14 +503,16 @@ async def test_apply_schedule_changes_in_bulk_keeps_per_schedule_order(store: St
         )
     )
     await store.apply_schedule_changes(changes)
-    in_minute = await store.read_bucket(7, minute_ms(due), 1)
-    next_minute = await store.read_bucket(7, minute_ms(due + MINUTE_MS), 1)
+    in_minute = await store.read_bucket(partition, minute_ms(due), 1)
+    next_minute = await store.read_bucket(partition, minute_ms(due + MINUTE_MS), 1)
     all_ids = {r.schedule_id for r in in_minute + next_minute if r.due_ms >= due}
-    assert all_ids == {f"bulk-{i}" for i in range(30)}
-    [again] = [r for r in in_minute + next_minute if r.schedule_id == "bulk-0"]
+    assert all_ids == {f"bulk{partition}-{i}" for i in range(30)}
+    [again] = [r for r in in_minute + next_minute if r.schedule_id == f"bulk{partition}-0"]
     assert (again.version, again.due_ms) == (3, due + MINUTE_MS)
-    got = await store.get_schedule("acme", "bulk-0")
+    got = await store.get_schedule("acme", f"bulk{partition}-0")
     assert got is not None and (got["version"], got["state"]) == (3, "scheduled")
-    events = await store.list_events("acme", "bulk-0")
+    events = await store.list_events("acme", f"bulk{partition}-0")
     assert [e["event"] for e in events] == ["created", "cancelled", "created"]
-    assert [e["event"] for e in await store.list_events("acme", "bulk-7")] == ["created"]
+    assert [e["event"] for e in await store.list_events("acme", f"bulk{partition}-7")] == [
+        "created"
+    ]

@@ -48,6 +48,7 @@ HTTP = HttpCallback(
     timeout_s=2.5,
 )
 KAFKA = KafkaCallback(topic="acme.out", key="k")
+DROP = object()  # marks a field to leave out
 
 
 def trigger(**fields: Any) -> Trigger:
@@ -127,8 +128,6 @@ def trigger_json(**changes: Any) -> bytes:
     return orjson.dumps({k: v for k, v in obj.items() if v is not DROP})
 
 
-DROP = object()
-
 BAD_TRIGGERS: list[tuple[str, bytes, Code]] = [
     ("not JSON", b"{", Code.MALFORMED_JSON),
     ("not an object", b"[]", Code.NOT_AN_OBJECT),
@@ -142,7 +141,11 @@ BAD_TRIGGERS: list[tuple[str, bytes, Code]] = [
     ("attempt 0", trigger_json(attempt=0), Code.INVALID_FIELD),
     ("emitted_ms negative", trigger_json(emitted_ms=-1), Code.INVALID_FIELD),
     ("no callback", trigger_json(callback=DROP), Code.MISSING_FIELD),
-    ("callback url ftp", trigger_json(callback={"type": "http", "url": "ftp://x/"}), Code.INVALID_URL),
+    (
+        "callback url ftp",
+        trigger_json(callback={"type": "http", "url": "ftp://x/"}),
+        Code.INVALID_URL,
+    ),
     ("callback type", trigger_json(callback={"type": "smtp"}), Code.INVALID_CALLBACK),
 ]
 
@@ -314,7 +317,10 @@ COMMANDS: dict[str, Command] = {
 def test_command_round_trip(value: Command) -> None:
     raw = encode_command(value)
     decoded = decode_command(
-        raw, key=value.schedule_id.encode(), now_ms=NOW, limits=Limits(default_misfire_tolerance_s=1)
+        raw,
+        key=value.schedule_id.encode(),
+        now_ms=NOW,
+        limits=Limits(default_misfire_tolerance_s=1),
     )
     assert decoded == value
 
@@ -348,7 +354,9 @@ def test_model_defaults_and_guards() -> None:
     assert caught.value.code == Code.INVALID_FIELD
 
 
-@pytest.mark.parametrize("value", [HTTP, KAFKA, KafkaCallback(topic="t"), HttpCallback(url="http://h")])
+@pytest.mark.parametrize(
+    "value", [HTTP, KAFKA, KafkaCallback(topic="t"), HttpCallback(url="http://h")]
+)
 def test_callback_round_trips(value: Callback) -> None:
     assert callback_from_dict(callback_to_dict(value)) == value
     assert callback_from_json(callback_to_json(value)) == value

@@ -4,6 +4,7 @@ every valid model survives an encode/decode round trip unchanged."""
 from __future__ import annotations
 
 import base64
+import contextlib
 from typing import Any
 
 import orjson
@@ -83,9 +84,11 @@ json_scalars = (
 )
 json_values = st.recursive(
     json_scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.dictionaries(st.sampled_from(FIELD_NAMES) | st.text(max_size=8), inner, max_size=6),
-    max_leaves=25,
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(FIELD_NAMES) | st.text(max_size=8), inner, max_size=6)
+    ),
+    max_leaves=12,
 )
 
 
@@ -105,13 +108,13 @@ def test_random_bytes(raw: bytes, key: bytes | None) -> None:
     salvage_ids(raw, key)
 
 
-@settings(max_examples=500)
+@settings(max_examples=300)
 @given(json_values, st.none() | st.just(b"s1"))
 def test_random_json(value: object, key: bytes | None) -> None:
     only_rejections(dumps(value), key)
 
 
-@settings(max_examples=500)
+@settings(max_examples=300)
 @given(
     st.dictionaries(st.sampled_from(FIELD_NAMES), json_values, max_size=10),
     st.sampled_from([t.value for t in CommandType]),
@@ -122,12 +125,15 @@ def test_random_objects_with_real_field_names(obj: dict[str, Any], ctype: str) -
 
 paths = st.sampled_from(
     [(name,) for name in FIELD_NAMES]
-    + [("callback", name) for name in ("type", "url", "method", "headers", "timeout_s", "topic", "key", "x")]
+    + [
+        ("callback", name)
+        for name in ("type", "url", "method", "headers", "timeout_s", "topic", "key", "x")
+    ]
     + [("callback", "headers", "X-A"), ("callback", "headers", "Host")]
 )
 
 
-@settings(max_examples=1000)
+@settings(max_examples=600)
 @given(paths, st.none() | json_values, st.booleans())
 def test_mutated_valid_command(path: tuple[str, ...], value: object, delete: bool) -> None:
     obj = orjson.loads(orjson.dumps(VALID))
@@ -172,16 +178,44 @@ def test_deep_nesting(depth: int, where: str, brackets: tuple[bytes, bytes]) -> 
 
 # Escapes orjson.dumps would never write: lone surrogates, noncharacters, NUL, bidi, BOM.
 odd_escapes = st.sampled_from(
-    ["\\ud800", "\\udfff", "\\ud83d\\ude00", "\\uffff", "\\ufffe", "\\u0000", "\\u202e",
-     "\\ufeff", "\\u0085", "\\u2028", "\\u0301", "\\u00e9", "\\\\", '\\"', "\\/"]
+    [
+        "\\ud800",
+        "\\udfff",
+        "\\ud83d\\ude00",
+        "\\uffff",
+        "\\ufffe",
+        "\\u0000",
+        "\\u202e",
+        "\\ufeff",
+        "\\u0085",
+        "\\u2028",
+        "\\u0301",
+        "\\u00e9",
+        "\\\\",
+        '\\"',
+        "\\/",
+    ]
 )
 odd_text = st.lists(
-    odd_escapes | st.text(st.characters(blacklist_characters='"\\'), max_size=3)
-    .map(lambda s: orjson.dumps(s).decode()[1:-1]),
+    odd_escapes
+    | st.text(
+        st.characters(blacklist_categories=("Cs",), blacklist_characters='"\\'), max_size=3
+    ).map(lambda s: orjson.dumps(s).decode()[1:-1]),
     max_size=6,
 ).map("".join)
-text_slots = ["tenant", "schedule_id", "request_id", "order_key", "due", "payload_b64",
-              "callback.url", "callback.method", "header-name", "header-value", "type"]
+text_slots = [
+    "tenant",
+    "schedule_id",
+    "request_id",
+    "order_key",
+    "due",
+    "payload_b64",
+    "callback.url",
+    "callback.method",
+    "header-name",
+    "header-value",
+    "type",
+]
 
 
 @settings(max_examples=1000)
@@ -205,7 +239,7 @@ def test_odd_unicode_in_every_string(slot: str, text: str) -> None:
     target = targets[slot]
     name = target.split(":", 1)[0]
     if slot == "header-name":
-        replacement = f"{quoted}:\"1\""
+        replacement = f'{quoted}:"1"'
     elif slot == "header-value":
         replacement = f'"X-A":{quoted}'
     elif slot == "payload_b64":
@@ -231,26 +265,30 @@ def test_salvage_only_returns_sane_values(raw: bytes, key: bytes | None) -> None
 def test_other_decoders_only_raise_command_rejected(value: object) -> None:
     raw = dumps(value)
     for decoder in (decode_trigger, decode_result):
-        try:
+        with contextlib.suppress(CommandRejected):
             decoder(raw)
-        except CommandRejected:
-            pass
 
 
 # -- round trips of valid models ---------------------------------------------------------
 
 id_text = st.text(
-    st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp"),
-                  blacklist_characters="\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"),
+    st.characters(
+        blacklist_categories=("Cc", "Cs", "Zl", "Zp"),
+        blacklist_characters="\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069",
+    ),
     min_size=1,
     max_size=30,
 ).filter(lambda s: len(s.encode()) <= 256)
 tenants = st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True)
 json_payloads = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                 max_size=3),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=10),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=10,
 ).map(canonical_json)
 payloads = st.one_of(
@@ -315,7 +353,9 @@ def commands(draw: st.DrawFn) -> Command:
 @given(commands())
 def test_command_round_trip(command: Command) -> None:
     raw = encode_command(command)
-    assert decode_command(raw, key=command.schedule_id.encode(), now_ms=NOW, limits=LIMITS) == command
+    assert (
+        decode_command(raw, key=command.schedule_id.encode(), now_ms=NOW, limits=LIMITS) == command
+    )
 
 
 @st.composite

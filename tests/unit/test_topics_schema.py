@@ -55,12 +55,40 @@ TRIGGER = SCHEMAS["trigger.schema.json"]
 
 # -- a validator for the subset of draft 2020-12 the schemas use -------------------------
 
-ANNOTATIONS = {"$schema", "$id", "title", "description", "examples", "default", "format",
-               "contentEncoding", "$defs"}
-ASSERTIONS = {"type", "required", "properties", "additionalProperties", "const", "enum",
-              "oneOf", "anyOf", "not", "$ref", "pattern", "minLength", "maxLength",
-              "minimum", "maximum", "exclusiveMinimum", "maxProperties", "propertyNames",
-              "if", "then", "else"}
+ANNOTATIONS = {
+    "$schema",
+    "$id",
+    "title",
+    "description",
+    "examples",
+    "default",
+    "format",
+    "contentEncoding",
+    "$defs",
+}
+ASSERTIONS = {
+    "type",
+    "required",
+    "properties",
+    "additionalProperties",
+    "const",
+    "enum",
+    "oneOf",
+    "anyOf",
+    "not",
+    "$ref",
+    "pattern",
+    "minLength",
+    "maxLength",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "maxProperties",
+    "propertyNames",
+    "if",
+    "then",
+    "else",
+}
 
 
 def keywords(schema: object) -> set[str]:
@@ -266,13 +294,18 @@ def test_required_and_optional_command_fields_behave_as_listed(ctype: CommandTyp
             assert caught.value.code == Code.MISSING_FIELD, name
         for name in set(example) & set(COMMAND_FIELDS[ctype].optional):
             without = {k: v for k, v in example.items() if k != name}
-            if ctype is CommandType.UPDATE and not set(without) - {"type", "tenant",
-                                                                 "schedule_id", "request_id"}:
+            if ctype is CommandType.UPDATE and not set(without) - {
+                "type",
+                "tenant",
+                "schedule_id",
+                "request_id",
+            }:
                 continue  # an update needs one change; nothing_to_update is tested elsewhere
             decode_command(orjson.dumps(without), key=key, now_ms=NOW, limits=LIMITS)
         with pytest.raises(CommandRejected) as caught:
-            decode_command(orjson.dumps({**example, "bogus": 1}), key=key, now_ms=NOW,
-                           limits=LIMITS)
+            decode_command(
+                orjson.dumps({**example, "bogus": 1}), key=key, now_ms=NOW, limits=LIMITS
+            )
         assert caught.value.code == Code.INVALID_FIELD
 
 
@@ -304,8 +337,10 @@ def all_examples() -> list[dict[str, Any]]:
 
 
 def test_doc_has_examples_of_every_message() -> None:
-    kinds = {("command" if "type" in e else "trigger" if "trigger_id" in e else "result")
-             for e in doc_examples()}
+    kinds = {
+        ("command" if "type" in e else "trigger" if "trigger_id" in e else "result")
+        for e in doc_examples()
+    }
     assert kinds == {"command", "result", "trigger"}
     assert {e["type"] for e in doc_examples() if "type" in e} == {t.value for t in CommandType}
 
@@ -314,8 +349,9 @@ def test_doc_has_examples_of_every_message() -> None:
 def test_examples_decode_and_validate(example: dict[str, Any]) -> None:
     raw = orjson.dumps(example)
     if "type" in example:
-        command = decode_command(raw, key=example["schedule_id"].encode(), now_ms=NOW,
-                                 limits=LIMITS)
+        command = decode_command(
+            raw, key=example["schedule_id"].encode(), now_ms=NOW, limits=LIMITS
+        )
         assert valid(orjson.loads(encode_command(command)), COMMAND, COMMAND)
         assert valid(example, COMMAND, COMMAND)
     elif "trigger_id" in example:
@@ -331,35 +367,55 @@ def test_examples_decode_and_validate(example: dict[str, Any]) -> None:
 
 # -- every command the decoder accepts is valid under the schema --------------------------
 
-ids = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1,
-              max_size=20)
+ids = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zl", "Zp")), min_size=1, max_size=20)
 tenants = st.from_regex(r"[A-Za-z0-9._-]{1,64}", fullmatch=True)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats(allow_nan=False,
-                                                                         allow_infinity=False)
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=10),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner,
-                                                                 max_size=3),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=10,
 )
 http_callbacks = st.fixed_dictionaries(
-    {"type": st.just("http"),
-     "url": st.sampled_from(["https://h.example/x", "HTTP://10.0.0.1:8080/a?b=c#d",
-                             "http://[::1]/", "https://svc_1.internal./"])},
-    optional={"method": st.sampled_from(sorted(HTTP_METHODS)),
-              "headers": st.dictionaries(st.from_regex(r"X-[A-Za-z0-9]{1,8}", fullmatch=True),
-                                         st.text(st.characters(min_codepoint=32,
-                                                               max_codepoint=0x2FF),
-                                                 max_size=10), max_size=3),
-              "timeout_s": st.floats(min_value=0.001, max_value=300) | st.integers(1, 300)},
+    {
+        "type": st.just("http"),
+        "url": st.sampled_from(
+            [
+                "https://h.example/x",
+                "HTTP://10.0.0.1:8080/a?b=c#d",
+                "http://[::1]/",
+                "https://svc_1.internal./",
+            ]
+        ),
+    },
+    optional={
+        "method": st.sampled_from(sorted(HTTP_METHODS)),
+        "headers": st.dictionaries(
+            st.from_regex(r"X-[A-Za-z0-9]{1,8}", fullmatch=True),
+            st.text(st.characters(min_codepoint=32, max_codepoint=0x2FF), max_size=10),
+            max_size=3,
+        ),
+        "timeout_s": st.floats(min_value=0.001, max_value=300) | st.integers(1, 300),
+    },
 )
 kafka_callbacks = st.fixed_dictionaries(
-    {"type": st.just("kafka"), "topic": st.from_regex(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,20}",
-                                                      fullmatch=True)},
+    {
+        "type": st.just("kafka"),
+        "topic": st.from_regex(r"[A-Za-z0-9_-][A-Za-z0-9._-]{0,20}", fullmatch=True),
+    },
     optional={"key": ids | st.none()},
 )
-dues = st.integers(NOW, MAX_EPOCH_MS) | st.integers(NOW, MAX_EPOCH_MS).map(float) | st.sampled_from(
-    ["2030-01-01T17:00:05Z", "2030-01-01t17:00:05.123456+05:30", "9999-12-31T23:59:59.999Z"])
+dues = (
+    st.integers(NOW, MAX_EPOCH_MS)
+    | st.integers(NOW, MAX_EPOCH_MS).map(float)
+    | st.sampled_from(
+        ["2030-01-01T17:00:05Z", "2030-01-01t17:00:05.123456+05:30", "9999-12-31T23:59:59.999Z"]
+    )
+)
 payloads = st.one_of(
     st.just({}),
     json_values.map(lambda v: {"payload": v}),
@@ -367,18 +423,29 @@ payloads = st.one_of(
 )
 creates = st.tuples(
     st.fixed_dictionaries(
-        {"type": st.just("create"), "tenant": tenants, "schedule_id": ids, "due": dues,
-         "callback": http_callbacks | kafka_callbacks},
-        optional={"request_id": ids | st.none(), "order_key": ids,
-                  "misfire_tolerance_s": st.integers(0, 2**31 - 1)},
+        {
+            "type": st.just("create"),
+            "tenant": tenants,
+            "schedule_id": ids,
+            "due": dues,
+            "callback": http_callbacks | kafka_callbacks,
+        },
+        optional={
+            "request_id": ids | st.none(),
+            "order_key": ids,
+            "misfire_tolerance_s": st.integers(0, 2**31 - 1),
+        },
     ),
     payloads,
 ).map(lambda t: {**t[0], **t[1]})
 updates = st.tuples(
     st.fixed_dictionaries(
         {"type": st.just("update"), "tenant": tenants, "schedule_id": ids},
-        optional={"request_id": ids | st.none(), "due": dues,
-                  "callback": http_callbacks | kafka_callbacks},
+        optional={
+            "request_id": ids | st.none(),
+            "due": dues,
+            "callback": http_callbacks | kafka_callbacks,
+        },
     ),
     payloads,
 ).map(lambda t: {**t[0], **t[1]})
