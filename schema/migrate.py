@@ -92,7 +92,9 @@ def migrate(settings: CassandraSettings, *, session: Any | None = None) -> list[
         )
         applied = {
             row.version: row.checksum
-            for row in session.execute(f"SELECT version, checksum FROM {keyspace}.schema_migrations")
+            for row in session.execute(
+                f"SELECT version, checksum FROM {keyspace}.schema_migrations"
+            )
         }
         done: list[str] = []
         for m in migrations:

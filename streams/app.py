@@ -123,7 +123,7 @@ class Worker:
         batch_size = s.scheduler.command_batch_size
 
         @app.agent(commands, name="commands")
-        async def command_agent(stream: faust.Stream) -> None:
+        async def command_agent(stream: Any) -> None:
             await self._ensure_started()
             async for events in stream.take_events(batch_size, within=0.02):
                 batch = [
@@ -138,13 +138,13 @@ class Worker:
                 ]
                 await self.processor.process_batch(batch)
 
-        @app.on_partitions_revoked.connect
+        @app.on_partitions_revoked.connect  # type: ignore[arg-type]
         async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
             await self._stop_tickers(
                 {tp.partition for tp in revoked if tp.topic == self.catalog.commands.name}
             )
 
-        @app.on_partitions_assigned.connect
+        @app.on_partitions_assigned.connect  # type: ignore[arg-type]
         async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
             mine = {tp.partition for tp in assigned if tp.topic == self.catalog.commands.name}
             await self._ensure_started()
@@ -158,7 +158,7 @@ class Worker:
             metrics.OWNED_PARTITIONS.set(len(self.tickers))
             log.info("partitions assigned", extra={"partitions": sorted(mine)})
 
-        @app.on_before_shutdown.connect
+        @app.on_before_shutdown.connect  # type: ignore[arg-type]
         async def on_shutdown(sender: Any, **kwargs: Any) -> None:
             await self._stop_tickers(set(self.tickers))
             await self.emitter.close()

@@ -77,7 +77,7 @@ class _TopicTail:
 
     def poll_values(self, timeout_s: float = 0.5, max_messages: int = 5000) -> list[bytes]:
         msgs = self.consumer.consume(max_messages, timeout_s)
-        return [m.value() for m in msgs if m.error() is None and m.value() is not None]
+        return [v for m in msgs if m.error() is None and (v := m.value()) is not None]
 
     def close(self) -> None:
         self.consumer.close()

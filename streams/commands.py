@@ -77,7 +77,7 @@ class TenantCache:
         hit = self._cache.get(tenant)
         if hit is not None and hit[0] > now:
             return hit[1]
-        row = await self.store.get_tenant(tenant)
+        row: dict[str, Any] | None = await self.store.get_tenant(tenant)
         ttl = self.ttl_s if row is not None else self.negative_ttl_s
         self._cache[tenant] = (now + ttl, row)
         return row
@@ -159,6 +159,10 @@ class CommandProcessor:
     def _result(
         self, msg: RawCommand, command: Command | None, code: Code, text: str, now: int
     ) -> CommandResult:
+        tenant: str | None
+        sid: str | None
+        rid: str | None
+        ctype: CommandType | None
         if command is not None:
             tenant, sid, rid, ctype = (
                 command.tenant,

@@ -99,7 +99,8 @@ def _drive(settings: Settings, tenant: str, count: int, spread_s: int,
     next_report = time.monotonic() + 5
     while len(seen) < count and time.monotonic() < deadline:
         for r in results.poll(0.05):
-            if r.schedule_id and r.schedule_id.startswith(f"demo-{run}-") and r.schedule_id != probe:
+            sid = r.schedule_id or ""
+            if sid.startswith(f"demo-{run}-") and sid != probe:
                 if str(r.status) == "accepted":
                     accepted += 1
                 else:

@@ -82,7 +82,8 @@ class Emitter:
         while True:
             try:
                 self._producer.produce(
-                    topic, key=key, value=value, headers=headers, on_delivery=on_delivery
+                    topic, key=key, value=value, headers=headers,  # type: ignore[arg-type]
+                    on_delivery=on_delivery,
                 )
                 return fut
             except BufferError:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import heapq
 import itertools
 import logging
@@ -39,7 +40,7 @@ from streams.store import BucketRow
 from streams.timeline import Entry, Timeline
 from topics.codec import encode_trigger, trigger_headers
 from topics.ids import trigger_id as make_trigger_id
-from topics.models import Trigger
+from topics.models import PayloadType, Trigger
 
 log = logging.getLogger("tocsin.ticker")
 
@@ -310,7 +311,7 @@ class PartitionTicker:
                 attempt=1,
                 order_key=row.order_key or row.schedule_id,
                 payload=row.payload or b"",
-                payload_type=row.payload_type or "bytes",
+                payload_type=PayloadType(row.payload_type or "bytes"),
                 callback=_callback_of(row),
             )
             ack = self.sink.send(
@@ -324,7 +325,7 @@ class PartitionTicker:
         if task is not None:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        fut.add_done_callback(lambda f, k=key: self._settle(k, f))
+        fut.add_done_callback(functools.partial(self._settle, key))
         return fut
 
     async def _record_fired(

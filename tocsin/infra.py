@@ -319,7 +319,7 @@ class KafkaServer(_Server):
                              "socket.connection.setup.timeout.ms": 2000})
         try:
             meta = admin.list_topics(timeout=3)
-        except Exception:  # noqa: BLE001 - any failure simply means "not ready yet"
+        except Exception:
             return False
         return 1 in meta.brokers
 
@@ -397,7 +397,7 @@ class CassandraServer(_Server):
             session = cluster.connect()
             row = session.execute("SELECT release_version FROM system.local", timeout=5).one()
             return row is not None
-        except Exception:  # noqa: BLE001 - any failure simply means "not ready yet"
+        except Exception:
             return False
         finally:
             cluster.shutdown()
@@ -447,7 +447,7 @@ class Stack:
                 timings[server.name] = server.start(java)
             except InfraError as exc:
                 errors.append(exc)
-            except Exception as exc:  # noqa: BLE001 - surface any start failure as InfraError
+            except Exception as exc:
                 errors.append(InfraError(f"{server.name} failed to start: {exc!r}"))
 
         threads = [threading.Thread(target=start, args=(s,)) for s in self.servers]

@@ -100,7 +100,7 @@ def ensure_topics(
     Raises TopicMismatchError when an existing topic has another partition count.
     """
     from confluent_kafka import KafkaException
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient(kafka.librdkafka())
     try:
