@@ -60,8 +60,14 @@ def load_migrations(directory: Path = CQL_DIR, *, keyspace: str) -> list[Migrati
         tail = _strip_comments("\n".join(current))
         if tail:
             statements.append(tail)
-        found.append(Migration(int(match.group(1)), match.group(2), tuple(statements),
-                               hashlib.sha256(raw.encode()).hexdigest()[:16]))
+        found.append(
+            Migration(
+                int(match.group(1)),
+                match.group(2),
+                tuple(statements),
+                hashlib.sha256(raw.encode()).hexdigest()[:16],
+            )
+        )
     versions = [m.version for m in found]
     if len(set(versions)) != len(versions):
         raise ConfigError(f"duplicate migration versions in {directory}: {versions}")

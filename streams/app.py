@@ -63,7 +63,11 @@ class Worker:
         self.settings = settings
         self.catalog = catalog(settings.topics)
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
-        self.store = Store(settings.cassandra)
+        self.store = Store(
+            settings.cassandra,
+            bucket_read_hook=_observe_bucket_query,
+            retention_s=settings.scheduler.fired_retention_s,
+        )
         self.emitter = Emitter(settings.kafka, client_id=f"tocsin-worker-{os.getpid()}")
         self.tickers: dict[int, PartitionTicker] = {}
         sched = settings.scheduler
@@ -180,6 +184,12 @@ class Worker:
             await asyncio.gather(*(t.stop() for t in stopping))
             log.info("partitions released", extra={"partitions": sorted(partitions)})
         metrics.OWNED_PARTITIONS.set(len(self.tickers))
+
+
+def _observe_bucket_query(seconds: float, rows: int) -> None:
+    metrics.BUCKET_QUERIES.inc()
+    metrics.BUCKET_ROWS.inc(rows)
+    metrics.BUCKET_READ_SECONDS.observe(seconds)
 
 
 def run_worker(settings: Settings) -> None:

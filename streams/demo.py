@@ -37,8 +37,9 @@ def _register_tenant(settings: Settings, tenant: str) -> None:
         store = Store(settings.cassandra)
         await store.connect()
         try:
-            await store.put_tenant(tenant, active=True, created_ms=time.time_ns() // 10**6,
-                                   config="{}")
+            await store.put_tenant(
+                tenant, active=True, created_ms=time.time_ns() // 10**6, config="{}"
+            )
         finally:
             await store.close()
 
@@ -51,8 +52,13 @@ def run_demo(settings: Settings, *, count: int = 3000, spread_s: int = 120) -> i
     log_path = settings.stack.state_dir / "demo-worker.log"
     print(f"[demo] starting a worker (log: {log_path})", flush=True)
     with log_path.open("ab") as out:
-        worker = subprocess.Popen([sys.executable, "-m", "tocsin.cli", "worker"], cwd=REPO_ROOT,
-                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "tocsin.cli", "worker"],
+            cwd=REPO_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         return _drive(settings, tenant, count, spread_s, worker)
     finally:
@@ -63,15 +69,23 @@ def run_demo(settings: Settings, *, count: int = 3000, spread_s: int = 120) -> i
             os.killpg(worker.pid, signal.SIGKILL)
 
 
-def _drive(settings: Settings, tenant: str, count: int, spread_s: int,
-           worker: subprocess.Popen[bytes]) -> int:
+def _drive(
+    settings: Settings, tenant: str, count: int, spread_s: int, worker: subprocess.Popen[bytes]
+) -> int:
     client, results, fires = CommandClient(settings), ResultWatcher(settings), FireWatcher(settings)
     run = uuid.uuid4().hex[:6]
     callback = KafkaCallback(topic=f"{settings.topics.prefix}demo-callbacks", key=None)
 
     probe = f"demo-{run}-probe"
-    client.send(CreateCommand(tenant=tenant, schedule_id=probe, due_ms=time.time_ns() // 10**6
-                              + 3_600_000, callback=callback, misfire_tolerance_s=3600))
+    client.send(
+        CreateCommand(
+            tenant=tenant,
+            schedule_id=probe,
+            due_ms=time.time_ns() // 10**6 + 3_600_000,
+            callback=callback,
+            misfire_tolerance_s=3600,
+        )
+    )
     client.flush()
     if probe not in results.wait_for([probe], timeout_s=120):
         print("[demo] the worker did not answer within 120 s; see its log", flush=True)
@@ -83,11 +97,18 @@ def _drive(settings: Settings, tenant: str, count: int, spread_s: int,
         sid = f"demo-{run}-{i}"
         due_ms = start_ms + (i * spread_s * 1000) // count
         due[trigger_id(tenant, sid, due_ms)] = due_ms
-        client.send(CreateCommand(
-            tenant=tenant, schedule_id=sid, request_id=f"{run}-{i}", due_ms=due_ms,
-            payload=orjson.dumps({"demo": run, "n": i}), payload_type=PayloadType.JSON,
-            callback=callback, misfire_tolerance_s=300,
-        ))
+        client.send(
+            CreateCommand(
+                tenant=tenant,
+                schedule_id=sid,
+                request_id=f"{run}-{i}",
+                due_ms=due_ms,
+                payload=orjson.dumps({"demo": run, "n": i}),
+                payload_type=PayloadType.JSON,
+                callback=callback,
+                misfire_tolerance_s=300,
+            )
+        )
     client.flush()
     print(f"[demo] {count} schedules sent, due from +10 s over {spread_s} s", flush=True)
 
@@ -115,9 +136,12 @@ def _drive(settings: Settings, tenant: str, count: int, spread_s: int,
             lateness.append(trig.emitted_ms - trig.due_ms)
         if time.monotonic() >= next_report:
             next_report += 5
-            print(f"[demo] accepted {accepted}/{count}  fired {len(seen)}/{count}  "
-                  f"lateness p50 {_percentile(lateness, 0.5):.0f} ms "
-                  f"p99 {_percentile(lateness, 0.99):.0f} ms", flush=True)
+            print(
+                f"[demo] accepted {accepted}/{count}  fired {len(seen)}/{count}  "
+                f"lateness p50 {_percentile(lateness, 0.5):.0f} ms "
+                f"p99 {_percentile(lateness, 0.99):.0f} ms",
+                flush=True,
+            )
         if worker.poll() is not None:
             print("[demo] the worker exited unexpectedly; see its log", flush=True)
             return 1
@@ -127,8 +151,10 @@ def _drive(settings: Settings, tenant: str, count: int, spread_s: int,
     print(f"  scheduled  {count} (accepted {accepted}, rejected {rejected})")
     print(f"  fired      {len(seen)}   duplicates {duplicates}   early {early}")
     print(f"  missed     {missed}")
-    print(f"  lateness   p50 {_percentile(lateness, 0.5):.0f} ms   "
-          f"p99 {_percentile(lateness, 0.99):.0f} ms   max {max(lateness, default=0)} ms")
+    print(
+        f"  lateness   p50 {_percentile(lateness, 0.5):.0f} ms   "
+        f"p99 {_percentile(lateness, 0.99):.0f} ms   max {max(lateness, default=0)} ms"
+    )
     for closable in (results, fires):
         closable.close()
     return 0 if missed == 0 and early == 0 else 1

@@ -82,7 +82,10 @@ class Emitter:
         while True:
             try:
                 self._producer.produce(
-                    topic, key=key, value=value, headers=headers,  # type: ignore[arg-type]
+                    topic,
+                    key=key,
+                    value=value,
+                    headers=headers,  # type: ignore[arg-type]
                     on_delivery=on_delivery,
                 )
                 return fut

@@ -25,10 +25,14 @@ CATCHUP_BACKLOG = Gauge(
     "Minute buckets still to read before a partition is live",
     ["partition"],
 )
-BUCKET_READS = Counter("tocsin_bucket_reads_total", "Paged bucket partition reads")
+BUCKET_LOADS = Counter("tocsin_bucket_loads_total", "(partition, minute) buckets loaded")
+BUCKET_QUERIES = Counter(
+    "tocsin_bucket_queries_total", "CQL bucket queries (one per shard per load, all pages)"
+)
+BUCKET_ROWS = Counter("tocsin_bucket_rows_total", "Bucket rows read")
 BUCKET_READ_SECONDS = Histogram(
     "tocsin_bucket_read_seconds",
-    "Latency of one bucket read (all pages)",
+    "Latency of one bucket query (all pages)",
     buckets=(0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 TIMELINE_SIZE = Gauge("tocsin_timeline_entries", "Loaded triggers waiting to fire", ["partition"])

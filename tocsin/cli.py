@@ -47,19 +47,31 @@ def cmd_infra(args: argparse.Namespace, settings: Settings) -> int:
         for name, seconds in timings.items():
             state = "already running" if seconds == 0.0 else f"ready in {seconds:.1f}s"
             print(f"{name}: {state}")
-        print(f"stack up in {time.monotonic() - started:.1f}s "
-              f"(kafka 127.0.0.1:{settings.stack.kafka_port}, "
-              f"cassandra 127.0.0.1:{settings.stack.cassandra_port})")
+        print(
+            f"stack up in {time.monotonic() - started:.1f}s "
+            f"(kafka 127.0.0.1:{settings.stack.kafka_port}, "
+            f"cassandra 127.0.0.1:{settings.stack.cassandra_port})"
+        )
         return EXIT_OK
     if args.action == "down":
         stopped = stack.down()
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         return EXIT_OK
     statuses = stack.status()
-    _emit(args, [
-        {"server": s.name, "pid": s.pid or "-", "running": s.running, "ready": s.ready,
-         "port": s.port} for s in statuses
-    ], ["server", "pid", "running", "ready", "port"])
+    _emit(
+        args,
+        [
+            {
+                "server": s.name,
+                "pid": s.pid or "-",
+                "running": s.running,
+                "ready": s.ready,
+                "port": s.port,
+            }
+            for s in statuses
+        ],
+        ["server", "pid", "running", "ready", "port"],
+    )
     return EXIT_OK if all(s.ready for s in statuses) else EXIT_FAIL
 
 
@@ -68,10 +80,14 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 
     specs = catalog(settings.topics).all()
     outcome = ensure_topics(settings.kafka, specs)
-    _emit(args, [
-        {"topic": s.name, "partitions": s.partitions, "state": outcome[s.name], "key": s.key}
-        for s in specs
-    ], ["topic", "partitions", "state", "key"])
+    _emit(
+        args,
+        [
+            {"topic": s.name, "partitions": s.partitions, "state": outcome[s.name], "key": s.key}
+            for s in specs
+        ],
+        ["topic", "partitions", "state", "key"],
+    )
     return EXIT_OK
 
 
@@ -79,8 +95,10 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
     from schema.migrate import migrate
 
     applied = migrate(settings.cassandra)
-    print(f"keyspace {settings.cassandra.keyspace}: "
-          + (f"applied {', '.join(applied)}" if applied else "up to date"))
+    print(
+        f"keyspace {settings.cassandra.keyspace}: "
+        + (f"applied {', '.join(applied)}" if applied else "up to date")
+    )
     return EXIT_OK
 
 

@@ -140,9 +140,18 @@ def resolve_jars(name: str, state_dir: Path) -> Path:
     target.mkdir(parents=True)
     started = time.monotonic()
     proc = subprocess.run(
-        [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
-         f"-DoutputDirectory={target}", "-DincludeScope=runtime"],
-        capture_output=True, text=True,
+        [
+            mvn,
+            "-q",
+            "-B",
+            "-f",
+            str(pom),
+            "dependency:copy-dependencies",
+            f"-DoutputDirectory={target}",
+            "-DincludeScope=runtime",
+        ],
+        capture_output=True,
+        text=True,
     )
     if proc.returncode != 0 or not any(target.glob("*.jar")):
         shutil.rmtree(target, ignore_errors=True)
@@ -217,8 +226,12 @@ class _Server:
         with self.console_log.open("ab") as out:
             # A new session: the server outlives this command and ignores our Ctrl-C.
             proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.home, start_new_session=True,
+                cmd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.home,
+                start_new_session=True,
             )
         self.pid_file.write_text(str(proc.pid))
         # Reap the child if it exits while we are still here (avoids zombie false-alive).
@@ -237,8 +250,10 @@ class _Server:
             if self.ready():
                 return time.monotonic() - started
             if time.monotonic() > next_note:
-                print(f"[infra] waiting for {self.name} ({time.monotonic() - started:.0f}s)...",
-                      flush=True)
+                print(
+                    f"[infra] waiting for {self.name} ({time.monotonic() - started:.0f}s)...",
+                    flush=True,
+                )
                 next_note = time.monotonic() + 15
             time.sleep(0.5)
         self.stop()
@@ -280,9 +295,13 @@ class KafkaServer(_Server):
         return self.home / "logs" / "server.log"
 
     def _prepare(self, jars: Path) -> None:
-        _render(INFRA_DIR / "kafka" / "server.properties.in", self.config,
-                port=self.stack.kafka_port, controller_port=self.stack.kafka_controller_port,
-                data_dir=self.data_dir)
+        _render(
+            INFRA_DIR / "kafka" / "server.properties.in",
+            self.config,
+            port=self.stack.kafka_port,
+            controller_port=self.stack.kafka_controller_port,
+            data_dir=self.data_dir,
+        )
         shutil.copy(INFRA_DIR / "kafka" / "log4j2.properties", self.home / "config")
         if (self.data_dir / "meta.properties").exists():
             return
@@ -290,33 +309,55 @@ class KafkaServer(_Server):
         java = find_java(self.stack)
         cluster_id = _kafka_cluster_id()
         proc = subprocess.run(
-            [java, *self._jvm_base(jars), "kafka.tools.StorageTool", "format",
-             f"--cluster-id={cluster_id}", "-c", str(self.config)],
-            capture_output=True, text=True, cwd=self.home,
+            [
+                java,
+                *self._jvm_base(jars),
+                "kafka.tools.StorageTool",
+                "format",
+                f"--cluster-id={cluster_id}",
+                "-c",
+                str(self.config),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=self.home,
         )
         if proc.returncode != 0:
             raise InfraError(f"formatting Kafka storage failed:\n{proc.stdout}{proc.stderr}")
 
     def _jvm_base(self, jars: Path) -> list[str]:
         return [
-            "-cp", f"{jars}/*",
+            "-cp",
+            f"{jars}/*",
             f"-Dlog4j2.configurationFile=file:{self.home / 'config' / 'log4j2.properties'}",
             f"-Dkafka.logs.dir={self.home / 'logs'}",
         ]
 
     def _command(self, java: str, jars: Path) -> list[str]:
         heap = self.stack.kafka_heap_mib
-        return [java, f"-Xms{heap}m", f"-Xmx{heap}m", "-XX:+UseG1GC",
-                "-XX:MaxGCPauseMillis=20", "-Djava.awt.headless=true",
-                *self._jvm_base(jars), "kafka.Kafka", str(self.config)]
+        return [
+            java,
+            f"-Xms{heap}m",
+            f"-Xmx{heap}m",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=20",
+            "-Djava.awt.headless=true",
+            *self._jvm_base(jars),
+            "kafka.Kafka",
+            str(self.config),
+        ]
 
     def ready(self) -> bool:
         if not _port_open(self.port):
             return False
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": f"127.0.0.1:{self.port}",
-                             "socket.connection.setup.timeout.ms": 2000})
+        admin = AdminClient(
+            {
+                "bootstrap.servers": f"127.0.0.1:{self.port}",
+                "socket.connection.setup.timeout.ms": 2000,
+            }
+        )
         try:
             meta = admin.list_topics(timeout=3)
         except Exception:
@@ -345,9 +386,13 @@ class CassandraServer(_Server):
         return self.home / "logs" / "system.log"
 
     def _prepare(self, jars: Path) -> None:
-        _render(INFRA_DIR / "cassandra" / "cassandra.yaml.in", self.config,
-                port=self.stack.cassandra_port, storage_port=self.stack.cassandra_storage_port,
-                data_dir=self.data_dir)
+        _render(
+            INFRA_DIR / "cassandra" / "cassandra.yaml.in",
+            self.config,
+            port=self.stack.cassandra_port,
+            storage_port=self.stack.cassandra_storage_port,
+            data_dir=self.data_dir,
+        )
         shutil.copy(INFRA_DIR / "cassandra" / "logback.xml", self.home / "config")
         (self.home / "triggers").mkdir(exist_ok=True)
         for sub in ("data", "commitlog", "saved_caches", "hints", "cdc_raw"):
@@ -367,10 +412,18 @@ class CassandraServer(_Server):
         for opt in opts:
             args += opt.split(" ", 1)
         return [
-            java, f"-Xms{heap}m", f"-Xmx{heap}m", "-Xss512k", "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=50", "-XX:+HeapDumpOnOutOfMemoryError",
-            f"-XX:HeapDumpPath={self.home / 'logs'}", "-Djava.awt.headless=true",
-            f"-javaagent:{jamm}", "-Djdk.attach.allowAttachSelf=true", *args,
+            java,
+            f"-Xms{heap}m",
+            f"-Xmx{heap}m",
+            "-Xss512k",
+            "-XX:+UseG1GC",
+            "-XX:MaxGCPauseMillis=50",
+            "-XX:+HeapDumpOnOutOfMemoryError",
+            f"-XX:HeapDumpPath={self.home / 'logs'}",
+            "-Djava.awt.headless=true",
+            f"-javaagent:{jamm}",
+            "-Djdk.attach.allowAttachSelf=true",
+            *args,
             f"-Dcassandra.config=file://{self.config}",
             "-Dcassandra-foreground=yes",
             f"-Dcassandra.storagedir={self.data_dir}",
@@ -379,7 +432,8 @@ class CassandraServer(_Server):
             f"-Dcassandra.triggers_dir={self.home / 'triggers'}",
             "-Dcassandra.skip_wait_for_gossip_to_settle=0",
             "-Dcassandra.superuser_setup_delay_ms=0",
-            "-cp", f"{jars}/*",
+            "-cp",
+            f"{jars}/*",
             "org.apache.cassandra.service.CassandraDaemon",
         ]
 
@@ -391,7 +445,8 @@ class CassandraServer(_Server):
 
         cluster = make_cluster(
             CassandraSettings(contact_points=("127.0.0.1",), port=self.port, request_timeout_s=5),
-            connect_timeout=3, control_connection_timeout=3,
+            connect_timeout=3,
+            control_connection_timeout=3,
         )
         try:
             session = cluster.connect()

@@ -38,7 +38,8 @@ class JsonFormatter(logging.Formatter):
 class TextFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         extras = " ".join(
-            f"{k}={v}" for k, v in record.__dict__.items()
+            f"{k}={v}"
+            for k, v in record.__dict__.items()
             if k not in _STANDARD and not k.startswith("_")
         )
         base = f"{record.levelname.lower():7s} {record.name}: {record.getMessage()}"
@@ -56,8 +57,13 @@ def logging_dict(level: str = "INFO", fmt: str = "json") -> dict[str, Any]:
         "version": 1,
         "disable_existing_loggers": False,
         "formatters": {"tocsin": {"()": formatter}},
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": "tocsin",
-                                "stream": "ext://sys.stderr"}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": "tocsin",
+                "stream": "ext://sys.stderr",
+            }
+        },
         "root": {"level": level.upper(), "handlers": ["stderr"]},
         "loggers": {name: {"level": "WARNING"} for name in _NOISY},
     }

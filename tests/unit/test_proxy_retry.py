@@ -97,7 +97,7 @@ def test_poison_pill_after_consecutive_timeouts() -> None:
 def test_other_results_reset_the_timeout_streak() -> None:
     policy = RetryPolicy(poison_timeouts=3, jitter=0.0)
     seq: list[AttemptResult] = [TimeoutResult(), TimeoutResult(), HttpResult(status=500)]
-    ds = run(policy, seq + [TimeoutResult(), TimeoutResult()])
+    ds = run(policy, [*seq, TimeoutResult(), TimeoutResult()])
     assert all(isinstance(d, Retry) for d in ds)
 
 
