@@ -54,6 +54,15 @@ class ProxyMetrics:
         self.rebalances = Counter("tocsin_proxy_rebalances", "Partitions assigned or revoked",
                                   ["event"], registry=r)
 
+        self._attempt_children: dict[str, Counter] = {}
+
+    def attempt(self, status_class: str) -> None:
+        """Count one attempt (children cached: ``labels()`` takes a lock and builds a key)."""
+        child = self._attempt_children.get(status_class)
+        if child is None:
+            child = self._attempt_children[status_class] = self.attempts.labels(status_class)
+        child.inc()
+
     def serve(self, port: int) -> None:
         """Expose /metrics on ``port`` (0 disables)."""
         if port:

@@ -55,7 +55,7 @@ def consumer_config(kafka_conf: dict[str, Any], s: ProxySettings) -> dict[str, A
         "heartbeat.interval.ms": max(100, int(s.session_timeout_s * 1000 / 4)),
         # librdkafka prefetches on its own; keep that buffer small next to our bound so the
         # process's memory is governed by max_pending_bytes, not by the client library.
-        "queued.max.messages.kbytes": max(1024, min(16384, s.max_pending_bytes // 4096)),
+        "queued.max.messages.kbytes": max(1024, min(4096, s.max_pending_bytes // 16384)),
         "fetch.wait.max.ms": 100,
     })
     return conf

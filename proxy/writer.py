@@ -87,6 +87,7 @@ class Writer:
         self._stop: asyncio.Event | None = None
         self._drain_timeout_s = settings.shutdown_timeout_s
         self._session: aiohttp.ClientSession | None = None
+        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="proxy-writer", daemon=True)
         self.error: BaseException | None = None
@@ -277,7 +278,7 @@ class Writer:
         env.attempting = False
         self._slot_freed(host)
         sclass = status_class(result)
-        self._metrics.attempts.labels(sclass).inc()
+        self._metrics.attempt(sclass)
         now = time.monotonic()
         decision, env.attempt_state = decide(
             self._policy, env.attempt_state, result,
@@ -295,9 +296,11 @@ class Writer:
         assert req is not None and self._session is not None
         headers = CIMultiDict(req.headers)
         headers["Tocsin-Delivery-Attempt"] = str(env.attempt_state.attempts + 1)
-        timeout = aiohttp.ClientTimeout(
-            total=req.timeout_s, sock_connect=min(self._s.connect_timeout_s, req.timeout_s)
-        )
+        timeout = self._timeouts.get(req.timeout_s)
+        if timeout is None:  # a handful of distinct values in practice: build each once
+            timeout = self._timeouts[req.timeout_s] = aiohttp.ClientTimeout(
+                total=req.timeout_s, sock_connect=min(self._s.connect_timeout_s, req.timeout_s)
+            )
         t0 = time.perf_counter()
         try:
             async with self._session.request(

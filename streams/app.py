@@ -27,6 +27,7 @@ from streams.commands import CommandProcessor, RawCommand
 from streams.emitter import Emitter
 from streams.store import Store
 from streams.ticker import PartitionTicker, TickerConfig
+from tocsin.logs import setup_logging
 from tocsin.settings import Settings
 from topics.catalog import catalog
 from topics.validation import Limits
@@ -67,6 +68,9 @@ class Worker:
             settings.cassandra,
             bucket_read_hook=_observe_bucket_query,
             retention_s=settings.scheduler.fired_retention_s,
+            # Several schedules' commit writes per request: the driver's per-request CPU,
+            # not Cassandra, bounds ingest on small machines.
+            commit_group_size=settings.scheduler.commit_group_size,
         )
         self.emitter = Emitter(settings.kafka, client_id=f"tocsin-worker-{os.getpid()}")
         self.tickers: dict[int, PartitionTicker] = {}
@@ -174,6 +178,8 @@ class Worker:
         """Connect the edges once, whichever of the agent or the first assignment comes first."""
         async with self._start_lock:
             if not self._started:
+                # Faust's worker installs its own handlers on start; ours win afterwards.
+                setup_logging(self.settings.log_level, self.settings.log_format)
                 await self.store.connect()
                 self.emitter.start()
                 self._started = True

@@ -4,12 +4,20 @@ One message of the commands topic in, one result on the command-results topic ou
 every message, including garbage: a rejection is an answer, never an exception, so a bad
 message can never stall its partition.
 
+A batch is applied in four steps, so a few requests serve hundreds of commands:
+  1. decode and check each message (pure; tenants from a short-lived cache);
+  2. read the current rows of all named schedules (one IN query per tenant and 100 ids);
+  3. decide each command against the row as it stands after the batch's earlier commands
+     (``decide``, pure: strict offset order per schedule);
+  4. persist every change (bucket rows first, the schedule row as the commit point; see
+     ``Store.apply_schedule_changes``), hand what is due soon to the partition's ticker, and
+     publish the results, waiting for Kafka's acknowledgement before the batch is done.
+
 Idempotency: the schedule row records the (partition-local) offset of the last command
 applied to it. A command at or below that offset is a replay after a crash (its Kafka
-offset was not committed yet): it is answered again without being applied twice, and a
-still-scheduled schedule is offered to the ticker again (the crash may have hit between
-the write and the fire of a late create). Commands for one schedule are applied strictly
-in offset order; different schedules in a batch are applied concurrently.
+offset was not committed): it is answered again without being applied twice, and a
+still-scheduled schedule is handed to the ticker again (the crash may have hit between the
+write and the fire of a late create).
 
 It must never raise out of ``process_batch`` for a bad message, and never answer before
 the change is durable in Cassandra.
@@ -21,7 +29,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from streams import metrics
@@ -32,6 +40,7 @@ from streams.store import (
     STATE_MISSED,
     STATE_SCHEDULED,
     BucketRow,
+    ScheduleChange,
     ScheduleRow,
 )
 from streams.ticker import PartitionTicker, TriggerSink
@@ -63,6 +72,19 @@ class RawCommand:
     timestamp_ms: int
 
 
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one command does: its answer, and the change to persist (None: nothing)."""
+
+    code: Code
+    text: str
+    change: ScheduleChange | None = None
+    # After persisting: the row to hand to the ticker (scheduled state) ...
+    hand_over: ScheduleRow | None = None
+    # ... and, before persisting, the version whose stale bucket rows the ticker must drop.
+    withdraw_version: int | None = None
+
+
 class TenantCache:
     """Registered tenants, cached briefly so every command does not read Cassandra."""
 
@@ -81,6 +103,147 @@ class TenantCache:
         ttl = self.ttl_s if row is not None else self.negative_ttl_s
         self._cache[tenant] = (now + ttl, row)
         return row
+
+
+def decide(
+    command: Command,
+    existing: ScheduleRow | None,
+    msg: RawCommand,
+    *,
+    now_ms: int,
+    shards: int,
+    default_tolerance_s: int,
+    firing: bool,
+) -> Decision:
+    """The outcome of ``command`` against the schedule's current row (pure).
+
+    ``firing``: a trigger of this schedule is emitted but not yet recorded as fired.
+    Raises CommandRejected for state-dependent rejections.
+    """
+    if (
+        existing is not None
+        and existing.applied_offset is not None
+        and msg.offset <= existing.applied_offset
+    ):
+        code = (
+            Code(existing.last_code)
+            if (existing.applied_offset == msg.offset and existing.last_code)
+            else Code.OK
+        )
+        hand = existing if existing.state == STATE_SCHEDULED else None
+        return Decision(code, "already applied (replayed command)", hand_over=hand)
+    if isinstance(command, CreateCommand):
+        return _decide_create(command, existing, msg, shards)
+    current = _changeable(existing, command.schedule_id, firing)
+    stamped = replace(
+        current,
+        version=current.version + 1,
+        updated_ms=msg.timestamp_ms,
+        applied_offset=msg.offset,
+        last_code=str(Code.OK),
+    )
+    old_bucket = BucketRow.for_schedule(current, shards=shards).key
+    if isinstance(command, CancelCommand):
+        row = replace(stamped, state=STATE_CANCELLED)
+        change = ScheduleChange(
+            row=row,
+            new_bucket=None,
+            old_bucket=old_bucket,
+            now_ms=msg.timestamp_ms,
+            event="cancelled",
+        )
+        return Decision(Code.OK, "cancelled", change=change, withdraw_version=row.version)
+    assert isinstance(command, UpdateCommand)
+    if command.due_ms is not None:
+        tolerance = current.misfire_tolerance_s or default_tolerance_s
+        check_not_past(command.due_ms, now_ms=now_ms, misfire_tolerance_s=tolerance)
+    row = replace(
+        stamped,
+        due_ms=command.due_ms if command.due_ms is not None else current.due_ms,
+        payload=command.payload if command.payload is not None else current.payload,
+        payload_type=str(command.payload_type)
+        if command.payload_type is not None
+        else current.payload_type,
+        callback=callback_to_json(command.callback)
+        if command.callback is not None
+        else current.callback,
+    )
+    change = ScheduleChange(
+        row=row,
+        new_bucket=BucketRow.for_schedule(row, shards=shards),
+        old_bucket=old_bucket,
+        now_ms=msg.timestamp_ms,
+        event="updated",
+    )
+    # Tombstone the old version only: its stale rows are refused, the new one is not.
+    return Decision(
+        Code.OK,
+        "updated" if command.due_ms is None else "rescheduled",
+        change=change,
+        hand_over=row,
+        withdraw_version=current.version,
+    )
+
+
+def _decide_create(
+    cmd: CreateCommand, existing: ScheduleRow | None, msg: RawCommand, shards: int
+) -> Decision:
+    callback = callback_to_json(cmd.callback)
+    if existing is not None:
+        same = (
+            existing.due_ms == cmd.due_ms
+            and (existing.payload or b"") == cmd.payload
+            and existing.payload_type == str(cmd.payload_type)
+            and existing.callback == callback
+            and existing.order_key == cmd.order_key
+            and existing.misfire_tolerance_s == cmd.misfire_tolerance_s
+        )
+        if same:
+            return Decision(
+                Code.DUPLICATE, f"schedule {cmd.schedule_id!r} already exists unchanged"
+            )
+        raise CommandRejected(
+            Code.CONFLICT,
+            f"schedule {cmd.schedule_id!r} already exists (state {existing.state}) with "
+            "different content; use update, or a new schedule id",
+        )
+    row = ScheduleRow(
+        tenant=cmd.tenant,
+        schedule_id=cmd.schedule_id,
+        partition=msg.partition,
+        state=STATE_SCHEDULED,
+        due_ms=cmd.due_ms,
+        version=1,
+        created_ms=msg.timestamp_ms,
+        updated_ms=msg.timestamp_ms,
+        order_key=cmd.order_key,
+        payload=cmd.payload,
+        payload_type=str(cmd.payload_type),
+        callback=callback,
+        misfire_tolerance_s=cmd.misfire_tolerance_s,
+        applied_offset=msg.offset,
+        last_code=str(Code.OK),
+    )
+    change = ScheduleChange(
+        row=row,
+        new_bucket=BucketRow.for_schedule(row, shards=shards),
+        old_bucket=None,
+        now_ms=msg.timestamp_ms,
+        event="created",
+    )
+    return Decision(Code.OK, "scheduled", change=change, hand_over=row)
+
+
+def _changeable(existing: ScheduleRow | None, schedule_id: str, firing: bool) -> ScheduleRow:
+    if existing is None:
+        raise CommandRejected(Code.NOT_FOUND, f"no schedule {schedule_id!r}")
+    if existing.state == STATE_CANCELLED:
+        raise CommandRejected(
+            Code.ALREADY_CANCELLED, f"schedule {schedule_id!r} was already cancelled"
+        )
+    if existing.state in (STATE_FIRED, STATE_MISSED) or firing:
+        raise CommandRejected(Code.ALREADY_FIRED, f"schedule {schedule_id!r} has already fired")
+    return existing
 
 
 class CommandProcessor:
@@ -108,18 +271,65 @@ class CommandProcessor:
 
     async def process_batch(self, batch: Sequence[RawCommand]) -> list[CommandResult]:
         """Apply a batch and wait until every result is acknowledged by Kafka."""
-        groups: dict[bytes | None, list[RawCommand]] = {}
-        for msg in batch:
-            # Keyless messages can't be ordered against anything: each is its own group.
-            groups.setdefault(
-                msg.key if msg.key is not None else object().__repr__().encode(), []
-            ).append(msg)
+        now = self.clock_ms()
+        outcomes: list[tuple[Command | None, Code, str]] = []
+        valid: list[tuple[int, Command]] = []
+        for index, msg in enumerate(batch):
+            command: Command | None = None
+            try:
+                command = decode_command(
+                    msg.value or b"", key=msg.key, now_ms=now, limits=self.limits
+                )
+                await self._check_sender(command, msg)
+                valid.append((index, command))
+                outcomes.append((command, Code.OK, ""))
+            except CommandRejected as rej:
+                outcomes.append((command, Code(rej.code), rej.message))
 
-        async def run_group(msgs: list[RawCommand]) -> list[CommandResult]:
-            return [await self.handle(m) for m in msgs]
+        current = await self._load_rows(command for _, command in valid)
+        decisions: list[tuple[RawCommand, Decision]] = []
+        for index, command in valid:
+            msg = batch[index]
+            key = (command.tenant, command.schedule_id)
+            ticker = self.tickers.get(msg.partition)
+            firing = ticker is not None and ticker.is_firing(*key)
+            try:
+                decision = decide(
+                    command,
+                    current.get(key),
+                    msg,
+                    now_ms=now,
+                    shards=self.bucket_shards,
+                    default_tolerance_s=self.limits.default_misfire_tolerance_s,
+                    firing=firing,
+                )
+            except CommandRejected as rej:
+                outcomes[index] = (command, Code(rej.code), rej.message)
+                continue
+            outcomes[index] = (command, decision.code, decision.text)
+            if decision.change is not None:
+                current[key] = decision.change.row
+            decisions.append((msg, decision))
 
-        per_group = await asyncio.gather(*(run_group(g) for g in groups.values()))
-        results = [r for group in per_group for r in group]
+        await self._persist(decisions, now)
+        results = [
+            self._result(msg, *outcome, now) for msg, outcome in zip(batch, outcomes, strict=True)
+        ]
+        for result in results:
+            metrics.COMMANDS.labels(
+                str(result.command or "unknown"), str(result.status), str(result.code)
+            ).inc()
+            if result.status == ResultStatus.REJECTED:
+                log.info(
+                    "command rejected",
+                    extra={
+                        "code": str(result.code),
+                        "reason": result.message,
+                        "partition": result.partition,
+                        "offset": result.offset,
+                        "schedule_id": result.schedule_id,
+                    },
+                )
         acks = [
             self.sink.send(
                 self.results_topic,
@@ -131,30 +341,66 @@ class CommandProcessor:
         await asyncio.gather(*acks)
         return results
 
-    async def handle(self, msg: RawCommand) -> CommandResult:
-        now = self.clock_ms()
-        command: Command | None = None
-        try:
-            command = decode_command(msg.value or b"", key=msg.key, now_ms=now, limits=self.limits)
-            code, text = await self._apply(command, msg, now)
-        except CommandRejected as rej:
-            code, text = Code(rej.code), rej.message
-        result = self._result(msg, command, code, text, now)
-        metrics.COMMANDS.labels(
-            str(result.command or "unknown"), str(result.status), str(result.code)
-        ).inc()
-        if result.status == ResultStatus.REJECTED:
-            log.info(
-                "command rejected",
-                extra={
-                    "code": str(code),
-                    "reason": text,
-                    "partition": msg.partition,
-                    "offset": msg.offset,
-                    "schedule_id": result.schedule_id,
-                },
+    async def _check_sender(self, command: Command, msg: RawCommand) -> None:
+        tenant = await self.tenants.get(command.tenant)
+        if tenant is None:
+            raise CommandRejected(
+                Code.UNKNOWN_TENANT, f"tenant {command.tenant!r} is not registered"
             )
-        return result
+        if tenant.get("active") is False:
+            raise CommandRejected(Code.INACTIVE_TENANT, f"tenant {command.tenant!r} is deactivated")
+        expected = partition_for(command.schedule_id.encode(), self.partitions)
+        if expected != msg.partition:
+            # Another partitioner than Kafka's default (murmur2) would split one schedule's
+            # commands over partitions, and a cancel could miss the owner of its buckets.
+            raise CommandRejected(
+                Code.WRONG_PARTITION,
+                f"schedule {command.schedule_id!r} belongs to partition {expected} "
+                f"(murmur2 of the key) but arrived on {msg.partition}; produce with Kafka's "
+                "default partitioner (librdkafka: partitioner=murmur2_random)",
+            )
+
+    async def _load_rows(self, commands: Any) -> dict[tuple[str, str], ScheduleRow]:
+        by_tenant: dict[str, list[str]] = {}
+        for command in commands:
+            by_tenant.setdefault(command.tenant, []).append(command.schedule_id)
+        found = await asyncio.gather(
+            *(self.store.get_schedules(tenant, ids) for tenant, ids in by_tenant.items())
+        )
+        return {
+            (tenant, sid): ScheduleRow(**row)
+            for tenant, rows in zip(by_tenant, found, strict=True)
+            for sid, row in rows.items()
+        }
+
+    async def _persist(self, decisions: list[tuple[RawCommand, Decision]], now: int) -> None:
+        for msg, d in decisions:
+            ticker = self.tickers.get(msg.partition)
+            if ticker is not None and d.withdraw_version is not None and d.change is not None:
+                ticker.withdraw(d.change.row.tenant, d.change.row.schedule_id, d.withdraw_version)
+        changes = [d.change for _, d in decisions if d.change is not None]
+        if changes:
+            await self.store.apply_schedule_changes(changes)
+        late = []
+        for _, d in decisions:
+            if d.hand_over is not None:
+                late_fire = self._hand_to_ticker(d.hand_over, now)
+                if late_fire is not None:
+                    late.append(late_fire)
+        if late:
+            # Late but within tolerance: fired at once, and answered (so the offset can be
+            # committed) only once Kafka has the trigger - a crash before replays the command.
+            await asyncio.gather(*late)
+
+    def _hand_to_ticker(self, row: ScheduleRow, now: int) -> Any:
+        ticker = self.tickers.get(row.partition)
+        if ticker is None:
+            return None  # not owned here (rebalance in progress): the owner's bucket read finds it
+        bucket = BucketRow.for_schedule(row, shards=self.bucket_shards)
+        if row.due_ms <= now:
+            return ticker.fire_now(bucket)
+        ticker.offer(bucket)
+        return None
 
     def _result(
         self, msg: RawCommand, command: Command | None, code: Code, text: str, now: int
@@ -187,181 +433,5 @@ class CommandProcessor:
             offset=msg.offset,
         )
 
-    # -- applying --------------------------------------------------------------------------
 
-    async def _apply(self, command: Command, msg: RawCommand, now: int) -> tuple[Code, str]:
-        tenant = await self.tenants.get(command.tenant)
-        if tenant is None:
-            raise CommandRejected(
-                Code.UNKNOWN_TENANT, f"tenant {command.tenant!r} is not registered"
-            )
-        if tenant.get("active") is False:
-            raise CommandRejected(Code.INACTIVE_TENANT, f"tenant {command.tenant!r} is deactivated")
-        expected = partition_for(command.schedule_id.encode(), self.partitions)
-        if expected != msg.partition:
-            # Another partitioner than Kafka's default (murmur2) would split one schedule's
-            # commands over partitions, and a cancel could miss the owner of its buckets.
-            raise CommandRejected(
-                Code.WRONG_PARTITION,
-                f"schedule {command.schedule_id!r} belongs to partition {expected} "
-                f"(murmur2 of the key) but arrived on {msg.partition}; produce with Kafka's "
-                "default partitioner (librdkafka: partitioner=murmur2_random)",
-            )
-        existing_raw = await self.store.get_schedule(command.tenant, command.schedule_id)
-        existing = ScheduleRow(**existing_raw) if existing_raw is not None else None
-        if (
-            existing is not None
-            and existing.applied_offset is not None
-            and msg.offset <= existing.applied_offset
-        ):
-            return await self._replayed(existing, msg, now)
-        if isinstance(command, CreateCommand):
-            return await self._create(command, existing, msg, now)
-        if isinstance(command, UpdateCommand):
-            return await self._update(command, existing, msg, now)
-        return await self._cancel(command, existing, msg, now)
-
-    async def _replayed(self, row: ScheduleRow, msg: RawCommand, now: int) -> tuple[Code, str]:
-        if row.state == STATE_SCHEDULED:
-            await self._hand_to_ticker(row, now)
-        code = (
-            Code(row.last_code) if (row.applied_offset == msg.offset and row.last_code) else Code.OK
-        )
-        return code, "already applied (replayed command)"
-
-    async def _create(
-        self, cmd: CreateCommand, existing: ScheduleRow | None, msg: RawCommand, now: int
-    ) -> tuple[Code, str]:
-        callback = callback_to_json(cmd.callback)
-        if existing is not None:
-            same = (
-                existing.due_ms == cmd.due_ms
-                and (existing.payload or b"") == cmd.payload
-                and existing.payload_type == str(cmd.payload_type)
-                and existing.callback == callback
-                and existing.order_key == cmd.order_key
-                and existing.misfire_tolerance_s == cmd.misfire_tolerance_s
-            )
-            if same:
-                return Code.DUPLICATE, f"schedule {cmd.schedule_id!r} already exists unchanged"
-            raise CommandRejected(
-                Code.CONFLICT,
-                f"schedule {cmd.schedule_id!r} already exists (state {existing.state}) with "
-                "different content; use update, or a new schedule id",
-            )
-        row = ScheduleRow(
-            tenant=cmd.tenant,
-            schedule_id=cmd.schedule_id,
-            partition=msg.partition,
-            state=STATE_SCHEDULED,
-            due_ms=cmd.due_ms,
-            version=1,
-            created_ms=msg.timestamp_ms,
-            updated_ms=msg.timestamp_ms,
-            order_key=cmd.order_key,
-            payload=cmd.payload,
-            payload_type=str(cmd.payload_type),
-            callback=callback,
-            misfire_tolerance_s=cmd.misfire_tolerance_s,
-            applied_offset=msg.offset,
-            last_code=str(Code.OK),
-        )
-        bucket = BucketRow.for_schedule(row, shards=self.bucket_shards)
-        await self.store.apply_schedule_change(
-            row, new_bucket=bucket, old_bucket=None, now_ms=msg.timestamp_ms, event="created"
-        )
-        await self._hand_to_ticker(row, now, bucket)
-        return Code.OK, "scheduled"
-
-    async def _update(
-        self, cmd: UpdateCommand, existing: ScheduleRow | None, msg: RawCommand, now: int
-    ) -> tuple[Code, str]:
-        current = self._changeable(existing, cmd.schedule_id)
-        tolerance = current.misfire_tolerance_s or self.limits.default_misfire_tolerance_s
-        if cmd.due_ms is not None:
-            check_not_past(cmd.due_ms, now_ms=now, misfire_tolerance_s=tolerance)
-        row = ScheduleRow(
-            **{
-                **_as_dict(current),
-                "due_ms": cmd.due_ms if cmd.due_ms is not None else current.due_ms,
-                "payload": cmd.payload if cmd.payload is not None else current.payload,
-                "payload_type": str(cmd.payload_type)
-                if cmd.payload_type is not None
-                else current.payload_type,
-                "callback": callback_to_json(cmd.callback)
-                if cmd.callback is not None
-                else current.callback,
-                "version": current.version + 1,
-                "updated_ms": msg.timestamp_ms,
-                "applied_offset": msg.offset,
-                "last_code": str(Code.OK),
-            },
-        )
-        old = BucketRow.for_schedule(current, shards=self.bucket_shards)
-        new = BucketRow.for_schedule(row, shards=self.bucket_shards)
-        ticker = self.tickers.get(msg.partition)
-        if ticker is not None:
-            # Tombstone the old version only: stale rows of it are refused, the new one isn't.
-            ticker.withdraw(row.tenant, row.schedule_id, current.version)
-        await self.store.apply_schedule_change(
-            row, new_bucket=new, old_bucket=old.key, now_ms=msg.timestamp_ms, event="updated"
-        )
-        await self._hand_to_ticker(row, now, new)
-        return Code.OK, "updated" if cmd.due_ms is None else "rescheduled"
-
-    async def _cancel(
-        self, cmd: CancelCommand, existing: ScheduleRow | None, msg: RawCommand, now: int
-    ) -> tuple[Code, str]:
-        current = self._changeable(existing, cmd.schedule_id)
-        row = ScheduleRow(
-            **{
-                **_as_dict(current),
-                "state": STATE_CANCELLED,
-                "version": current.version + 1,
-                "updated_ms": msg.timestamp_ms,
-                "applied_offset": msg.offset,
-                "last_code": str(Code.OK),
-            }
-        )
-        ticker = self.tickers.get(msg.partition)
-        if ticker is not None:
-            ticker.withdraw(row.tenant, row.schedule_id, row.version)
-        old = BucketRow.for_schedule(current, shards=self.bucket_shards)
-        await self.store.apply_schedule_change(
-            row, new_bucket=None, old_bucket=old.key, now_ms=msg.timestamp_ms, event="cancelled"
-        )
-        return Code.OK, "cancelled"
-
-    def _changeable(self, existing: ScheduleRow | None, schedule_id: str) -> ScheduleRow:
-        if existing is None:
-            raise CommandRejected(Code.NOT_FOUND, f"no schedule {schedule_id!r}")
-        if existing.state == STATE_CANCELLED:
-            raise CommandRejected(
-                Code.ALREADY_CANCELLED, f"schedule {schedule_id!r} was already cancelled"
-            )
-        ticker = self.tickers.get(existing.partition)
-        firing = ticker is not None and ticker.is_firing(existing.tenant, existing.schedule_id)
-        if existing.state in (STATE_FIRED, STATE_MISSED) or firing:
-            raise CommandRejected(Code.ALREADY_FIRED, f"schedule {schedule_id!r} has already fired")
-        return existing
-
-    async def _hand_to_ticker(
-        self, row: ScheduleRow, now: int, bucket: BucketRow | None = None
-    ) -> None:
-        ticker = self.tickers.get(row.partition)
-        if ticker is None:
-            return  # not owned here (rebalance in progress): the owner's bucket read finds it
-        bucket = bucket or BucketRow.for_schedule(row, shards=self.bucket_shards)
-        if row.due_ms <= now:
-            # Late but within tolerance: fire at once, and only answer (and let the offset
-            # be committed) once Kafka has it - a crash before then replays this command.
-            await ticker.fire_now(bucket)
-        else:
-            ticker.offer(bucket)
-
-
-def _as_dict(row: ScheduleRow) -> dict[str, Any]:
-    return {f: getattr(row, f) for f in row.__dataclass_fields__}
-
-
-__all__ = ["CommandProcessor", "CommandType", "RawCommand", "TenantCache"]
+__all__ = ["CommandProcessor", "Decision", "RawCommand", "TenantCache", "decide"]

@@ -310,6 +310,9 @@ class Store:
         cql = {
             "get_schedule": f"SELECT {', '.join(_SCHEDULE_COLUMNS)} FROM {ks}.schedules "
             f"{by_schedule}",
+            # IN on the last partition-key column: one request for a batch of commands.
+            "get_schedules": f"SELECT {', '.join(_SCHEDULE_COLUMNS)} FROM {ks}.schedules "
+            "WHERE tenant = ? AND schedule_id IN ?",
             "put_schedule": insert("schedules", _SCHEDULE_COLUMNS, ttl=True),
             "put_bucket": insert("buckets", _BUCKET_COLUMNS, ttl=True),
             "delete_bucket": f"DELETE FROM {ks}.buckets WHERE {bucket_where} "
@@ -435,6 +438,20 @@ class Store:
         """The schedule's row as a dict keyed like ``ScheduleRow``, or None."""
         rows = await self._run("get_schedule", (tenant, schedule_id))
         return rows[0] if rows else None
+
+    async def get_schedules(
+        self, tenant: str, schedule_ids: Sequence[str], *, chunk: int = 100
+    ) -> dict[str, dict[str, Any]]:
+        """Rows of many schedules of one tenant by id, one IN query per ``chunk`` ids (the
+        command agent reads a whole batch this way instead of one request per command)."""
+        unique = list(dict.fromkeys(schedule_ids))
+        parts = await _gather_all(
+            [
+                self._run("get_schedules", (tenant, unique[i : i + chunk]))
+                for i in range(0, len(unique), chunk)
+            ]
+        )
+        return {row["schedule_id"]: row for rows in parts for row in rows}
 
     def schedule_ttl_s(self, row: ScheduleRow, now_ms: int) -> int:
         """A scheduled row lives until due + retention; a finished one retention from now."""

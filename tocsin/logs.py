@@ -15,7 +15,9 @@ import orjson
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
 
 # Chatty third-party loggers that would drown our INFO lines.
-_NOISY = ("faust", "mode", "aiokafka", "kafka", "cassandra", "aiohttp.access", "venusian")
+_NOISY = ("faust", "mode", "aiokafka", "kafka", "aiohttp.access", "venusian")
+# Cassandra's driver logs every server-side batch warning at WARNING: only errors, please.
+_QUIET = ("cassandra",)
 
 
 class JsonFormatter(logging.Formatter):
@@ -65,7 +67,10 @@ def logging_dict(level: str = "INFO", fmt: str = "json") -> dict[str, Any]:
             }
         },
         "root": {"level": level.upper(), "handlers": ["stderr"]},
-        "loggers": {name: {"level": "WARNING"} for name in _NOISY},
+        "loggers": {
+            **{name: {"level": "WARNING"} for name in _NOISY},
+            **{name: {"level": "ERROR"} for name in _QUIET},
+        },
     }
 
 
@@ -77,3 +82,5 @@ def setup_logging(level: str = "INFO", fmt: str = "json") -> None:
     root.setLevel(level.upper())
     for name in _NOISY:
         logging.getLogger(name).setLevel(logging.WARNING)
+    for name in _QUIET:
+        logging.getLogger(name).setLevel(logging.ERROR)

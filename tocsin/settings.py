@@ -135,6 +135,7 @@ class SchedulerSettings:
     metrics_port: int = 9464
     worker_web_port: int = 6066
     command_batch_size: int = 500
+    commit_group_size: int = 16
     session_timeout_s: float = 10.0
 
 
@@ -206,6 +207,7 @@ class Settings:
                 metrics_port=_int(e, "METRICS_PORT", 9464),
                 worker_web_port=_int(e, "WORKER_WEB_PORT", 6066),
                 command_batch_size=_int(e, "COMMAND_BATCH_SIZE", 500),
+                commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
                 session_timeout_s=_float(e, "SESSION_TIMEOUT_S", 10.0),
             ),
             log_level=_get(e, "LOG_LEVEL", "INFO"),

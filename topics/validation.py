@@ -143,7 +143,8 @@ _FORBIDDEN_CHAR = re.compile(
 )
 _TOPIC = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOPIC_LEN}}}", re.ASCII)
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", re.ASCII)  # RFC 9110 token
-_HEADER_VALUE_BAD = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # HTAB is the one allowed control
+# Visible ASCII, space and tab: servers disagree on how to read bytes >= 0x80 in a header.
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*", re.ASCII)
 _URL_CHARS = re.compile(r"[\x21-\x7e]+", re.ASCII)
 _HOSTNAME = re.compile(r"[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*\.?", re.ASCII)
 # Framing and hop-by-hop headers belong to the HTTP client; letting a schedule set them
@@ -436,9 +437,13 @@ def _headers(value: object, *, limits: Limits, field: str) -> dict[str, str]:
         seen.add(lowered)
         if not isinstance(item, str):
             raise CommandRejected(code, f"{field}[{name!r}] must be a string, got {_kind(item)}")
-        if _HEADER_VALUE_BAD.search(item) is not None:
-            raise CommandRejected(code, f"{field}[{name!r}] contains a control character")
-        total += len(name) + len(item.encode("utf-8"))
+        if _HEADER_VALUE.fullmatch(item) is None:
+            raise CommandRejected(
+                code,
+                f"{field}[{name!r}] must be printable ASCII (space and tab allowed); "
+                "encode other text, e.g. percent-encoding or base64",
+            )
+        total += len(name) + len(item)
     if total > limits.max_header_bytes:
         raise CommandRejected(
             code,

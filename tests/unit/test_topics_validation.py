@@ -548,7 +548,14 @@ REJECTIONS: list[tuple[str, object, bytes | None, Code, str]] = [
         create(callback=http(headers={"X-A": "1\r\nX-B: 2"})),
         b"s1",
         Code.INVALID_CALLBACK,
-        "control character",
+        "printable ASCII",
+    ),
+    (
+        "header value non-ASCII",
+        create(callback=http(headers={"X-A": "caf\u00e9"})),
+        b"s1",
+        Code.INVALID_CALLBACK,
+        "printable ASCII",
     ),
     (
         "Host header",
