@@ -10,7 +10,7 @@ TOCSIN := $(BIN)/tocsin
 PYTEST_ARGS ?=
 
 .PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy \
-        demo bench bench-scheduler bench-proxy clean
+        demo bench bench-scheduler bench-proxy bench-api api clean deploy-tools deploy-check
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
@@ -44,6 +44,9 @@ worker: setup
 proxy: setup
 	$(TOCSIN) proxy
 
+api: setup
+	$(TOCSIN) api
+
 lint: $(STAMP)
 	$(BIN)/ruff check .
 
@@ -60,14 +63,28 @@ integration: up
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
+	$(MAKE) --no-print-directory deploy-check
 	$(TOCSIN) infra up
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+	$(BIN)/pytest -q --ignore=tests/deploy $(PYTEST_ARGS)
+
+# Kubernetes deployment (helm/tocsin, Dockerfile): pinned helm, kubeconform and yq built
+# with `go install` into .state/bin plus strict Kubernetes schemas (cached; minutes the
+# first time, instant after), then helm lint, helm template and kubeconform in pytest.
+deploy-tools:
+	bash tools/install-deploy-tools.sh
+
+deploy-check: $(STAMP) deploy-tools
+	$(BIN)/pytest -q tests/deploy $(PYTEST_ARGS)
 
 bench-scheduler: setup
 	$(BIN)/python -m bench.scheduler
 
 bench-proxy: up
 	$(BIN)/python -m bench.proxy
+
+# REST API: synchronous creates through `tocsin api` (docs/api.md).
+bench-api: setup
+	$(BIN)/python -m bench.api
 
 bench: bench-scheduler bench-proxy
 

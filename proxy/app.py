@@ -30,6 +30,8 @@ from proxy.settings import ProxySettings
 from proxy.state import SharedState
 from proxy.writer import Writer
 from tocsin.errors import TocsinError
+from tocsin.health import Health
+from tocsin.health import serve as serve_health
 from tocsin.settings import Settings
 
 log = logging.getLogger("tocsin.proxy")
@@ -132,7 +134,9 @@ class ProxyApp:
 def run(settings: Settings, proxy_settings: ProxySettings) -> None:
     """Run the proxy until SIGTERM/SIGINT, then stop gracefully."""
     app = ProxyApp(settings, proxy_settings)
-    app.metrics.serve(proxy_settings.metrics_port)
+    health = Health()
+    if proxy_settings.metrics_port:
+        serve_health(health, proxy_settings.metrics_port, registry=app.metrics.registry)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -142,10 +146,13 @@ def run(settings: Settings, proxy_settings: ProxySettings) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     app.start()
+    health.set_ready(True)
     try:
         while not stop.wait(0.5):
             if app.failure() is not None:
+                health.set_ready(False, f"failed: {app.failure()!r}")
                 break
+            health.beat()
     finally:
         app.stop()
     err = app.failure()

@@ -50,6 +50,11 @@ class ProxySettings:
     max_poll_interval_s: float = 300.0
     session_timeout_s: float = 10.0
     metrics_port: int = 9465  # 0: no metrics HTTP server
+    # fires mode: callbacks to loopback/private/link-local/reserved addresses are refused
+    # (checked on the resolved address, see proxy/ssrf.py) unless this is set.
+    allow_private_targets: bool = False
+    # fires mode: one tenant may hold at most this fraction of `concurrency` writers.
+    tenant_share: float = 0.5
 
     def __post_init__(self) -> None:
         if self.mode not in ("fires", "generic"):
@@ -70,6 +75,8 @@ class ProxySettings:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"TOCSIN_PROXY_{name.upper()} must be positive, got {value}")
+        if not 0 < self.tenant_share <= 1:
+            raise ConfigError("TOCSIN_PROXY_TENANT_SHARE must be in (0, 1]")
         if not 0 <= self.resume_ratio < 1:
             raise ConfigError("TOCSIN_PROXY_RESUME_RATIO must be in [0, 1)")
         try:
@@ -123,4 +130,7 @@ class ProxySettings:
             max_poll_interval_s=_float(env, "PROXY_MAX_POLL_INTERVAL_S", d.max_poll_interval_s),
             session_timeout_s=_float(env, "PROXY_SESSION_TIMEOUT_S", d.session_timeout_s),
             metrics_port=_int(env, "PROXY_METRICS_PORT", d.metrics_port),
+            allow_private_targets=_get(env, "PROXY_ALLOW_PRIVATE_TARGETS", "false").lower()
+            in ("1", "true", "yes"),
+            tenant_share=_float(env, "PROXY_TENANT_SHARE", d.tenant_share),
         )

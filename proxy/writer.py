@@ -23,8 +23,10 @@ import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
+from confluent_kafka import KafkaError, KafkaException
 from multidict import CIMultiDict
 
 from proxy.deadletter import dead_letter_record, delivery_outcome
@@ -46,9 +48,15 @@ from proxy.retry import (
     status_class,
 )
 from proxy.settings import ProxySettings
+from proxy.ssrf import GuardedResolver, blocked_reason, literal_refusal
 from proxy.state import SharedState
 
 log = logging.getLogger("tocsin.proxy")
+
+
+def _tenant_of(env: Envelope) -> str | None:
+    """The tenant a writer share is counted against (fires mode only)."""
+    return env.trigger.tenant if env.trigger is not None else None
 
 
 def _now_ms() -> int:
@@ -78,6 +86,12 @@ class Writer:
         self._active = 0
         self._host_active: dict[str, int] = {}
         self._parked: dict[str, deque[Envelope]] = {}
+        # Per-tenant writer share (fires mode): a tenant at its cap waits here, holding no
+        # slot, so one tenant's burst cannot take every writer.
+        self._tenant_cap = max(1, int(settings.concurrency * settings.tenant_share))
+        self._tenant_active: dict[str, int] = {}
+        self._tenant_parked: dict[str, deque[Envelope]] = {}
+        self._guard = settings.mode == "fires" and not settings.allow_private_targets
         self._retry_ready: deque[Envelope] = deque()
         self._backoff: set[Envelope] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -138,6 +152,8 @@ class Writer:
         self._retry_ready = deque(e for e in self._retry_ready if not self._drop_if(e, tps))
         for host, parked in self._parked.items():
             self._parked[host] = deque(e for e in parked if not self._drop_if(e, tps))
+        for tenant, parked in self._tenant_parked.items():
+            self._tenant_parked[tenant] = deque(e for e in parked if not self._drop_if(e, tps))
 
     def _drop_if(self, env: Envelope, tps: set[TopicPartition]) -> bool:
         if env.tp in tps or env.cancelled:
@@ -164,6 +180,7 @@ class Writer:
             limit_per_host=self._s.per_host_concurrency,
             ttl_dns_cache=300,
             keepalive_timeout=30,
+            resolver=GuardedResolver() if self._guard else None,
         )
         async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
             self._session = session
@@ -192,6 +209,10 @@ class Writer:
             for env in parked:
                 self._abandon(env)
         self._parked.clear()
+        for parked in self._tenant_parked.values():
+            for env in parked:
+                self._abandon(env)
+        self._tenant_parked.clear()
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=self._drain_timeout_s)
             for task in pending:
@@ -212,6 +233,10 @@ class Writer:
             if env.cancelled or env.tp in self._state.revoking:
                 self._abandon(env)
                 continue
+            tenant = _tenant_of(env)
+            if tenant is not None and self._tenant_active.get(tenant, 0) >= self._tenant_cap:
+                self._tenant_parked.setdefault(tenant, deque()).append(env)
+                continue
             if self._host_active.get(env.host, 0) >= per_host:
                 self._parked.setdefault(env.host, deque()).append(env)
                 continue
@@ -220,28 +245,63 @@ class Writer:
     def _start(self, env: Envelope) -> None:
         self._active += 1
         self._host_active[env.host] = self._host_active.get(env.host, 0) + 1
+        tenant = _tenant_of(env)
+        if tenant is not None:
+            self._tenant_active[tenant] = self._tenant_active.get(tenant, 0) + 1
         env.attempting = True
         task = asyncio.get_running_loop().create_task(self._attempt(env))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _slot_freed(self, host: str) -> None:
+    def _slot_freed(self, host: str, tenant: str | None = None) -> None:
         self._active -= 1
         left = self._host_active[host] - 1
         if left:
             self._host_active[host] = left
         else:
             del self._host_active[host]
+        if tenant is not None:
+            t_left = self._tenant_active.get(tenant, 1) - 1
+            if t_left > 0:
+                self._tenant_active[tenant] = t_left
+            else:
+                self._tenant_active.pop(tenant, None)
         parked = self._parked.get(host)
         while parked and self._dispatching:
             env = parked.popleft()
             if env.cancelled or env.tp in self._state.revoking:
                 self._abandon(env)
                 continue
+            t = _tenant_of(env)
+            if t is not None and self._tenant_active.get(t, 0) >= self._tenant_cap:
+                self._tenant_parked.setdefault(t, deque()).append(env)
+                continue
             self._start(env)  # the freed slot goes to the host's longest-waiting message
             break
         if parked is not None and not parked:
             del self._parked[host]
+        if tenant is not None:
+            self._admit_tenant(tenant)
+
+    def _admit_tenant(self, tenant: str) -> None:
+        """A writer of ``tenant`` finished: let its longest-waiting message try again."""
+        waiting = self._tenant_parked.get(tenant)
+        while (
+            waiting
+            and self._dispatching
+            and self._tenant_active.get(tenant, 0) < self._tenant_cap
+            and self._active < self._s.concurrency
+        ):
+            env = waiting.popleft()
+            if env.cancelled or env.tp in self._state.revoking:
+                self._abandon(env)
+                continue
+            if self._host_active.get(env.host, 0) >= self._s.per_host_concurrency:
+                self._parked.setdefault(env.host, deque()).append(env)
+                continue
+            self._start(env)
+        if waiting is not None and not waiting:
+            del self._tenant_parked[tenant]
 
     def _abandon(self, env: Envelope) -> None:
         """Give the message back without an outcome (revoke or shutdown): no offset moves."""
@@ -269,14 +329,14 @@ class Writer:
             result = await self._send(env)
         except asyncio.CancelledError:
             env.attempting = False
-            self._slot_freed(host)
+            self._slot_freed(host, _tenant_of(env))
             self._abandon(env)
             raise
         except Exception as exc:  # a bug or an unexpected library error: retry, loudly
             log.exception("unexpected delivery error", extra={"record": repr(env)})
             result = ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
         env.attempting = False
-        self._slot_freed(host)
+        self._slot_freed(host, _tenant_of(env))
         sclass = status_class(result)
         self._metrics.attempt(sclass)
         now = time.monotonic()
@@ -294,6 +354,10 @@ class Writer:
             return await self._send_kafka(env)
         req = env.request
         assert req is not None and self._session is not None
+        if self._guard:
+            refusal = literal_refusal(urlsplit(req.url).hostname or "")
+            if refusal is not None:
+                return Undeliverable(detail=refusal)
         headers = CIMultiDict(req.headers)
         headers["Tocsin-Delivery-Attempt"] = str(env.attempt_state.attempts + 1)
         timeout = self._timeouts.get(req.timeout_s)
@@ -323,6 +387,9 @@ class Writer:
         except (aiohttp.InvalidURL, ValueError) as exc:
             return Undeliverable(detail=f"invalid request: {exc}")
         except (aiohttp.ClientError, OSError) as exc:
+            refusal = blocked_reason(exc) if self._guard else None
+            if refusal is not None:
+                return Undeliverable(detail=refusal)
             return ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
         finally:
             self._metrics.request_latency.observe(time.perf_counter() - t0)
@@ -347,14 +414,18 @@ class Writer:
             ("tocsin-tenant", trig.tenant), ("tocsin-due-ms", str(trig.due_ms)),
         ]
         key = None if target.key is None else target.key.encode()
-        self._outbox.produce(target.topic, key, trig.payload, headers, ack)
+        try:
+            self._outbox.produce(target.topic, key, trig.payload, headers, ack)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            return _kafka_failure(target.topic, err)
         try:
             err = await asyncio.wait_for(fut, timeout=60)
         except TimeoutError:
             return TimeoutResult(detail="kafka callback not acknowledged within 60s")
         if err is None:
             return HttpResult(status=200)
-        return ConnectFailure(detail=f"kafka callback failed: {err}")
+        return _kafka_failure(target.topic, err)
 
     # ---- outcomes ----------------------------------------------------------------------
 
@@ -412,3 +483,19 @@ class Writer:
             self._outbox.send_all(records, lambda: self._state.offset_done(env))
         else:
             self._state.offset_done(env)
+
+
+# A Kafka callback that can never succeed as configured is dead-lettered at once (like a
+# 7xx); anything else (broker down, timeouts, throttling) is retried like a 5xx.
+_PERMANENT_KAFKA_ERRORS = frozenset({
+    KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART,
+    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TOPIC_EXCEPTION,
+    KafkaError.MSG_SIZE_TOO_LARGE,
+})
+
+
+def _kafka_failure(topic: str, err: Any) -> AttemptResult:
+    code = err.code() if isinstance(err, KafkaError) else None
+    if code in _PERMANENT_KAFKA_ERRORS:
+        return Undeliverable(detail=f"kafka callback to {topic!r} cannot succeed: {err}")
+    return ConnectFailure(detail=f"kafka callback to {topic!r} failed: {err}")

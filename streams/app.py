@@ -20,13 +20,17 @@ from pathlib import Path
 from typing import Any
 
 import faust
+import orjson
 from faust.types import TP
 
 from streams import metrics
 from streams.commands import CommandProcessor, RawCommand
 from streams.emitter import Emitter
+from streams.materializer import MaterializerConfig, PartitionMaterializer, RecurringStore
 from streams.store import Store
 from streams.ticker import PartitionTicker, TickerConfig
+from tocsin.health import Health
+from tocsin.health import serve as serve_health
 from tocsin.logs import setup_logging
 from tocsin.settings import Settings
 from topics.catalog import catalog
@@ -94,10 +98,24 @@ class Worker:
                 default_misfire_tolerance_s=sched.default_misfire_tolerance_s,
             ),
             bucket_shards=sched.bucket_shards,
+            tenant_ttl_s=settings.api.tenant_cache_ttl_s,
         )
+        # Recurring schedules: one materialiser per owned partition, next to its ticker.
+        self.recurring = RecurringStore(self.store)
+        self.materializers: dict[int, PartitionMaterializer] = {}
+        self.materializer_config = MaterializerConfig(
+            horizon_ms=int(sched.recurring_horizon_s * 1000),
+            bucket_shards=sched.bucket_shards,
+            max_runs_per_step=sched.recurring_max_runs_per_step,
+            catchup_per_s=sched.recurring_catchup_per_s,
+            interval_s=sched.recurring_interval_s,
+        )
+        self.processor.materializers = self.materializers
+        self.processor.recurring_horizon_ms = self.materializer_config.horizon_ms
         self.app = self._build_app()
         self._started = False
         self._start_lock = asyncio.Lock()
+        self.health = Health()
 
     def _build_app(self) -> faust.App:
         s = self.settings
@@ -141,10 +159,31 @@ class Worker:
                         key=e.message.key,
                         value=e.message.value,
                         timestamp_ms=int(e.message.timestamp * 1000),
+                        headers=e.message.headers or (),
                     )
                     for e in events
                 ]
                 await self.processor.process_batch(batch)
+                self._observe_lag(app, events)
+
+        deliveries = app.topic(
+            self.catalog.deliveries.name,
+            key_type=bytes,
+            value_type=bytes,
+            partitions=self.catalog.deliveries.partitions,
+        )
+
+        @app.agent(deliveries, name="deliveries")
+        async def delivery_agent(stream: Any) -> None:
+            """Record the proxy's final delivery outcomes into each schedule's status."""
+            await self._ensure_started()
+            async for events in stream.take_events(batch_size, within=0.05):
+                outcomes = [o for e in events if (o := parse_outcome(e.message.value))]
+                await asyncio.gather(*(self._record_delivery(o) for o in outcomes))
+
+        @app.timer(1.0)  # type: ignore[untyped-decorator]
+        async def heartbeat() -> None:
+            self.health.beat()
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]
         async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
@@ -163,7 +202,14 @@ class Worker:
                 )
                 self.tickers[partition] = ticker
                 ticker.start()
+                materializer = PartitionMaterializer(
+                    partition, store=self.recurring, ticker=ticker, config=self.materializer_config
+                )
+                self.materializers[partition] = materializer
+                materializer.start()
             metrics.OWNED_PARTITIONS.set(len(self.tickers))
+            # Owning no partition is fine (a standby when workers outnumber partitions).
+            self.health.set_ready(True)
             log.info("partitions assigned", extra={"partitions": sorted(mine)})
 
         @app.on_before_shutdown.connect  # type: ignore[arg-type]
@@ -174,6 +220,32 @@ class Worker:
 
         return app
 
+    def _observe_lag(self, app: faust.App, events: Any) -> None:
+        last: dict[TP, int] = {}
+        for e in events:
+            last[e.message.tp] = max(last.get(e.message.tp, -1), e.message.offset)
+        for tp, offset in last.items():
+            high = app.consumer.highwater(tp)
+            if high is not None:
+                metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, high - offset - 1))
+
+    async def _record_delivery(self, outcome: dict[str, Any]) -> None:
+        try:
+            await self.store.record_delivery(
+                outcome["tenant"],
+                outcome["schedule_id"],
+                outcome=outcome["outcome"],
+                status_code=outcome.get("status_code"),
+                attempts=int(outcome.get("attempts", 0)),
+                at_ms=int(outcome.get("delivered_ms") or outcome.get("dead_lettered_ms") or 0),
+                trigger_id=outcome.get("trigger_id"),
+                due_ms=outcome.get("due_ms"),
+                detail=outcome.get("reason"),
+            )
+            metrics.DELIVERIES.labels(outcome["outcome"]).inc()
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("unusable delivery outcome", extra={"error": repr(exc)})
+
     async def _ensure_started(self) -> None:
         """Connect the edges once, whichever of the agent or the first assignment comes first."""
         async with self._start_lock:
@@ -181,15 +253,31 @@ class Worker:
                 # Faust's worker installs its own handlers on start; ours win afterwards.
                 setup_logging(self.settings.log_level, self.settings.log_format)
                 await self.store.connect()
+                await self.recurring.prepare()
                 self.emitter.start()
                 self._started = True
 
     async def _stop_tickers(self, partitions: set[int]) -> None:
+        materializers = [self.materializers.pop(p) for p in partitions if p in self.materializers]
+        await asyncio.gather(*(m.stop() for m in materializers))
         stopping = [self.tickers.pop(p) for p in partitions if p in self.tickers]
         if stopping:
             await asyncio.gather(*(t.stop() for t in stopping))
             log.info("partitions released", extra={"partitions": sorted(partitions)})
         metrics.OWNED_PARTITIONS.set(len(self.tickers))
+
+
+def parse_outcome(raw: bytes | None) -> dict[str, Any] | None:
+    """A proxy delivery outcome (docs/proxy.md), or None when it is not one."""
+    try:
+        value = orjson.loads(raw or b"")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(value, dict) or value.get("outcome") not in ("delivered", "dead_lettered"):
+        return None
+    if not isinstance(value.get("tenant"), str) or not isinstance(value.get("schedule_id"), str):
+        return None
+    return value
 
 
 def _observe_bucket_query(seconds: float, rows: int) -> None:
@@ -200,10 +288,10 @@ def _observe_bucket_query(seconds: float, rows: int) -> None:
 
 def run_worker(settings: Settings) -> None:
     """Run a worker until SIGTERM/SIGINT (blocking)."""
-    from prometheus_client import start_http_server
-
-    start_http_server(settings.scheduler.metrics_port, addr="127.0.0.1")
     worker = Worker(settings)
+    serve_health(
+        worker.health, settings.scheduler.metrics_port, addr=settings.scheduler.metrics_addr
+    )
     faust_worker = faust.Worker(
         worker.app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 import uuid
 from typing import Any
 
@@ -31,8 +32,43 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
-    from tocsin.cli import EXIT_OK, _emit
+    from streams.tenants import TenantConfig
+    from tocsin.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, _emit
 
+    if args.action != "list" and not args.name:
+        print(f"tocsin tenant {args.action} needs a tenant name", file=sys.stderr)
+        return EXIT_USAGE
+    if args.action == "register":
+        from streams.tenant_admin import TenantExists, register_tenant
+
+        try:
+            config = TenantConfig.from_dict({
+                k: v for k, v in {
+                    "create_quota_per_s": args.create_quota,
+                    "fire_quota_per_min": args.fire_quota,
+                    "max_payload_bytes": args.max_payload_bytes,
+                    "max_horizon_s": args.max_horizon_s,
+                    "allowed_callback_hosts": args.allow_host or None,
+                    "allowed_kafka_topics": args.allow_topic or None,
+                }.items() if v is not None
+            })
+        except ValueError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        try:
+            created = asyncio.run(_with_store(
+                settings, lambda s: register_tenant(s, args.name, config, active=True)))
+        except (ValueError, TenantExists) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_FAIL
+        if args.json:
+            print(orjson.dumps(created, option=orjson.OPT_INDENT_2).decode())
+        else:
+            print(f"tenant {created['tenant']} registered; store these now, they are not "
+                  "shown again:")
+            print(f"  api key      {created['api_key']}")
+            print(f"  signing key  {created['signing_key']}")
+        return EXIT_OK
     if args.action == "add":
 
         async def add(store: Any) -> None:
@@ -46,16 +82,26 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
         print(f"tenant {args.name} registered")
         return EXIT_OK
     rows = asyncio.run(_with_store(settings, lambda s: s.list_tenants()))
-    _emit(
-        args, [{"tenant": r["tenant"], "active": r["active"]} for r in rows], ["tenant", "active"]
-    )
+    out = []
+    for r in sorted(rows, key=lambda r: r["tenant"]):
+        cfg = TenantConfig.from_json(r.get("config"))
+        out.append({"tenant": r["tenant"], "active": bool(r["active"]),
+                    "signed": bool(r.get("signing_secret")),
+                    "create_quota_per_s": cfg.create_quota_per_s,
+                    "allowed_hosts": ",".join(cfg.allowed_callback_hosts) or "*"})
+    _emit(args, out, ["tenant", "active", "signed", "create_quota_per_s", "allowed_hosts"])
     return EXIT_OK
 
 
 def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
-    from tocsin.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_REJECTED, _emit
+    from tocsin.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_REJECTED, EXIT_TIMEOUT, EXIT_USAGE, _emit
     from topics.ids import format_iso_ms
 
+    if args.action == "list":
+        return _schedule_list(args, settings)
+    if not args.schedule_id:
+        print(f"tocsin schedule {args.action} needs a schedule id", file=sys.stderr)
+        return EXIT_USAGE
     if args.action == "get":
 
         async def get(store: Any) -> tuple[Any, Any]:
@@ -113,16 +159,17 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
         )
     else:
         command = CancelCommand(tenant=args.tenant, schedule_id=args.schedule_id, request_id=rid)
+    tenant_row = asyncio.run(_with_store(settings, lambda s: s.get_tenant(args.tenant)))
     watcher = ResultWatcher(settings)
     client = CommandClient(settings)
-    client.send(command)
+    client.send(command, signing_key=(tenant_row or {}).get("signing_secret"))
     client.flush()
     results = watcher.wait_for([args.schedule_id], timeout_s=args.timeout_s)
     watcher.close()
     result = results.get(args.schedule_id)
     if result is None:
-        print(f"no result within {args.timeout_s}s (is a worker running?)")
-        return 1
+        print(f"no result within {args.timeout_s}s (is a worker running?)", file=sys.stderr)
+        return EXIT_TIMEOUT
     _emit(
         args,
         [
@@ -138,8 +185,49 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK if str(result.status) == "accepted" else EXIT_REJECTED
 
 
+def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
+    from api.views import ApiError, matches, parse_statuses, parse_window, schedule_view
+    from tocsin.cli import EXIT_OK, EXIT_USAGE, _emit
+
+    try:
+        lo, hi = parse_window({"from": args.from_, "to": args.to})
+        statuses = parse_statuses(args.status)
+    except ApiError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+
+    async def collect(store: Any) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        after = None
+        while len(out) < args.limit:
+            page = await store.read_index(args.tenant, from_ms=lo, to_ms=hi, after=after,
+                                          limit=500)
+            if not page:
+                break
+            rows = await store.get_schedules(args.tenant, [sid for _, sid in page])
+            for due, sid in page:
+                row = rows.get(sid)
+                if row is not None and int(row["due_ms"]) == due and matches(row, statuses):
+                    out.append(row)
+            after = page[-1]
+        return out[: args.limit]
+
+    rows = asyncio.run(_with_store(settings, collect))
+    views = [schedule_view(r, brief=True) for r in rows]
+    for v in views:
+        v["delivery"] = (v["delivery"] or {}).get("outcome", "")
+    _emit(args, views, ["schedule_id", "status", "due", "delivery"])
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from schema.migrate import migrate
     from streams.demo import run_demo
+    from topics.catalog import catalog, ensure_topics
+
+    # The demo brings its own prerequisites up to date (idempotent).
+    ensure_topics(settings.kafka, catalog(settings.topics).all())
+    migrate(settings.cassandra)
 
     return run_demo(settings, count=args.count, spread_s=args.spread_s)
 
@@ -148,15 +236,33 @@ def register(sub: Any) -> None:
     worker = sub.add_parser("worker", help="run a scheduler worker (command agent + tickers)")
     worker.set_defaults(func=cmd_worker)
 
-    tenant = sub.add_parser("tenant", help="register and list tenants")
-    tenant.add_argument("action", choices=["add", "list"])
+    tenant = sub.add_parser(
+        "tenant", help="register and list tenants",
+        description="register: a tenant with a signing key and an API key (printed once); "
+        "add: a legacy tenant without keys (unsigned commands); list.",
+    )
+    tenant.add_argument("action", choices=["register", "add", "list"])
     tenant.add_argument("name", nargs="?")
+    tenant.add_argument("--create-quota", type=float, help="commands/s (0 = unlimited)")
+    tenant.add_argument("--fire-quota", type=int, help="fires/min (advisory)")
+    tenant.add_argument("--max-payload-bytes", type=int)
+    tenant.add_argument("--max-horizon-s", type=int)
+    tenant.add_argument("--allow-host", action="append", help="allowed callback host")
+    tenant.add_argument("--allow-topic", action="append", help="allowed Kafka callback topic")
+    tenant.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                        help="machine-readable output")
     tenant.set_defaults(func=cmd_tenant)
 
     schedule = sub.add_parser("schedule", help="create, cancel and inspect schedules")
-    schedule.add_argument("action", choices=["create", "cancel", "get"])
+    schedule.add_argument("action", choices=["create", "cancel", "get", "list"])
     schedule.add_argument("tenant")
-    schedule.add_argument("schedule_id")
+    schedule.add_argument("schedule_id", nargs="?")
+    schedule.add_argument("--from", dest="from_", help="list: due from (ISO-8601 or epoch ms)")
+    schedule.add_argument("--to", help="list: due before (ISO-8601 or epoch ms)")
+    schedule.add_argument("--status", help="list: comma-separated statuses")
+    schedule.add_argument("--limit", type=int, default=100, help="list: at most this many")
+    schedule.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                          help="machine-readable output")
     schedule.add_argument("--due", default="", help="ISO-8601 UTC or epoch ms (create)")
     schedule.add_argument("--url", help="HTTP callback URL (create)")
     schedule.add_argument("--topic", help="Kafka callback topic (create)")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
 
@@ -17,6 +18,7 @@ from tocsin.settings import Settings
 from topics.catalog import catalog
 from topics.codec import decode_result, decode_trigger, encode_command
 from topics.models import Command, CommandResult, Trigger
+from topics.signing import sign_headers
 
 
 class CommandClient:
@@ -33,13 +35,24 @@ class CommandClient:
             }
         )
 
-    def send(self, command: Command) -> None:
-        self.send_raw(command.schedule_id.encode(), encode_command(command))
+    def send(self, command: Command, *, signing_key: str | None = None) -> None:
+        """Produce a command; with ``signing_key`` (the tenant's), signed (topics.signing)."""
+        key, value = command.schedule_id.encode(), encode_command(command)
+        headers = (
+            sign_headers(signing_key, signed_at_ms=time.time_ns() // 1_000_000, key=key,
+                         value=value)
+            if signing_key else None
+        )
+        self.send_raw(key, value, headers=headers)
 
-    def send_raw(self, key: bytes | None, value: bytes) -> None:
+    def send_raw(
+        self, key: bytes | None, value: bytes, *, headers: Any = None
+    ) -> None:
         while True:
             try:
-                self.producer.produce(self.topics.commands.name, key=key, value=value)
+                self.producer.produce(
+                    self.topics.commands.name, key=key, value=value, headers=headers
+                )
                 return
             except BufferError:
                 self.producer.poll(0.05)

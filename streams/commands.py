@@ -26,13 +26,16 @@ the change is durable in Cassandra.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from streams import metrics
+from streams.materializer import decide_recurring, is_recurring
 from streams.partitioner import partition_for
 from streams.store import (
     STATE_CANCELLED,
@@ -43,6 +46,7 @@ from streams.store import (
     ScheduleChange,
     ScheduleRow,
 )
+from streams.tenants import QuotaBook, TenantConfig, host_allowed, topic_allowed
 from streams.ticker import PartitionTicker, TriggerSink
 from tocsin.errors import CommandRejected
 from topics.codec import callback_to_json, encode_result
@@ -53,9 +57,12 @@ from topics.models import (
     CommandResult,
     CommandType,
     CreateCommand,
+    HttpCallback,
+    KafkaCallback,
     ResultStatus,
     UpdateCommand,
 )
+from topics.signing import header_map, verify
 from topics.validation import Limits, check_not_past, decode_command, salvage_ids
 
 log = logging.getLogger("tocsin.commands")
@@ -70,6 +77,8 @@ class RawCommand:
     key: bytes | None
     value: bytes | None
     timestamp_ms: int
+    # Kafka headers as (name, value) pairs; carry the tenant signature (topics.signing).
+    headers: Any = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,26 +92,41 @@ class Decision:
     hand_over: ScheduleRow | None = None
     # ... and, before persisting, the version whose stale bucket rows the ticker must drop.
     withdraw_version: int | None = None
+    # Recurring schedules: (tenant, run id, version) of runs the ticker must drop.
+    withdraw_runs: tuple[tuple[str, str, int], ...] = ()
 
 
 class TenantCache:
-    """Registered tenants, cached briefly so every command does not read Cassandra."""
+    """Registered tenants, cached briefly so every command does not read Cassandra; a
+    change (config, deactivation, new signing key) applies within ``ttl_s`` everywhere
+    without a restart. Shared by the command agent and the REST API."""
 
-    def __init__(self, store: Any, *, ttl_s: float = 10.0, negative_ttl_s: float = 1.0) -> None:
+    def __init__(self, store: Any, *, ttl_s: float = 5.0, negative_ttl_s: float = 1.0) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
-        self._cache: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._cache: dict[str, tuple[float, dict[str, Any] | None, TenantConfig]] = {}
 
     async def get(self, tenant: str) -> dict[str, Any] | None:
+        return (await self._entry(tenant))[1]
+
+    async def config(self, tenant: str) -> TenantConfig:
+        """The tenant's parsed configuration (defaults for an unknown tenant)."""
+        return (await self._entry(tenant))[2]
+
+    def invalidate(self, tenant: str) -> None:
+        self._cache.pop(tenant, None)
+
+    async def _entry(self, tenant: str) -> tuple[float, dict[str, Any] | None, TenantConfig]:
         now = time.monotonic()
         hit = self._cache.get(tenant)
         if hit is not None and hit[0] > now:
-            return hit[1]
+            return hit
         row: dict[str, Any] | None = await self.store.get_tenant(tenant)
         ttl = self.ttl_s if row is not None else self.negative_ttl_s
-        self._cache[tenant] = (now + ttl, row)
-        return row
+        entry = (now + ttl, row, TenantConfig.from_json(row.get("config") if row else None))
+        self._cache[tenant] = entry
+        return entry
 
 
 def decide(
@@ -114,10 +138,12 @@ def decide(
     shards: int,
     default_tolerance_s: int,
     firing: bool,
+    horizon_ms: int = 600_000,
 ) -> Decision:
     """The outcome of ``command`` against the schedule's current row (pure).
 
     ``firing``: a trigger of this schedule is emitted but not yet recorded as fired.
+    ``horizon_ms``: how far ahead recurring schedules' runs are materialised.
     Raises CommandRejected for state-dependent rejections.
     """
     if (
@@ -130,8 +156,29 @@ def decide(
             if (existing.applied_offset == msg.offset and existing.last_code)
             else Code.OK
         )
-        hand = existing if existing.state == STATE_SCHEDULED else None
+        # A recurring parent never fires itself: its materialiser redoes what is left.
+        scheduled = existing.state == STATE_SCHEDULED and not is_recurring(existing)
+        hand = existing if scheduled else None
         return Decision(code, "already applied (replayed command)", hand_over=hand)
+    if is_recurring(existing) or (
+        isinstance(command, CreateCommand) and command.recurrence is not None
+    ):
+        r = decide_recurring(
+            command,
+            existing,
+            partition=msg.partition,
+            offset=msg.offset,
+            timestamp_ms=msg.timestamp_ms,
+            now_ms=now_ms,
+            shards=shards,
+            horizon_ms=horizon_ms,
+        )
+        return Decision(r.code, r.text, change=r.change, withdraw_runs=r.withdraw)
+    if isinstance(command, UpdateCommand) and command.recurrence is not None:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"schedule {command.schedule_id!r} is a one-shot schedule; it has no recurrence",
+        )
     if isinstance(command, CreateCommand):
         return _decide_create(command, existing, msg, shards)
     current = _changeable(existing, command.schedule_id, firing)
@@ -258,6 +305,7 @@ class CommandProcessor:
         limits: Limits,
         bucket_shards: int = 1,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        tenant_ttl_s: float = 5.0,
     ) -> None:
         self.store = store
         self.sink = sink
@@ -267,13 +315,41 @@ class CommandProcessor:
         self.limits = limits
         self.bucket_shards = bucket_shards
         self.clock_ms = clock_ms
-        self.tenants = TenantCache(store)
+        self.tenants = TenantCache(store, ttl_s=tenant_ttl_s)
+        # Recurring schedules (streams.materializer), set by the worker: the materialisers
+        # of owned partitions (their lock is held for a batch) and their horizon.
+        self.materializers: Mapping[int, Any] = {}
+        self.recurring_horizon_ms = 600_000
+        self.quotas = QuotaBook(partitions)
+        # Tocsin's own topics: a Kafka callback may never produce into them.
+        suffix = "command-results"
+        prefix = results_topic[: -len(suffix)] if results_topic.endswith(suffix) else None
+        self.internal_topics = (
+            frozenset(
+                prefix + n
+                for n in ("commands", "command-results", "fires", "deliveries", "dead-letters")
+            )
+            if prefix is not None
+            else frozenset({results_topic})
+        )
 
     async def process_batch(self, batch: Sequence[RawCommand]) -> list[CommandResult]:
-        """Apply a batch and wait until every result is acknowledged by Kafka."""
+        """Apply a batch and wait until every result is acknowledged by Kafka.
+
+        Holds the batch's partitions' materialiser locks, so no recurring schedule is
+        extended between being read and being written here (streams.materializer)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for partition in sorted({m.partition for m in batch}):
+                materializer = self.materializers.get(partition)
+                if materializer is not None:
+                    await stack.enter_async_context(materializer.lock)
+            return await self._process_batch(batch)
+
+    async def _process_batch(self, batch: Sequence[RawCommand]) -> list[CommandResult]:
         now = self.clock_ms()
         outcomes: list[tuple[Command | None, Code, str]] = []
         valid: list[tuple[int, Command]] = []
+        policies: dict[str, TenantConfig] = {}
         for index, msg in enumerate(batch):
             command: Command | None = None
             try:
@@ -281,6 +357,7 @@ class CommandProcessor:
                     msg.value or b"", key=msg.key, now_ms=now, limits=self.limits
                 )
                 await self._check_sender(command, msg)
+                policies[command.tenant] = await self._check_tenant_policy(command, msg, now)
                 valid.append((index, command))
                 outcomes.append((command, Code.OK, ""))
             except CommandRejected as rej:
@@ -293,6 +370,23 @@ class CommandProcessor:
             key = (command.tenant, command.schedule_id)
             ticker = self.tickers.get(msg.partition)
             firing = ticker is not None and ticker.is_firing(*key)
+            existing = current.get(key)
+            replay = (
+                existing is not None
+                and existing.applied_offset is not None
+                and msg.offset <= existing.applied_offset
+            )
+            quota = policies[command.tenant].create_quota_per_s
+            if not replay and not self.quotas.allow(
+                command.tenant, msg.partition, quota, time.monotonic()
+            ):
+                outcomes[index] = (
+                    command,
+                    Code.QUOTA_EXCEEDED,
+                    f"tenant {command.tenant!r} exceeded its create quota of {quota:g} "
+                    "commands/s; nothing was applied, retry later",
+                )
+                continue
             try:
                 decision = decide(
                     command,
@@ -302,6 +396,7 @@ class CommandProcessor:
                     shards=self.bucket_shards,
                     default_tolerance_s=self.limits.default_misfire_tolerance_s,
                     firing=firing,
+                    horizon_ms=self.recurring_horizon_ms,
                 )
             except CommandRejected as rej:
                 outcomes[index] = (command, Code(rej.code), rej.message)
@@ -360,6 +455,61 @@ class CommandProcessor:
                 "default partitioner (librdkafka: partitioner=murmur2_random)",
             )
 
+    async def _check_tenant_policy(
+        self, command: Command, msg: RawCommand, now: int
+    ) -> TenantConfig:
+        """Signature and the tenant's own limits (issue 5); the tenant row is cached."""
+        tenant = await self.tenants.get(command.tenant)
+        secret = tenant.get("signing_secret") if tenant else None
+        if secret:
+            why = verify(
+                secret,
+                header_map(msg.headers),
+                key=msg.key,
+                value=msg.value or b"",
+                record_ms=msg.timestamp_ms,
+            )
+            if why is not None:
+                raise CommandRejected(Code.BAD_SIGNATURE, why)
+        config = await self.tenants.config(command.tenant)
+        if isinstance(command, CreateCommand | UpdateCommand):
+            limit = config.max_payload_bytes
+            if command.payload is not None and limit is not None and len(command.payload) > limit:
+                raise CommandRejected(
+                    Code.PAYLOAD_TOO_LARGE,
+                    f"payload is {len(command.payload)} bytes; tenant {command.tenant!r} "
+                    f"allows at most {limit}",
+                )
+            horizon = config.max_horizon_s
+            due = command.due_ms
+            if due is not None and horizon is not None and due > now + horizon * 1000:
+                raise CommandRejected(
+                    Code.BEYOND_HORIZON, f"due is more than max_horizon_s={horizon} ahead of now"
+                )
+            if command.callback is not None:
+                self._check_callback(command.callback, config)
+        return config
+
+    def _check_callback(self, callback: HttpCallback | KafkaCallback, config: TenantConfig) -> None:
+        if isinstance(callback, HttpCallback):
+            host = urlsplit(callback.url).hostname or ""
+            if not host_allowed(host, config.allowed_callback_hosts):
+                raise CommandRejected(
+                    Code.CALLBACK_NOT_ALLOWED,
+                    f"callback host {host!r} is not in the tenant's allowed_callback_hosts",
+                )
+            return
+        if callback.topic in self.internal_topics:
+            raise CommandRejected(
+                Code.CALLBACK_NOT_ALLOWED,
+                f"callback topic {callback.topic!r} is one of Tocsin's own topics",
+            )
+        if not topic_allowed(callback.topic, config.allowed_kafka_topics):
+            raise CommandRejected(
+                Code.CALLBACK_NOT_ALLOWED,
+                f"callback topic {callback.topic!r} is not in the tenant's allowed_kafka_topics",
+            )
+
     async def _load_rows(self, commands: Any) -> dict[tuple[str, str], ScheduleRow]:
         by_tenant: dict[str, list[str]] = {}
         for command in commands:
@@ -378,9 +528,22 @@ class CommandProcessor:
             ticker = self.tickers.get(msg.partition)
             if ticker is not None and d.withdraw_version is not None and d.change is not None:
                 ticker.withdraw(d.change.row.tenant, d.change.row.schedule_id, d.withdraw_version)
+            for tenant, run, version in d.withdraw_runs:
+                if ticker is not None:
+                    ticker.withdraw(tenant, run, version)
         changes = [d.change for _, d in decisions if d.change is not None]
         if changes:
+            # The listing index first: a crash before the schedule row replays the command,
+            # which rewrites it (see the 002 migration).
+            put, drop = index_changes(changes)
+            if put or drop:
+                await self.store.write_index(put, drop, now_ms=now)
             await self.store.apply_schedule_changes(changes)
+        for msg, d in decisions:
+            if d.change is not None and d.change.row.recurrence is not None:
+                materializer = self.materializers.get(msg.partition)
+                if materializer is not None:
+                    materializer.kick()  # write the new runs now
         late = []
         for _, d in decisions:
             if d.hand_over is not None:
@@ -434,4 +597,30 @@ class CommandProcessor:
         )
 
 
-__all__ = ["CommandProcessor", "Decision", "RawCommand", "TenantCache", "decide"]
+def index_changes(
+    changes: Sequence[ScheduleChange],
+) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
+    """Entries of schedules_by_tenant_day to add and to drop for these changes (pure)."""
+    put: list[tuple[str, str, int]] = []
+    drop: list[tuple[str, str, int]] = []
+    for change in changes:
+        row = change.row
+        if change.new_bucket is None:
+            continue  # a cancel keeps its entry (listed as cancelled)
+        old = change.old_bucket
+        if old is not None and old.due_ms == row.due_ms:
+            continue  # an update that kept the due time
+        put.append((row.tenant, row.schedule_id, row.due_ms))
+        if old is not None:
+            drop.append((row.tenant, row.schedule_id, old.due_ms))
+    return put, drop
+
+
+__all__ = [
+    "CommandProcessor",
+    "Decision",
+    "RawCommand",
+    "TenantCache",
+    "decide",
+    "index_changes",
+]

@@ -1,8 +1,10 @@
-"""The README's first command: a worker, a few thousand schedules, watched while they fire.
+"""The README's first command: schedule a few thousand triggers and deliver them over HTTP.
 
-Starts a ``tocsin worker`` subprocess against the local stack, registers a ``demo``
-tenant, creates ``count`` schedules due over the next ``spread_s`` seconds, prints
-progress while the fire topic fills, and a summary (fired, missed, lateness p50/p99).
+Starts a ``tocsin worker`` and a ``tocsin proxy`` (fires mode) as subprocesses against the
+local stack and a real HTTP receiver in this process, registers a ``demo`` tenant, creates
+``count`` schedules due over the next ``spread_s`` seconds whose callbacks POST to the
+receiver, prints progress while they fire and arrive, and a summary: fired, delivered,
+missed, and lateness p50/p99 (emit time and receive time minus due time).
 """
 
 from __future__ import annotations
@@ -12,15 +14,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
 import orjson
+from aiohttp import web
 
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from tocsin.settings import REPO_ROOT, Settings
 from topics.ids import trigger_id
-from topics.models import CreateCommand, KafkaCallback, PayloadType
+from topics.models import CreateCommand, HttpCallback, PayloadType
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -46,35 +50,107 @@ def _register_tenant(settings: Settings, tenant: str) -> None:
     asyncio.run(go())
 
 
-def run_demo(settings: Settings, *, count: int = 3000, spread_s: int = 120) -> int:
-    tenant = "demo"
-    _register_tenant(settings, tenant)
-    log_path = settings.stack.state_dir / "demo-worker.log"
-    print(f"[demo] starting a worker (log: {log_path})", flush=True)
+class Receiver:
+    """A real HTTP endpoint (aiohttp, own thread) recording each trigger's arrival."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.arrivals: dict[str, int] = {}
+        self.duplicates = 0
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._runner: web.AppRunner | None = None
+        threading.Thread(target=self._serve, name="demo-receiver", daemon=True).start()
+        if not self._ready.wait(10):
+            raise RuntimeError(f"demo receiver could not listen on port {port}")
+
+    async def _handle(self, request: web.Request) -> web.Response:
+        tid = request.headers.get("Tocsin-Trigger-Id", "")
+        await request.read()
+        if tid in self.arrivals:
+            self.duplicates += 1  # same Idempotency-Key: a receiver would drop it
+        else:
+            self.arrivals[tid] = time.time_ns() // 1_000_000
+        return web.Response(status=204)
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        app = web.Application()
+        app.router.add_post("/callback", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        self._loop.run_until_complete(self._runner.setup())
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        self._loop.run_until_complete(site.start())
+        self._ready.set()
+        self._loop.run_forever()
+
+    def close(self) -> None:
+        if self._runner is not None:
+            fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
+            fut.result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+
+def _start(role: str, settings: Settings, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+    log_path = settings.stack.state_dir / f"demo-{role}.log"
+    print(f"[demo] starting a {role} (log: {log_path})", flush=True)
     with log_path.open("ab") as out:
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "tocsin.cli", "worker"],
+        return subprocess.Popen(
+            [sys.executable, "-m", "tocsin.cli", role],
             cwd=REPO_ROOT,
+            env={**os.environ, **extra_env},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
     try:
-        return _drive(settings, tenant, count, spread_s, worker)
+        proc.wait(40)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_demo(
+    settings: Settings, *, count: int = 3000, spread_s: int = 120, receiver_port: int = 18765
+) -> int:
+    tenant = "demo"
+    _register_tenant(settings, tenant)
+    receiver = Receiver(receiver_port)
+    worker = _start("worker", settings, {})
+    # The receiver is on loopback, which the proxy refuses by default (SSRF guard).
+    proxy = _start(
+        "proxy",
+        settings,
+        {
+            "TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": "true",
+            "TOCSIN_PROXY_GROUP_ID": f"{settings.topics.prefix}proxy",
+        },
+    )
+    try:
+        return _drive(settings, tenant, count, spread_s, worker, proxy, receiver)
     finally:
-        os.killpg(worker.pid, signal.SIGTERM)
-        try:
-            worker.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(worker.pid, signal.SIGKILL)
+        _stop(proxy)
+        _stop(worker)
+        receiver.close()
 
 
 def _drive(
-    settings: Settings, tenant: str, count: int, spread_s: int, worker: subprocess.Popen[bytes]
+    settings: Settings,
+    tenant: str,
+    count: int,
+    spread_s: int,
+    worker: subprocess.Popen[bytes],
+    proxy: subprocess.Popen[bytes],
+    receiver: Receiver,
 ) -> int:
     client, results, fires = CommandClient(settings), ResultWatcher(settings), FireWatcher(settings)
     run = uuid.uuid4().hex[:6]
-    callback = KafkaCallback(topic=f"{settings.topics.prefix}demo-callbacks", key=None)
+    callback = HttpCallback(url=f"http://127.0.0.1:{receiver.port}/callback", timeout_s=5.0)
 
     probe = f"demo-{run}-probe"
     client.send(
@@ -118,7 +194,11 @@ def _drive(
     duplicates = 0
     deadline = time.monotonic() + spread_s + 90
     next_report = time.monotonic() + 5
-    while len(seen) < count and time.monotonic() < deadline:
+
+    def delivered() -> int:
+        return sum(1 for tid in list(receiver.arrivals) if tid in due)
+
+    while (len(seen) < count or delivered() < count) and time.monotonic() < deadline:
         for r in results.poll(0.05):
             sid = r.schedule_id or ""
             if sid.startswith(f"demo-{run}-") and sid != probe:
@@ -138,15 +218,19 @@ def _drive(
             next_report += 5
             print(
                 f"[demo] accepted {accepted}/{count}  fired {len(seen)}/{count}  "
-                f"lateness p50 {_percentile(lateness, 0.5):.0f} ms "
+                f"delivered {delivered()}/{count}  "
+                f"emit lateness p50 {_percentile(lateness, 0.5):.0f} ms "
                 f"p99 {_percentile(lateness, 0.99):.0f} ms",
                 flush=True,
             )
-        if worker.poll() is not None:
-            print("[demo] the worker exited unexpectedly; see its log", flush=True)
-            return 1
+        for name, proc in (("worker", worker), ("proxy", proxy)):
+            if proc.poll() is not None:
+                print(f"[demo] the {name} exited unexpectedly; see its log", flush=True)
+                return 1
     missed = count - len(seen)
     early = sum(1 for v in lateness if v < 0)
+    arrivals = {tid: at for tid, at in list(receiver.arrivals.items()) if tid in due}
+    e2e = [at - due[tid] for tid, at in arrivals.items()]
     print("[demo] summary", flush=True)
     print(f"  scheduled  {count} (accepted {accepted}, rejected {rejected})")
     print(f"  fired      {len(seen)}   duplicates {duplicates}   early {early}")
@@ -154,7 +238,13 @@ def _drive(
     print(
         f"  lateness   p50 {_percentile(lateness, 0.5):.0f} ms   "
         f"p99 {_percentile(lateness, 0.99):.0f} ms   max {max(lateness, default=0)} ms"
+        "   (emit time - due time)"
+    )
+    print(f"  delivered  {len(arrivals)} over HTTP   duplicate deliveries {receiver.duplicates}")
+    print(
+        f"  delivery   p50 {_percentile(e2e, 0.5):.0f} ms   p99 {_percentile(e2e, 0.99):.0f} ms"
+        "   (receive time - due time)"
     )
     for closable in (results, fires):
         closable.close()
-    return 0 if missed == 0 and early == 0 else 1
+    return 0 if missed == 0 and early == 0 and len(arrivals) == count else 1

@@ -105,6 +105,12 @@ class ScheduleRow:
     delivery_status_code: int | None = None
     delivery_attempts: int | None = None
     delivery_ms: int | None = None
+    # Recurring schedules (migration 003, streams.materializer); None for one-shots.
+    recurrence: str | None = None
+    anchor_ms: int | None = None
+    materialized_until_ms: int | None = None
+    run_count: int | None = None
+    materialize_key: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -167,6 +173,10 @@ class ScheduleChange:
     now_ms: int
     event: str | None = None
     event_detail: str | None = None
+    # Recurring schedules: bucket rows of runs to delete with the change (step 1), and
+    # statements on the schedule's own partition key committed with its row (step 2).
+    run_deletes: tuple[BucketKey, ...] = ()
+    commit_with: tuple[tuple[str, list[Any]], ...] = ()
 
 
 # A prepared statement's name and its bind values.
@@ -175,7 +185,9 @@ Stmt = tuple[str, list[Any]]
 _SCHEDULE_COLUMNS = tuple(f.name for f in fields(ScheduleRow))
 _BUCKET_COLUMNS = tuple(f.name for f in fields(BucketRow))
 _EVENT_COLUMNS = ("tenant", "schedule_id", "at_ms", "event", "trigger_id", "due_ms", "detail")
-_TENANT_COLUMNS = ("tenant", "active", "created_ms", "config")
+_TENANT_COLUMNS = ("tenant", "active", "created_ms", "config", "signing_secret", "updated_ms")
+_API_KEY_COLUMNS = ("key_id", "tenant", "salt", "hash", "created_ms", "revoked")
+_DAY_MS = 86_400_000
 
 
 def _unset_none(values: Sequence[Any]) -> list[Any]:
@@ -338,6 +350,26 @@ class Store:
             "put_tenant": insert("tenants", _TENANT_COLUMNS, ttl=False),
             "get_tenant": f"SELECT {', '.join(_TENANT_COLUMNS)} FROM {ks}.tenants WHERE tenant = ?",
             "list_tenants": f"SELECT {', '.join(_TENANT_COLUMNS)} FROM {ks}.tenants",
+            # 002: API keys and the per-tenant listing index (issue 5).
+            "put_api_key": insert("api_keys", _API_KEY_COLUMNS, ttl=False),
+            "get_api_key": f"SELECT {', '.join(_API_KEY_COLUMNS)} FROM {ks}.api_keys "
+            "WHERE key_id = ?",
+            "revoke_api_key": f"UPDATE {ks}.api_keys SET revoked = true WHERE key_id = ?",
+            "put_tenant_key": insert(
+                "api_keys_by_tenant", ("tenant", "key_id", "created_ms"), ttl=False
+            ),
+            "list_tenant_keys": f"SELECT key_id, created_ms FROM {ks}.api_keys_by_tenant "
+            "WHERE tenant = ?",
+            "put_index": insert(
+                "schedules_by_tenant_day", ("tenant", "day", "due_ms", "schedule_id"), ttl=True
+            ),
+            "delete_index": f"DELETE FROM {ks}.schedules_by_tenant_day WHERE tenant = ? "
+            "AND day = ? AND due_ms = ? AND schedule_id = ?",
+            "read_index": f"SELECT due_ms, schedule_id FROM {ks}.schedules_by_tenant_day "
+            "WHERE tenant = ? AND day = ? AND due_ms >= ? AND due_ms < ? LIMIT ?",
+            "read_index_after": f"SELECT due_ms, schedule_id FROM "
+            f"{ks}.schedules_by_tenant_day WHERE tenant = ? AND day = ? "
+            "AND (due_ms, schedule_id) > (?, ?) AND due_ms < ? LIMIT ?",
         }
         prepared: dict[str, PreparedStatement] = {}
         for name, text in cql.items():
@@ -347,6 +379,26 @@ class Store:
             stmt.is_idempotent = name != "mark_done_if"
             prepared[name] = stmt
         return prepared
+
+    async def prepare_statements(self, cql: dict[str, str]) -> None:
+        """Prepare more named statements (other modules' tables, e.g. streams.materializer);
+        ``{keyspace}`` in the text is replaced. All must be idempotent writes or reads."""
+        if self._session is None:
+            raise StoreError("store is not connected", retriable=False)
+        ks = self.settings.keyspace
+
+        def prepare() -> dict[str, PreparedStatement]:
+            out = {}
+            for name, text in cql.items():
+                stmt = self._session.prepare(text.replace("{keyspace}", ks))
+                stmt.is_idempotent = True
+                out[name] = stmt
+            return out
+
+        try:
+            self._stmts.update(await asyncio.to_thread(prepare))
+        except Exception as exc:
+            raise translate_error(exc, "prepare") from exc
 
     # -- asyncio bridge --------------------------------------------------------------------
 
@@ -654,6 +706,7 @@ class Store:
             if change.new_bucket is not None:
                 puts.append(change.new_bucket)
             old = change.old_bucket
+            deletes.extend(change.run_deletes)
             if old is not None and (change.new_bucket is None or change.new_bucket.key != old):
                 deletes.append(old)
         # TTLs depend on now_ms, so group by it (one group in the usual single-time call).
@@ -679,6 +732,7 @@ class Store:
                         row.due_ms,
                     )
                 )
+            stmts.extend(change.commit_with)
             commits.append(stmts)
         group = self.commit_group_size
         await _gather_all(
@@ -830,9 +884,20 @@ class Store:
     # -- tenants ---------------------------------------------------------------------------
 
     async def put_tenant(
-        self, tenant: str, *, active: bool, created_ms: int, config: str | None = None
+        self,
+        tenant: str,
+        *,
+        active: bool | None,
+        created_ms: int | None,
+        config: str | None = None,
+        signing_secret: str | None = None,
+        updated_ms: int | None = None,
     ) -> None:
-        await self._run("put_tenant", _unset_none([tenant, active, created_ms, config]))
+        """Upsert; None leaves a column as it is (so a config change keeps the secret)."""
+        await self._run(
+            "put_tenant",
+            _unset_none([tenant, active, created_ms, config, signing_secret, updated_ms]),
+        )
 
     async def get_tenant(self, tenant: str) -> dict[str, Any] | None:
         rows = await self._run("get_tenant", (tenant,))
@@ -841,6 +906,75 @@ class Store:
     async def list_tenants(self) -> list[dict[str, Any]]:
         """All tenants (a small table; admin use only, never on a hot path)."""
         return await self._run("list_tenants", ())
+
+    # -- API keys (hashes only; see streams.tenants) ----------------------------------------
+
+    async def put_api_key(
+        self, key_id: str, tenant: str, *, salt: bytes, hash: bytes, created_ms: int
+    ) -> None:
+        await self._run("put_api_key", (key_id, tenant, salt, hash, created_ms, False))
+        await self._run("put_tenant_key", (tenant, key_id, created_ms))
+
+    async def get_api_key(self, key_id: str) -> dict[str, Any] | None:
+        rows = await self._run("get_api_key", (key_id,))
+        return rows[0] if rows else None
+
+    async def revoke_api_key(self, key_id: str) -> None:
+        await self._run("revoke_api_key", (key_id,))
+
+    async def list_api_keys(self, tenant: str) -> list[dict[str, Any]]:
+        return await self._run("list_tenant_keys", (tenant,))
+
+    # -- per-tenant listing index (schedules_by_tenant_day) --------------------------------
+
+    async def write_index(
+        self,
+        put: Sequence[tuple[str, str, int]],
+        delete: Sequence[tuple[str, str, int]],
+        *,
+        now_ms: int,
+        retention_s: int | None = None,
+    ) -> None:
+        """Add (tenant, schedule_id, due_ms) entries (kept until due + retention) and drop
+        stale ones (a reschedule's old due). Idempotent overwrites; see the 002 migration."""
+        keep_s = self.retention_s if retention_s is None else retention_s
+        stmts = [
+            self._run(
+                "put_index",
+                (t, due // _DAY_MS, due, sid, max(1, (due - now_ms) // 1000 + keep_s)),
+            )
+            for t, sid, due in put
+        ] + [self._run("delete_index", (t, due // _DAY_MS, due, sid)) for t, sid, due in delete]
+        await _gather_all(stmts)
+
+    async def read_index(
+        self,
+        tenant: str,
+        *,
+        from_ms: int,
+        to_ms: int,
+        after: tuple[int, str] | None = None,
+        limit: int = 100,
+    ) -> list[tuple[int, str]]:
+        """(due_ms, schedule_id) of the tenant's schedules with from_ms <= due < to_ms, in
+        due order, strictly after ``after``; at most ``limit``. One slice per UTC day."""
+        out: list[tuple[int, str]] = []
+        resume = after if after is not None and after[0] >= from_ms else None
+        day = (resume[0] if resume else from_ms) // _DAY_MS
+        last_day = (to_ms - 1) // _DAY_MS
+        while day <= last_day and len(out) < limit:
+            left = limit - len(out)
+            if resume is not None:
+                rows = await self._run(
+                    "read_index_after", (tenant, day, resume[0], resume[1], to_ms, left)
+                )
+                resume = None
+            else:
+                lo = max(from_ms, day * _DAY_MS)
+                rows = await self._run("read_index", (tenant, day, lo, to_ms, left))
+            out.extend((int(r["due_ms"]), r["schedule_id"]) for r in rows)
+            day += 1
+        return out
 
 
 def _delete_bucket_stmt(key: BucketKey) -> Stmt:

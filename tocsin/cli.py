@@ -1,7 +1,7 @@
 """The ``tocsin`` command line.
 
 Exit codes scripts can rely on: 0 success, 1 failure (error printed on stderr), 2 usage
-error, 3 not found, 4 rejected by the scheduler.
+error, 3 not found, 4 rejected by the scheduler, 5 no answer in time (is a worker running?).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from tocsin.logs import setup_logging
 from tocsin.settings import Settings
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REJECTED = 0, 1, 2, 3, 4
+EXIT_TIMEOUT = 5
 
 
 def _print_table(rows: list[dict[str, object]], columns: Sequence[str]) -> None:
@@ -130,9 +131,14 @@ def build_parser() -> argparse.ArgumentParser:
     setup = sub.add_parser("setup", help="topics create + db migrate")
     setup.set_defaults(func=cmd_setup)
 
+    from proxy.cli import register as register_proxy
     from streams.cli import register as register_streams
 
     register_streams(sub)
+    from api.cli import register as register_api
+
+    register_api(sub)
+    register_proxy(sub)
     return parser
 
 

@@ -133,10 +133,34 @@ class SchedulerSettings:
     preload_ahead_s: float = 10.0
     fired_retention_s: int = 7 * 24 * 3600
     metrics_port: int = 9464
+    metrics_addr: str = "0.0.0.0"
     worker_web_port: int = 6066
     command_batch_size: int = 500
     commit_group_size: int = 16
     session_timeout_s: float = 10.0
+    # Recurring schedules (streams.materializer): runs are written this far ahead...
+    recurring_horizon_s: float = 600.0
+    # ... at most this many per schedule and step; missed runs re-fired after an outage
+    # at most this fast per partition; the materialiser looks for work this often.
+    recurring_max_runs_per_step: int = 500
+    recurring_catchup_per_s: float = 200.0
+    recurring_interval_s: float = 1.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ApiSettings:
+    """The REST API (``tocsin api``, package ``api``)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8480
+    # Admin credential for tenant management; None disables the admin endpoints.
+    admin_key: str | None = None
+    # How long a synchronous request waits for its command result before answering 504.
+    request_timeout_s: float = 10.0
+    # Largest request body accepted (413 beyond); a maximal command is ~103 KiB.
+    max_body_bytes: int = 256 * 1024
+    # Tenants and API keys are cached this long, so changes apply without a restart.
+    tenant_cache_ttl_s: float = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +170,7 @@ class Settings:
     topics: TopicSettings = field(default_factory=TopicSettings)
     stack: StackSettings = field(default_factory=StackSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
+    api: ApiSettings = field(default_factory=ApiSettings)
     log_level: str = "INFO"
     log_format: str = "json"  # json or text
 
@@ -205,10 +230,23 @@ class Settings:
                 preload_ahead_s=_float(e, "PRELOAD_AHEAD_S", 10.0),
                 fired_retention_s=_int(e, "FIRED_RETENTION_S", 7 * 24 * 3600),
                 metrics_port=_int(e, "METRICS_PORT", 9464),
+                metrics_addr=_get(e, "METRICS_ADDR", "0.0.0.0"),
                 worker_web_port=_int(e, "WORKER_WEB_PORT", 6066),
                 command_batch_size=_int(e, "COMMAND_BATCH_SIZE", 500),
                 commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
                 session_timeout_s=_float(e, "SESSION_TIMEOUT_S", 10.0),
+                recurring_horizon_s=_float(e, "RECURRING_HORIZON_S", 600.0),
+                recurring_max_runs_per_step=_int(e, "RECURRING_MAX_RUNS_PER_STEP", 500),
+                recurring_catchup_per_s=_float(e, "RECURRING_CATCHUP_PER_S", 200.0),
+                recurring_interval_s=_float(e, "RECURRING_INTERVAL_S", 1.0),
+            ),
+            api=ApiSettings(
+                host=_get(e, "API_HOST", "127.0.0.1"),
+                port=_int(e, "API_PORT", 8480),
+                admin_key=_opt(e, "ADMIN_KEY"),
+                request_timeout_s=_float(e, "API_REQUEST_TIMEOUT_S", 10.0),
+                max_body_bytes=_int(e, "API_MAX_BODY_BYTES", 256 * 1024),
+                tenant_cache_ttl_s=_float(e, "TENANT_CACHE_TTL_S", 5.0),
             ),
             log_level=_get(e, "LOG_LEVEL", "INFO"),
             log_format=_get(e, "LOG_FORMAT", "json"),

@@ -26,6 +26,7 @@ from topics.models import (
     CreateCommand,
     HttpCallback,
     PayloadType,
+    Recurrence,
     ResultStatus,
     Trigger,
     UpdateCommand,
@@ -37,6 +38,7 @@ from topics.validation import (
     load_object,
     parse_callback,
     parse_payload,
+    parse_recurrence,
 )
 
 HEADER_TRIGGER_ID = "tocsin-trigger-id"
@@ -155,6 +157,46 @@ def callback_from_json(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) ->
     return parse_callback(obj, limits=limits)
 
 
+# -- recurrences --------------------------------------------------------------------------
+
+
+def recurrence_to_dict(recurrence: Recurrence) -> dict[str, Any]:
+    """The JSON object form of a recurrence (times as epoch ms), defaults spelled out."""
+    out: dict[str, Any] = {}
+    if recurrence.cron is not None:
+        out["cron"] = recurrence.cron
+    if recurrence.every_s is not None:
+        out["every_s"] = recurrence.every_s
+    if recurrence.start_ms is not None:
+        out["start"] = recurrence.start_ms
+    if recurrence.end_ms is not None:
+        out["end"] = recurrence.end_ms
+    if recurrence.max_runs is not None:
+        out["max_runs"] = recurrence.max_runs
+    out.update(
+        time_zone=recurrence.time_zone,
+        nonexistent=str(recurrence.nonexistent),
+        ambiguous=str(recurrence.ambiguous),
+        jitter_s=recurrence.jitter_s,
+        misfire=str(recurrence.misfire),
+    )
+    return out
+
+
+def recurrence_to_json(recurrence: Recurrence) -> str:
+    """Deterministic JSON text (sorted keys) for storage: equal recurrences compare equal."""
+    return orjson.dumps(recurrence_to_dict(recurrence), option=orjson.OPT_SORT_KEYS).decode()
+
+
+def recurrence_from_json(text: str | bytes) -> Recurrence:
+    """A stored recurrence (see ``recurrence_to_json``); its end may lie in the past."""
+    try:
+        obj = orjson.loads(text)
+    except orjson.JSONDecodeError as exc:
+        raise CommandRejected(Code.MALFORMED_JSON, f"recurrence is not valid JSON: {exc}") from None
+    return parse_recurrence(obj, now_ms=0)
+
+
 # -- commands -----------------------------------------------------------------------------
 
 
@@ -168,7 +210,10 @@ def command_to_dict(command: Command) -> dict[str, Any]:
     if command.request_id is not None:
         out["request_id"] = command.request_id
     if isinstance(command, CreateCommand):
-        out["due"] = command.due_ms
+        if command.recurrence is not None:
+            out["recurrence"] = recurrence_to_dict(command.recurrence)
+        else:
+            out["due"] = command.due_ms
         if command.payload or command.payload_type is PayloadType.JSON:
             out.update(_payload_fields(command.payload, command.payload_type))
         out["callback"] = callback_to_dict(command.callback)
@@ -178,6 +223,8 @@ def command_to_dict(command: Command) -> dict[str, Any]:
     elif isinstance(command, UpdateCommand):
         if command.due_ms is not None:
             out["due"] = command.due_ms
+        if command.recurrence is not None:
+            out["recurrence"] = recurrence_to_dict(command.recurrence)
         if command.payload is not None and command.payload_type is not None:
             out.update(_payload_fields(command.payload, command.payload_type))
         if command.callback is not None:

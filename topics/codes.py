@@ -36,6 +36,10 @@ class Code(StrEnum):
     NOTHING_TO_UPDATE = "nothing_to_update"
     TOO_LARGE = "too_large"
     WRONG_PARTITION = "wrong_partition"
+    QUOTA_EXCEEDED = "quota_exceeded"
+    BAD_SIGNATURE = "bad_signature"
+    CALLBACK_NOT_ALLOWED = "callback_not_allowed"
+    BEYOND_HORIZON = "beyond_horizon"
 
     @property
     def doc(self) -> str:
@@ -72,6 +76,17 @@ DOCS: dict[Code, str] = {
         "The command arrived on another partition than murmur2(schedule_id) picks; produce "
         "with Kafka's default partitioner so all commands of a schedule share a partition."
     ),
+    Code.QUOTA_EXCEEDED: (
+        "The tenant sent commands faster than its create quota (commands/s); retry later."
+    ),
+    Code.BAD_SIGNATURE: (
+        "The command lacks a valid tocsin-signature header for its tenant (HMAC-SHA256 with "
+        "the tenant's signing key), or the signature is stale."
+    ),
+    Code.CALLBACK_NOT_ALLOWED: (
+        "The callback host or Kafka topic is not in the tenant's allowed list, or is internal."
+    ),
+    Code.BEYOND_HORIZON: "`due` is further ahead than the tenant's maximum horizon.",
 }
 
 ACCEPTED_CODES: frozenset[Code] = frozenset({Code.OK, Code.DUPLICATE})
@@ -88,5 +103,9 @@ STATEFUL_CODES: frozenset[Code] = frozenset(
         Code.ALREADY_CANCELLED,
         Code.CONFLICT,
         Code.WRONG_PARTITION,
+        Code.QUOTA_EXCEEDED,
+        Code.BAD_SIGNATURE,
+        Code.CALLBACK_NOT_ALLOWED,
+        Code.BEYOND_HORIZON,
     }
 )

@@ -60,18 +60,70 @@ class KafkaCallback:
 Callback: TypeAlias = HttpCallback | KafkaCallback
 
 
+class Nonexistent(StrEnum):
+    """What a recurring schedule does with a local time that a DST gap skips."""
+
+    SKIP = "skip"  # no run that day
+    SHIFT_FORWARD = "shift_forward"  # run at the same wall time + the gap (02:30 -> 03:30)
+
+
+class Ambiguous(StrEnum):
+    """What a recurring schedule does with a local time that occurs twice (DST ends)."""
+
+    ONCE = "once"  # only the first occurrence
+    TWICE = "twice"  # both occurrences
+
+
+class Misfire(StrEnum):
+    """What happens to runs that could not fire within ``misfire_tolerance_s`` (downtime)."""
+
+    FIRE_ALL = "fire_all"
+    FIRE_LATEST = "fire_latest"
+    SKIP = "skip"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recurrence:
+    """When a recurring schedule runs; exactly one of ``cron`` / ``every_s``.
+
+    ``cron`` is normalised to six fields, seconds first (``"0 */5 * * * *"``); macros
+    (``@hourly``...) are expanded. Times are epoch ms; ``start_ms`` None means "from when
+    the create (or the update that set this recurrence) was applied". The time math lives
+    in ``streams.recurring``.
+    """
+
+    cron: str | None = None
+    every_s: int | None = None
+    start_ms: int | None = None
+    end_ms: int | None = None
+    max_runs: int | None = None
+    time_zone: str = "UTC"
+    nonexistent: Nonexistent = Nonexistent.SKIP
+    ambiguous: Ambiguous = Ambiguous.ONCE
+    jitter_s: int = 0
+    misfire: Misfire = Misfire.FIRE_LATEST
+
+    def __post_init__(self) -> None:
+        if (self.cron is None) == (self.every_s is None):
+            raise CommandRejected(
+                Code.INVALID_FIELD, "a recurrence needs exactly one of cron and every_s"
+            )
+
+
 @dataclass(frozen=True, kw_only=True)
 class CreateCommand:
     tenant: str
     schedule_id: str
     request_id: str | None = None
-    due_ms: int
+    due_ms: int = 0
     payload: bytes = b""
     payload_type: PayloadType = PayloadType.BYTES
     callback: Callback
     # Empty means "the schedule id" (resolved in __post_init__), so callers may leave it out.
     order_key: str = ""
     misfire_tolerance_s: int
+    # A recurring schedule (streams.recurring); ``due_ms`` is then unused (0).
+    recurrence: Recurrence | None = None
 
     def __post_init__(self) -> None:
         if not self.order_key:
@@ -93,6 +145,8 @@ class UpdateCommand:
     payload: bytes | None = None
     payload_type: PayloadType | None = None
     callback: Callback | None = None
+    # Replaces the whole recurrence of a recurring schedule (runs not yet fired follow it).
+    recurrence: Recurrence | None = None
 
     def __post_init__(self) -> None:
         # The decoder reports these with a precise field name first; these guards catch
@@ -101,10 +155,15 @@ class UpdateCommand:
             raise CommandRejected(
                 Code.INVALID_FIELD, "payload and payload_type must be given together"
             )
-        if self.due_ms is None and self.payload is None and self.callback is None:
+        if (
+            self.due_ms is None
+            and self.payload is None
+            and self.callback is None
+            and self.recurrence is None
+        ):
             raise CommandRejected(
                 Code.NOTHING_TO_UPDATE,
-                "an update must change at least one of due, payload, callback",
+                "an update must change at least one of due, payload, callback, recurrence",
             )
 
     @property

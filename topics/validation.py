@@ -32,6 +32,7 @@ from topics.codes import Code
 from topics.ids import MAX_EPOCH_MS, MIN_EPOCH_MS, format_iso_ms, parse_iso_ms
 from topics.models import (
     HTTP_METHODS,
+    Ambiguous,
     Callback,
     CancelCommand,
     Command,
@@ -40,7 +41,10 @@ from topics.models import (
     HttpCallback,
     HttpMethod,
     KafkaCallback,
+    Misfire,
+    Nonexistent,
     PayloadType,
+    Recurrence,
     UpdateCommand,
 )
 
@@ -55,6 +59,12 @@ MAX_MISFIRE_TOLERANCE_S = 2**31 - 1
 # never emitted again.
 MAX_PAYLOAD_DEPTH = 254
 MAX_TOPIC_LEN = 249  # Kafka's own limit on topic names
+# A recurring schedule without misfire_tolerance_s: a run more than this late has misfired
+# and its ``recurrence.misfire`` policy applies (Quartz's default misfire threshold).
+RECURRING_DEFAULT_MISFIRE_TOLERANCE_S = 60
+MAX_EVERY_S = 10 * 366 * 86_400
+MAX_JITTER_S = 86_400
+MAX_ZONE_LEN = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,19 +127,43 @@ class Fields(NamedTuple):
 # The single source of the command and callback shapes: the decoder enforces these and the
 # unit tests compare them with schema/json/*.schema.json.
 COMMAND_FIELDS: dict[CommandType, Fields] = {
+    # Exactly one of due (one-shot) and recurrence (recurring) is required as well.
     CommandType.CREATE: Fields(
-        required=("type", "tenant", "schedule_id", "due", "callback"),
-        optional=("request_id", "payload", "payload_b64", "order_key", "misfire_tolerance_s"),
+        required=("type", "tenant", "schedule_id", "callback"),
+        optional=(
+            "request_id",
+            "due",
+            "recurrence",
+            "payload",
+            "payload_b64",
+            "order_key",
+            "misfire_tolerance_s",
+        ),
     ),
     CommandType.UPDATE: Fields(
         required=("type", "tenant", "schedule_id"),
-        optional=("request_id", "due", "payload", "payload_b64", "callback"),
+        optional=("request_id", "due", "recurrence", "payload", "payload_b64", "callback"),
     ),
     CommandType.CANCEL: Fields(
         required=("type", "tenant", "schedule_id"),
         optional=("request_id",),
     ),
 }
+RECURRENCE_FIELDS = Fields(
+    required=(),
+    optional=(
+        "cron",
+        "every_s",
+        "start",
+        "end",
+        "max_runs",
+        "time_zone",
+        "nonexistent",
+        "ambiguous",
+        "jitter_s",
+        "misfire",
+    ),
+)
 CALLBACK_FIELDS: dict[str, Fields] = {
     "http": Fields(required=("type", "url"), optional=("method", "headers", "timeout_s")),
     "kafka": Fields(required=("type", "topic"), optional=("key",)),
@@ -520,6 +554,214 @@ def parse_callback(
     )
 
 
+# -- recurrence ---------------------------------------------------------------------------
+
+# Vixie cron's macros, as six fields (seconds first).
+CRON_MACROS: dict[str, str] = {
+    "@yearly": "0 0 0 1 1 *",
+    "@annually": "0 0 0 1 1 *",
+    "@monthly": "0 0 0 1 * *",
+    "@weekly": "0 0 0 * * 0",
+    "@daily": "0 0 0 * * *",
+    "@midnight": "0 0 0 * * *",
+    "@hourly": "0 0 * * * *",
+}
+_MONTHS = ("jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec")
+_DAYS = ("sun", "mon", "tue", "wed", "thu", "fri", "sat")
+# (name, lowest, highest, names) of the six fields, seconds first.
+_CRON_FIELDS: tuple[tuple[str, int, int, tuple[str, ...]], ...] = (
+    ("second", 0, 59, ()),
+    ("minute", 0, 59, ()),
+    ("hour", 0, 23, ()),
+    ("day of month", 1, 31, ()),
+    ("month", 1, 12, _MONTHS),
+    ("day of week", 0, 7, _DAYS),
+)
+_CRON_ITEM = re.compile(r"(\*|[0-9a-z]+(?:-[0-9a-z]+)?)(?:/([0-9]+))?", re.ASCII)
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # February 29 exists
+
+
+def _cron_value(text: str, low: int, names: tuple[str, ...], what: str, expr: str) -> int:
+    if text.isdigit():
+        return int(text)
+    if text in names:
+        return names.index(text) + (1 if low == 1 else 0)
+    raise CommandRejected(
+        Code.INVALID_FIELD, f"recurrence.cron {_show(expr)}: {text!r} is not a valid {what}"
+    )
+
+
+def _cron_field(
+    text: str, spec: tuple[str, int, int, tuple[str, ...]], expr: str
+) -> set[int]:
+    """The values one field selects; rejects anything outside standard (Vixie) syntax."""
+    what, low, high, names = spec
+    values: set[int] = set()
+    for item in text.split(","):
+        match = _CRON_ITEM.fullmatch(item)
+        if match is None:
+            raise CommandRejected(
+                Code.INVALID_FIELD,
+                f"recurrence.cron {_show(expr)}: {item!r} in the {what} field is not standard "
+                "cron syntax (numbers, names, *, ranges a-b, lists a,b and steps /n)",
+            )
+        base, step_text = match.groups()
+        if base == "*":
+            first, last = low, high
+        elif "-" in base:
+            a, b = base.split("-")
+            first = _cron_value(a, low, names, what, expr)
+            last = _cron_value(b, low, names, what, expr)
+        else:
+            first = last = _cron_value(base, low, names, what, expr)
+            if step_text is not None:
+                last = high  # "5/15" means "5-59/15", as in Vixie cron
+        step = int(step_text) if step_text is not None else 1
+        if not (low <= first <= last <= high) or step < 1:
+            raise CommandRejected(
+                Code.INVALID_FIELD,
+                f"recurrence.cron {_show(expr)}: {item!r} is outside {low}-{high} for the "
+                f"{what}, or not ascending",
+            )
+        values.update(range(first, last + 1, step))
+    return values
+
+
+def normalize_cron(value: object) -> str:
+    """Six space-separated fields, seconds first, lower case; macros expanded.
+
+    Accepts standard five-field cron (a seconds field of ``0`` is added), six fields with
+    seconds first, and the macros of ``CRON_MACROS``. Rejects an expression that can never
+    match (``0 0 30 2 *``).
+    """
+    if not isinstance(value, str):
+        raise CommandRejected(
+            Code.INVALID_FIELD, f"recurrence.cron must be a string, got {_kind(value)}"
+        )
+    text = " ".join(value.lower().split())
+    if text.startswith("@"):
+        if text not in CRON_MACROS:
+            raise CommandRejected(
+                Code.INVALID_FIELD,
+                f"recurrence.cron {_show(value)} is not one of {', '.join(CRON_MACROS)}",
+            )
+        text = CRON_MACROS[text]
+    parts = text.split(" ")
+    if len(parts) == 5:
+        parts = ["0", *parts]
+    if len(parts) != 6:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"recurrence.cron {_show(value)} must have 5 fields (minute hour day-of-month "
+            "month day-of-week) or 6 (seconds first), or be a macro such as @hourly",
+        )
+    sets = [_cron_field(part, spec, value) for part, spec in zip(parts, _CRON_FIELDS, strict=True)]
+    days, months = sets[3], sets[4]
+    # Vixie: both day fields restricted (neither starting with '*') means either matches.
+    either = not parts[3].startswith("*") and not parts[5].startswith("*")
+    if not either and not any(d <= _MONTH_DAYS[m - 1] for d in days for m in months):
+        raise CommandRejected(
+            Code.INVALID_FIELD, f"recurrence.cron {_show(value)} never matches a real date"
+        )
+    return " ".join(parts)
+
+
+def check_time_zone(value: object, field: str = "recurrence.time_zone") -> str:
+    """An IANA zone name present in the pinned tzdata package (never the host's files)."""
+    if not isinstance(value, str):
+        raise CommandRejected(Code.INVALID_FIELD, f"{field} must be a string, got {_kind(value)}")
+    parts = value.split("/")
+    if (
+        not 0 < len(value) <= MAX_ZONE_LEN
+        or any(not p or p in (".", "..") or not _ZONE_PART.fullmatch(p) for p in parts)
+        or not _zone_exists(value)
+    ):
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"{field} {_show(value)} is not an IANA time zone name such as Europe/London",
+        )
+    return value
+
+
+_ZONE_PART = re.compile(r"[A-Za-z0-9_+-]+", re.ASCII)
+
+
+def _zone_exists(name: str) -> bool:
+    from importlib import resources
+
+    try:
+        node = resources.files("tzdata").joinpath("zoneinfo")
+        for part in name.split("/"):
+            node = node.joinpath(part)
+        return node.is_file()
+    except (ModuleNotFoundError, OSError):
+        return False
+
+
+def _choice(obj: dict[str, Any], name: str, default: str, allowed: frozenset[str]) -> str:
+    value = obj.get(name, default)
+    if not isinstance(value, str) or value not in allowed:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"recurrence.{name} {_show(value)} must be one of {', '.join(sorted(allowed))}",
+        )
+    return value
+
+
+def _bounded(obj: dict[str, Any], name: str, low: int, high: int) -> int | None:
+    if name not in obj:
+        return None
+    value = _integer(obj[name], f"recurrence.{name}", Code.INVALID_FIELD)
+    if not low <= value <= high:
+        raise CommandRejected(
+            Code.INVALID_FIELD, f"recurrence.{name} must be within {low}..{high}, got {value}"
+        )
+    return value
+
+
+def parse_recurrence(value: object, *, now_ms: int) -> Recurrence:
+    """The ``recurrence`` object of a create or update (``invalid_field`` naming the part)."""
+    if not isinstance(value, dict):
+        raise CommandRejected(
+            Code.INVALID_FIELD, f"recurrence must be an object, got {_kind(value)}"
+        )
+    check_fields(value, RECURRENCE_FIELDS, where="recurrence")
+    if ("cron" in value) == ("every_s" in value):
+        raise CommandRejected(
+            Code.INVALID_FIELD, "recurrence needs exactly one of cron and every_s"
+        )
+    cron = normalize_cron(value["cron"]) if "cron" in value else None
+    every_s = _bounded(value, "every_s", 1, MAX_EVERY_S)
+    start_ms = parse_due(value["start"], "recurrence.start") if "start" in value else None
+    end_ms = parse_due(value["end"], "recurrence.end") if "end" in value else None
+    if end_ms is not None:
+        if start_ms is not None and end_ms <= start_ms:
+            raise CommandRejected(
+                Code.INVALID_FIELD, "recurrence.end must be after recurrence.start"
+            )
+        if end_ms <= now_ms:
+            raise CommandRejected(
+                Code.DUE_IN_PAST, f"recurrence.end {_when(end_ms)} is not in the future"
+            )
+    return Recurrence(
+        cron=cron,
+        every_s=every_s,
+        start_ms=start_ms,
+        end_ms=end_ms,
+        max_runs=_bounded(value, "max_runs", 1, MAX_MISFIRE_TOLERANCE_S),
+        time_zone=check_time_zone(value["time_zone"]) if "time_zone" in value else "UTC",
+        nonexistent=Nonexistent(_choice(value, "nonexistent", "skip", _NONEXISTENT)),
+        ambiguous=Ambiguous(_choice(value, "ambiguous", "once", _AMBIGUOUS)),
+        jitter_s=_bounded(value, "jitter_s", 0, MAX_JITTER_S) or 0,
+        misfire=Misfire(_choice(value, "misfire", "fire_latest", _MISFIRE)),
+    )
+
+
+_NONEXISTENT = frozenset(m.value for m in Nonexistent)
+_AMBIGUOUS = frozenset(m.value for m in Ambiguous)
+_MISFIRE = frozenset(m.value for m in Misfire)
+
+
 def _command_type(obj: dict[str, Any]) -> CommandType:
     if "type" not in obj:
         raise CommandRejected(Code.MISSING_FIELD, "missing required field 'type'")
@@ -554,6 +796,12 @@ def decode_command(raw: bytes, *, key: bytes | None, now_ms: int, limits: Limits
     obj = load_object(raw)
     ctype = _command_type(obj)
     check_fields(obj, COMMAND_FIELDS[ctype], where=f"{ctype} command")
+    if ctype is CommandType.CREATE and "due" not in obj and "recurrence" not in obj:
+        raise CommandRejected(
+            Code.MISSING_FIELD,
+            "create command: missing required field 'due' (or 'recurrence' for a recurring "
+            "schedule)",
+        )
     tenant = check_tenant(obj["tenant"])
     schedule_id = check_text(obj["schedule_id"], "schedule_id", max_len=limits.max_id_len)
     _check_key(key, schedule_id)
@@ -564,7 +812,7 @@ def decode_command(raw: bytes, *, key: bytes | None, now_ms: int, limits: Limits
         return CancelCommand(tenant=tenant, schedule_id=schedule_id, request_id=request_id)
     if ctype is CommandType.CREATE:
         return _create(obj, tenant, schedule_id, request_id, now_ms=now_ms, limits=limits)
-    return _update(obj, tenant, schedule_id, request_id, limits=limits)
+    return _update(obj, tenant, schedule_id, request_id, now_ms=now_ms, limits=limits)
 
 
 def _create(
@@ -576,8 +824,20 @@ def _create(
     now_ms: int,
     limits: Limits,
 ) -> CreateCommand:
-    due_ms = parse_due(obj["due"])
-    tolerance = limits.default_misfire_tolerance_s
+    recurrence = None
+    if "recurrence" in obj:
+        if "due" in obj:
+            raise CommandRejected(
+                Code.INVALID_FIELD,
+                "give either due (a one-shot schedule) or recurrence, not both; a recurring "
+                "schedule's first run is set by recurrence.start",
+            )
+        recurrence = parse_recurrence(obj["recurrence"], now_ms=now_ms)
+        due_ms = 0
+        tolerance = RECURRING_DEFAULT_MISFIRE_TOLERANCE_S
+    else:
+        due_ms = parse_due(obj["due"])
+        tolerance = limits.default_misfire_tolerance_s
     if "misfire_tolerance_s" in obj:
         tolerance = _integer(obj["misfire_tolerance_s"], "misfire_tolerance_s", Code.INVALID_FIELD)
         if not 0 <= tolerance <= MAX_MISFIRE_TOLERANCE_S:
@@ -585,7 +845,8 @@ def _create(
                 Code.INVALID_FIELD,
                 f"misfire_tolerance_s must be within 0..{MAX_MISFIRE_TOLERANCE_S}, got {tolerance}",
             )
-    check_not_past(due_ms, now_ms=now_ms, misfire_tolerance_s=tolerance)
+    if recurrence is None:
+        check_not_past(due_ms, now_ms=now_ms, misfire_tolerance_s=tolerance)
     payload, payload_type = parse_payload(obj, max_bytes=limits.max_payload_bytes)
     callback = parse_callback(obj["callback"], limits=limits)
     order_key = schedule_id
@@ -601,6 +862,7 @@ def _create(
         callback=callback,
         order_key=order_key,
         misfire_tolerance_s=tolerance,
+        recurrence=recurrence,
     )
 
 
@@ -610,14 +872,26 @@ def _update(
     schedule_id: str,
     request_id: str | None,
     *,
+    now_ms: int,
     limits: Limits,
 ) -> UpdateCommand:
-    if not any(name in obj for name in ("due", "payload", "payload_b64", "callback")):
+    if not any(
+        name in obj for name in ("due", "recurrence", "payload", "payload_b64", "callback")
+    ):
         raise CommandRejected(
             Code.NOTHING_TO_UPDATE,
-            "an update must carry at least one of due, payload, payload_b64, callback",
+            "an update must carry at least one of due, recurrence, payload, payload_b64, "
+            "callback",
+        )
+    if "due" in obj and "recurrence" in obj:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            "give either due (a one-shot schedule) or recurrence (a recurring one), not both",
         )
     due_ms = parse_due(obj["due"]) if "due" in obj else None
+    recurrence = (
+        parse_recurrence(obj["recurrence"], now_ms=now_ms) if "recurrence" in obj else None
+    )
     payload, payload_type = parse_payload(obj, max_bytes=limits.max_payload_bytes)
     callback = parse_callback(obj["callback"], limits=limits) if "callback" in obj else None
     return UpdateCommand(
@@ -628,6 +902,7 @@ def _update(
         payload=payload,
         payload_type=payload_type,
         callback=callback,
+        recurrence=recurrence,
     )
 
 

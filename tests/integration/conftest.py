@@ -109,3 +109,100 @@ def worker_factory(real_stack: Settings, tenant: str, tmp_path: Path) -> Iterato
     yield Factory
     for w in started:
         w.stop()
+
+
+# ---- the REST API on the real stack (issue 5): one worker + one `tocsin api` per session ----
+
+
+class ApiServer:
+    """A running ``tocsin api`` subprocess plus a worker; ``call`` makes HTTP requests."""
+
+    def __init__(self, settings: Settings, base: str, admin_key: str) -> None:
+        self.settings = settings
+        self.base = base
+        self.admin_key = admin_key
+
+    def call(self, method: str, path: str, *, key: str | None = None, body: object = None,
+             raw: bytes | None = None, headers: dict[str, str] | None = None,
+             timeout_s: float = 30.0) -> tuple[int, object]:
+        import http.client
+        import json
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(self.base)
+        conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+        hdrs = dict(headers or {})
+        if key is not None:
+            hdrs["Authorization"] = f"Bearer {key}"
+        data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+        if data is not None:
+            hdrs.setdefault("Content-Type", "application/json")
+        try:
+            conn.request(method, path, body=data, headers=hdrs)
+            resp = conn.getresponse()
+            text = resp.read()
+        finally:
+            conn.close()
+        try:
+            return resp.status, json.loads(text) if text else None
+        except ValueError:
+            return resp.status, text.decode(errors="replace")
+
+
+@pytest.fixture(scope="session")
+def api_server(real_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPathFactory
+               ) -> Iterator[ApiServer]:
+    import socket
+    import urllib.request
+
+    logs = tmp_path_factory.mktemp("api")
+    env = _env_for(real_stack, next(_ports), next(_ports))
+    env["TOCSIN_TENANT_CACHE_TTL_S"] = "1"
+    worker = WorkerProcess(real_stack, env, logs / "worker.log").start()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    admin = "admin-" + os.urandom(8).hex()
+    api_env = dict(env, TOCSIN_API_PORT=str(port), TOCSIN_ADMIN_KEY=admin,
+                   TOCSIN_METRICS_PORT=str(next(_ports)))
+    api_log = logs / "api.log"
+    with api_log.open("ab") as out:
+        api = subprocess.Popen([sys.executable, "-m", "tocsin.cli", "api"], env=api_env,
+                               cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if api.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError("api did not start:\n" + api_log.read_text()[-3000:])
+            time.sleep(0.2)
+        # The worker answers a probe command once it owns the partitions.
+        from streams.client import CommandClient, ResultWatcher
+        from topics.models import CreateCommand, HttpCallback
+
+        client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+        sid = f"api-probe-{os.urandom(4).hex()}"
+        client.send(CreateCommand(tenant=tenant, schedule_id=sid,
+                                  due_ms=time.time_ns() // 10**6 + 3_600_000,
+                                  callback=HttpCallback(url="https://probe.example/x"),
+                                  misfire_tolerance_s=60))
+        client.flush()
+        got = results.wait_for([sid], timeout_s=90)
+        results.close()
+        assert sid in got, "worker did not answer:\n" + worker.log_tail()
+        yield ApiServer(real_stack, base, admin)
+    finally:
+        if api.poll() is None:
+            os.killpg(api.pid, signal.SIGTERM)
+            try:
+                api.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(api.pid, signal.SIGKILL)
+        worker.stop()

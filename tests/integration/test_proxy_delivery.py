@@ -205,6 +205,8 @@ def fast_settings(**kw: Any) -> ProxySettings:
         retry_base_delay_s=0.02, retry_max_delay_s=0.2, commit_interval_s=0.3,
         shutdown_timeout_s=5, revoke_timeout_s=3, session_timeout_s=6, metrics_port=0,
         request_timeout_s=5,
+        # The receivers listen on 127.0.0.1, which the fires-mode SSRF guard refuses.
+        allow_private_targets=True,
     )
     return replace(base, **kw)
 

@@ -1,0 +1,25 @@
+"""``tocsin api``: serve the REST API."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tocsin.settings import Settings
+
+
+def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
+    from dataclasses import replace
+
+    from api.server import run
+
+    if args.port is not None:
+        settings = replace(settings, api=replace(settings.api, port=args.port))
+    run(settings)
+    return 0
+
+
+def register(sub: Any) -> None:
+    api = sub.add_parser("api", help="serve the REST API (docs/api.md)")
+    api.add_argument("--port", type=int, default=None, help="override TOCSIN_API_PORT")
+    api.set_defaults(func=cmd_api)

@@ -1,0 +1,267 @@
+"""A go-scheduler (Myntra MySS) compatible facade: its core routes under ``/goscheduler``,
+its request and response shapes, mapped onto the native service. Every difference is listed
+in docs/api.md ("go-scheduler facade")."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from api import views
+from api.views import ApiError
+from streams.tenants import TenantConfig
+
+_STATUS_MESSAGE = {200: "Success", 201: "Success", 202: "Accepted"}
+
+
+def _ok(data: Any, status: int = 200, count: int = 1) -> web.Response:
+    body = {"status": {"statusCode": status, "statusMessage": _STATUS_MESSAGE.get(status, "OK"),
+                       "statusType": "Success", "totalCount": count}, "data": data}
+    return web.Response(body=orjson.dumps(body), status=status, content_type="application/json")
+
+
+def error_response(exc: ApiError) -> web.Response:
+    body = {"status": {"statusCode": exc.status, "statusMessage": exc.message,
+                       "statusType": "Fail", "errorCode": exc.code}}
+    return web.Response(body=orjson.dumps(body), status=exc.status,
+                        content_type="application/json")
+
+
+def go_status(row: dict[str, Any]) -> str:
+    """go-scheduler's status for a schedule row."""
+    state = views.effective_state(row)
+    if state == "scheduled":
+        return "SCHEDULED"
+    if state == "cancelled":
+        return "DELETED"
+    if state == "missed":
+        return "MISS"
+    if row.get("delivery_outcome") == "dead_lettered":
+        return "FAILURE"
+    return "SUCCESS"  # fired (delivered, or handed to the fires topic for a consumer)
+
+
+def go_schedule(row: dict[str, Any]) -> dict[str, Any]:
+    due_s = int(row["due_ms"]) // 1000
+    payload = row.get("payload") or b""
+    callback = orjson.loads(row["callback"]) if row.get("callback") else {}
+    go_cb: dict[str, Any]
+    if callback.get("type") == "http":
+        go_cb = {"type": "http", "details": {"url": callback["url"],
+                                             "method": callback.get("method", "POST"),
+                                             "headers": callback.get("headers", {})}}
+    else:
+        go_cb = {"type": callback.get("type", "kafka"),
+                 "details": {k: v for k, v in callback.items() if k != "type"}}
+    out: dict[str, Any] = {
+        "scheduleId": row["schedule_id"],
+        "payload": payload.decode("utf-8", "replace"),
+        "appId": row["tenant"],
+        "scheduleTime": due_s,
+        "partitionId": row.get("partition"),
+        "scheduleGroup": due_s - due_s % 60,
+        "callback": go_cb,
+        "status": go_status(row),
+    }
+    if row.get("delivery_outcome") == "dead_lettered":
+        out["errorMessage"] = f"delivery failed (HTTP {row.get('delivery_status_code')})"
+    return out
+
+
+def _go_time(value: str, name: str) -> int:
+    """'2006-01-02 15:04:05' (UTC here), unix seconds (like scheduleTime) or RFC 3339."""
+    if value.isdigit():
+        return int(value) * 1000
+    try:
+        moment = datetime.strptime(value, "%Y-%m-%d %H:%M:%S").replace(tzinfo=UTC)
+        return int(moment.timestamp()) * 1000
+    except ValueError:
+        return views.parse_time(value, name)
+
+
+def add_routes(app: web.Application, key: Any) -> None:
+    from api.server import principal, read_json
+
+    def service(request: web.Request) -> Any:
+        return request.app[key]
+
+    async def healthcheck(request: web.Request) -> web.Response:
+        return _ok({"status": "healthy"})
+
+    async def register_app(request: web.Request) -> web.Response:
+        (await principal(request)).require_admin()
+        body = await read_json(request)
+        app_id = body.get("appId")
+        active = body.get("active", True)
+        if not isinstance(active, bool):
+            raise ApiError(400, "invalid_field", "active must be a boolean")
+        created = await service(request).register_tenant(app_id, {}, active=active)
+        return _ok({"appId": app_id, "partitions": body.get("partitions", 0),
+                    "active": active, "configuration": {},
+                    "apiKey": created["api_key"], "signingKey": created["signing_key"]}, 201)
+
+    def _app(row: dict[str, Any]) -> dict[str, Any]:
+        return {"appId": row["tenant"], "partitions": 0, "active": bool(row.get("active")),
+                "configuration": TenantConfig.from_json(row.get("config")).to_dict()}
+
+    async def get_apps(request: web.Request) -> web.Response:
+        (await principal(request)).require_admin()
+        rows = await service(request).list_tenants()
+        wanted = request.query.get("app_id")
+        apps = [_app(r) for r in rows if not wanted or r["tenant"] == wanted]
+        return _ok({"apps": apps}, count=len(apps))
+
+    async def set_active(request: web.Request, active: bool) -> web.Response:
+        (await principal(request)).require_admin()
+        app_id = request.match_info["appId"]
+        row = await service(request).get_tenant(app_id)
+        if bool(row.get("active")) == active:
+            raise ApiError(400, "already_" + ("active" if active else "inactive"),
+                           f"app {app_id} is already {'active' if active else 'deactivated'}")
+        await service(request).update_tenant(app_id, config=None, active=active)
+        return _ok({"appId": app_id, "Active": active})
+
+    async def activate(request: web.Request) -> web.Response:
+        return await set_active(request, True)
+
+    async def deactivate(request: web.Request) -> web.Response:
+        return await set_active(request, False)
+
+    async def create(request: web.Request) -> web.Response:
+        tenant = (await principal(request)).require_tenant()
+        body = await read_json(request)
+        svc = service(request)
+        app_id = body.get("appId", tenant)
+        if app_id != tenant:
+            raise ApiError(403, "wrong_app", f"the API key belongs to app {tenant!r}, "
+                                             f"not {app_id!r}")
+        if "cronExpression" in body:
+            raise ApiError(400, "unsupported", "cron schedules are not served by this facade "
+                                               "yet; see docs/api.md")
+        unknown = sorted(set(body) - {"appId", "payload", "scheduleTime", "callback"})
+        if unknown:
+            raise ApiError(400, "invalid_field", f"unknown field {unknown[0]!r}")
+        when = body.get("scheduleTime")
+        if isinstance(when, bool) or not isinstance(when, int):
+            raise ApiError(400, "invalid_field", "scheduleTime must be unix seconds")
+        payload = body.get("payload", "")
+        if not isinstance(payload, str):
+            raise ApiError(400, "invalid_field", "payload must be a string")
+        cb = body.get("callback")
+        if not isinstance(cb, dict) or cb.get("type") != "http" or not isinstance(
+            cb.get("details"), dict
+        ):
+            raise ApiError(400, "invalid_callback",
+                           "callback must be {\"type\": \"http\", \"details\": {url, method, "
+                           "headers}}")
+        details = cb["details"]
+        callback = {"type": "http", "url": details.get("url"),
+                    "method": str(details.get("method", "POST")).upper()}
+        if details.get("headers"):
+            callback["headers"] = details["headers"]
+        sid = svc.new_schedule_id()
+        cmd = views.create_command(
+            {"due": when * 1000, "callback": callback,
+             "payload_b64": base64.b64encode(payload.encode("utf-8")).decode("ascii")},
+            tenant=tenant, schedule_id=sid, request_id=svc.bridge.new_request_id(),
+        )
+        result = await svc.send(cmd, wait=True)
+        if result["status"] != "accepted":
+            raise ApiError(views.http_status(result["code"]), result["code"], result["message"])
+        row, _ = await svc.get_schedule(tenant, sid)
+        return _ok({"schedule": go_schedule(row)}, 201)
+
+    async def get(request: web.Request) -> web.Response:
+        tenant = (await principal(request)).require_tenant()
+        row, _ = await service(request).get_schedule(tenant, request.match_info["scheduleId"])
+        return _ok({"schedule": go_schedule(row)})
+
+    async def delete(request: web.Request) -> web.Response:
+        tenant = (await principal(request)).require_tenant()
+        svc = service(request)
+        sid = svc.check_schedule_id(request.match_info["scheduleId"])
+        await svc.get_schedule(tenant, sid)  # 404 for an unknown id, like go-scheduler
+        result = await svc.send(views.cancel_command(
+            tenant=tenant, schedule_id=sid, request_id=svc.bridge.new_request_id()), wait=True)
+        if result["code"] not in ("ok", "already_cancelled"):
+            raise ApiError(views.http_status(result["code"]), result["code"], result["message"])
+        row, _ = await svc.get_schedule(tenant, sid)
+        return _ok({"schedule": go_schedule(row)})
+
+    async def runs(request: web.Request) -> web.Response:
+        tenant = (await principal(request)).require_tenant()
+        row, events = await service(request).get_schedule(
+            tenant, request.match_info["scheduleId"])
+        fired = [e for e in events if e["event"] in ("fired", "refired", "missed")]
+        if not fired:
+            raise ApiError(404, "not_found", "No runs found")
+        out = []
+        for e in fired:
+            run = go_schedule(row)
+            run["scheduleTime"] = int(e.get("due_ms") or row["due_ms"]) // 1000
+            run["status"] = "MISS" if e["event"] == "missed" else run["status"]
+            run["runId"] = e.get("trigger_id")
+            run["firedAt"] = int(e["at_ms"]) // 1000
+            out.append(run)
+        return _ok({"schedules": out, "continuationToken": ""}, count=len(out))
+
+    async def app_schedules(request: web.Request) -> web.Response:
+        tenant = (await principal(request)).require_tenant()
+        if request.match_info["appId"] != tenant:
+            raise ApiError(403, "wrong_app", f"the API key belongs to app {tenant!r}")
+        q = request.query
+        hour = 3_600_000
+        start, end = q.get("start_time"), q.get("end_time")
+        now = time.time_ns() // 1_000_000
+        lo = _go_time(start, "start_time") if start else None
+        hi = _go_time(end, "end_time") if end else None
+        lo, hi = (lo if lo is not None else (hi - hour if hi is not None else now - hour),
+                  hi if hi is not None else (lo + hour if lo is not None else now))
+        if hi < lo:
+            raise ApiError(400, "invalid_parameter", "end_time cannot be before start_time")
+        if hi - lo > 30 * 24 * hour:
+            raise ApiError(400, "invalid_parameter", "Time range of more than 30 days is not "
+                                                     "allowed")
+        go_to_native = {"SCHEDULED": "scheduled", "SUCCESS": "delivered",
+                        "FAILURE": "dead_lettered", "MISS": "missed", "DELETED": "cancelled"}
+        status = q.get("status")
+        if status and status not in go_to_native:
+            raise ApiError(400, "invalid_parameter", f"unknown status {status!r}")
+        token = q.get("continuation_token")
+        try:
+            after = views.decode_cursor(
+                base64.urlsafe_b64encode(binascii.unhexlify(token)).decode().rstrip("=")
+            ) if token else None
+        except (binascii.Error, ValueError):
+            raise ApiError(400, "invalid_parameter", f"Invalid page token: {token}") from None
+        size = views.parse_limit(q.get("size"), default=15)
+        rows, cursor = await service(request).list_schedules(
+            tenant, from_ms=lo, to_ms=hi + 1,
+            statuses=frozenset({go_to_native[status]}) if status else None,
+            limit=size, after=after,
+        )
+        next_token = ""
+        if cursor:
+            raw = views.encode_cursor(*cursor)
+            next_token = base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
+        return _ok({"schedules": [go_schedule(r) for r in rows],
+                    "continuationToken": next_token,
+                    "continuationStartTime": lo // 1000}, count=len(rows))
+
+    r = app.router
+    r.add_get("/goscheduler/healthcheck", healthcheck)
+    r.add_post("/goscheduler/apps", register_app)
+    r.add_get("/goscheduler/apps", get_apps)
+    r.add_post("/goscheduler/apps/{appId}/activate", activate)
+    r.add_post("/goscheduler/apps/{appId}/deactivate", deactivate)
+    r.add_get("/goscheduler/apps/{appId}/schedules", app_schedules)
+    r.add_post("/goscheduler/schedules", create)
+    r.add_get("/goscheduler/schedules/{scheduleId}", get)
+    r.add_delete("/goscheduler/schedules/{scheduleId}", delete)
+    r.add_get("/goscheduler/schedules/{scheduleId}/runs", runs)

@@ -1,0 +1,219 @@
+"""The API's OpenAPI 3.1 document, served at ``/openapi.json`` (native ``/v1`` routes)."""
+
+from __future__ import annotations
+
+from functools import cache
+from typing import Any
+
+from api.views import STATUSES
+from topics.codes import Code
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _json(schema: dict[str, Any], description: str) -> dict[str, Any]:
+    return {"description": description, "content": {"application/json": {"schema": schema}}}
+
+
+_ERR = _json(_ref("Error"), "error")
+_ERRORS = {"400": _ERR, "401": _ERR, "403": _ERR, "404": _ERR, "413": _ERR, "503": _ERR}
+_RESULT_ERRORS = {**_ERRORS, "409": _json(_ref("CommandResult"), "rejected (state)"),
+                  "422": _json(_ref("CommandResult"), "rejected (tenant policy)"),
+                  "429": _json(_ref("CommandResult"), "quota_exceeded"),
+                  "504": _json(_ref("Error"), "no result in time; check with GET")}
+_SID = {"name": "schedule_id", "in": "path", "required": True, "schema": {"type": "string"}}
+_TENANT = {"name": "tenant", "in": "path", "required": True, "schema": {"type": "string"}}
+_MODE = [
+    {"name": "mode", "in": "query", "schema": {"enum": ["sync", "async"]},
+     "description": "async: answer 202 once Kafka has the command (also Prefer: respond-async)"},
+    {"name": "timeout_s", "in": "query", "schema": {"type": "number", "maximum": 60},
+     "description": "how long a sync request waits for the result (default 10)"},
+]
+_WINDOW: dict[str, Any] = {"type": "object", "required": ["from", "to"],
+           "properties": {"from": _ref("Time"), "to": _ref("Time")}}
+
+
+def _op(summary: str, responses: dict[str, Any], *, body: dict[str, Any] | None = None,
+        params: list[dict[str, Any]] | None = None, admin: bool = False) -> dict[str, Any]:
+    op: dict[str, Any] = {"summary": summary, "responses": responses,
+                          "security": [{"adminKey": []}] if admin else [{"apiKey": []}]}
+    if body is not None:
+        op["requestBody"] = {"required": True,
+                             "content": {"application/json": {"schema": body}}}
+    if params:
+        op["parameters"] = params
+    return op
+
+
+@cache
+def openapi_document() -> dict[str, Any]:
+    schedule_ok = {"200": _json(_ref("CommandResult"), "accepted (or duplicate)"),
+                   "202": _json(_ref("Pending"), "async: command queued")}
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "Tocsin API", "version": "1",
+                 "description": "Schedules, tenants and health of a Tocsin cluster. "
+                                "Commands travel over Kafka; see docs/api.md."},
+        "components": {
+            "securitySchemes": {
+                "apiKey": {"type": "http", "scheme": "bearer",
+                           "description": "a tenant API key (tsk_...), also as X-Api-Key"},
+                "adminKey": {"type": "http", "scheme": "bearer",
+                             "description": "TOCSIN_ADMIN_KEY"},
+            },
+            "schemas": {
+                "Time": {"oneOf": [{"type": "integer", "description": "epoch ms"},
+                                   {"type": "string", "format": "date-time"}]},
+                "Error": {"type": "object", "properties": {"error": {
+                    "type": "object", "required": ["code", "message"],
+                    "properties": {"code": {"type": "string"}, "message": {"type": "string"}}}}},
+                "Callback": {"type": "object", "required": ["type"],
+                             "description": "docs/wire-contract.md#callbacks",
+                             "properties": {"type": {"enum": ["http", "kafka"]},
+                                            "url": {"type": "string"},
+                                            "method": {"type": "string"},
+                                            "headers": {"type": "object"},
+                                            "timeout_s": {"type": "number"},
+                                            "topic": {"type": "string"},
+                                            "key": {"type": ["string", "null"]}}},
+                "CreateSchedule": {
+                    "type": "object", "required": ["due", "callback"],
+                    "additionalProperties": False,
+                    "properties": {"schedule_id": {"type": "string"}, "due": _ref("Time"),
+                                   "payload": {}, "payload_b64": {"type": "string"},
+                                   "callback": _ref("Callback"),
+                                   "order_key": {"type": "string"},
+                                   "misfire_tolerance_s": {"type": "integer"}}},
+                "UpdateSchedule": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {"due": _ref("Time"), "payload": {},
+                                   "payload_b64": {"type": "string"},
+                                   "callback": _ref("Callback")}},
+                "CommandResult": {
+                    "type": "object",
+                    "properties": {"schedule_id": {"type": "string"},
+                                   "request_id": {"type": "string"},
+                                   "command": {"type": "string"},
+                                   "status": {"enum": ["accepted", "rejected"]},
+                                   "code": {"enum": [c.value for c in Code]},
+                                   "message": {"type": "string"},
+                                   "partition": {"type": "integer"},
+                                   "offset": {"type": "integer"}}},
+                "Pending": {"type": "object",
+                            "properties": {"schedule_id": {"type": "string"},
+                                           "request_id": {"type": "string"},
+                                           "status": {"const": "pending"},
+                                           "location": {"type": "string"}}},
+                "Schedule": {
+                    "type": "object",
+                    "properties": {"schedule_id": {"type": "string"},
+                                   "tenant": {"type": "string"},
+                                   "status": {"enum": ["scheduled", "fired", "missed",
+                                                       "cancelled"]},
+                                   "due": {"type": "string"}, "due_ms": {"type": "integer"},
+                                   "delivery": {"type": ["object", "null"]},
+                                   "callback": _ref("Callback"), "payload": {},
+                                   "payload_b64": {"type": "string"},
+                                   "history": {"type": "array", "items": {"type": "object"}}}},
+                "TenantConfig": {
+                    "type": "object", "additionalProperties": False,
+                    "properties": {
+                        "create_quota_per_s": {"type": "number", "minimum": 0},
+                        "fire_quota_per_min": {"type": "integer", "minimum": 0},
+                        "max_payload_bytes": {"type": ["integer", "null"]},
+                        "max_horizon_s": {"type": ["integer", "null"]},
+                        "retention_s": {"type": ["integer", "null"]},
+                        "retry_policy": {"type": "object"},
+                        "allowed_callback_hosts": {"type": "array",
+                                                   "items": {"type": "string"}},
+                        "allowed_kafka_topics": {"type": "array",
+                                                 "items": {"type": "string"}}}},
+                "Tenant": {"type": "object",
+                           "properties": {"tenant": {"type": "string"},
+                                          "active": {"type": "boolean"},
+                                          "signed_commands": {"type": "boolean"},
+                                          "config": _ref("TenantConfig")}},
+            },
+        },
+        "paths": {
+            "/healthz": {"get": {"summary": "liveness", "security": [],
+                                 "responses": {"200": {"description": "alive"}}}},
+            "/readyz": {"get": {"summary": "readiness (Kafka and Cassandra)", "security": [],
+                                "responses": {"200": {"description": "ready"},
+                                              "503": {"description": "not ready"}}}},
+            "/v1/schedules": {
+                "post": _op("create a schedule", {
+                    "201": _json(_ref("CommandResult"), "created"), **schedule_ok,
+                    **_RESULT_ERRORS}, body=_ref("CreateSchedule"), params=_MODE),
+                "get": _op("list the tenant's schedules in a due-time window", {
+                    "200": _json({"type": "object", "properties": {
+                        "schedules": {"type": "array", "items": _ref("Schedule")},
+                        "next_cursor": {"type": ["string", "null"]}}}, "a page"),
+                    **_ERRORS}, params=[
+                    {"name": "from", "in": "query", "required": True, "schema": _ref("Time")},
+                    {"name": "to", "in": "query", "required": True, "schema": _ref("Time")},
+                    {"name": "status", "in": "query", "schema": {"type": "string"},
+                     "description": "comma-separated: " + ", ".join(STATUSES)},
+                    {"name": "limit", "in": "query",
+                     "schema": {"type": "integer", "maximum": 1000}},
+                    {"name": "cursor", "in": "query", "schema": {"type": "string"}}]),
+            },
+            "/v1/schedules/{schedule_id}": {
+                "get": _op("a schedule with status and history",
+                           {"200": _json(_ref("Schedule"), "the schedule"), **_ERRORS},
+                           params=[_SID]),
+                "patch": _op("update due, payload or callback",
+                             {**schedule_ok, **_RESULT_ERRORS}, body=_ref("UpdateSchedule"),
+                             params=[_SID, *_MODE]),
+                "delete": _op("cancel", {**schedule_ok, **_RESULT_ERRORS},
+                              params=[_SID, *_MODE]),
+            },
+            "/v1/schedules/{schedule_id}/reschedule": {
+                "post": _op("move the due time", {**schedule_ok, **_RESULT_ERRORS},
+                            body={"type": "object", "required": ["due"],
+                                  "properties": {"due": _ref("Time")}},
+                            params=[_SID, *_MODE])},
+            "/v1/bulk/cancel": {"post": _op(
+                "cancel every scheduled schedule due in a window",
+                {"200": _json({"type": "object"}, "counts"), **_ERRORS}, body=_WINDOW)},
+            "/v1/bulk/refire": {"post": _op(
+                "emit again the triggers of fired/missed schedules in a window (reconcile)",
+                {"200": _json({"type": "object"}, "counts"), **_ERRORS},
+                body={**_WINDOW, "properties": {**_WINDOW["properties"], "status": {
+                    "type": "array", "items": {"enum": list(STATUSES)}}}})},
+            "/v1/tenants": {
+                "post": _op("register a tenant (returns its API key and signing key once)",
+                            {"201": _json({"type": "object"}, "registered"), **_ERRORS,
+                             "409": _ERR},
+                            body={"type": "object", "required": ["tenant"], "properties": {
+                                "tenant": {"type": "string"}, "active": {"type": "boolean"},
+                                "config": _ref("TenantConfig")}}, admin=True),
+                "get": _op("list tenants", {"200": _json({"type": "object"}, "tenants"),
+                                            **_ERRORS}, admin=True),
+            },
+            "/v1/tenants/{tenant}": {
+                "get": _op("a tenant (admin, or the tenant itself)",
+                           {"200": _json(_ref("Tenant"), "tenant"), **_ERRORS},
+                           params=[_TENANT]),
+                "patch": _op("change config (merged) or active", {
+                    "200": _json(_ref("Tenant"), "tenant"), **_ERRORS},
+                    body={"type": "object", "properties": {
+                        "config": _ref("TenantConfig"), "active": {"type": "boolean"}}},
+                    params=[_TENANT], admin=True),
+            },
+            "/v1/tenants/{tenant}/keys": {
+                "post": _op("issue another API key", {"201": _json({"type": "object"}, "key"),
+                                                      **_ERRORS}, params=[_TENANT], admin=True),
+                "get": _op("list key ids", {"200": _json({"type": "object"}, "keys"),
+                                            **_ERRORS}, params=[_TENANT], admin=True),
+            },
+            "/v1/tenants/{tenant}/keys/{key_id}": {
+                "delete": _op("revoke a key", {"200": _json({"type": "object"}, "revoked"),
+                                               **_ERRORS},
+                              params=[_TENANT, {"name": "key_id", "in": "path",
+                                                "required": True,
+                                                "schema": {"type": "string"}}], admin=True)},
+        },
+    }

@@ -1,0 +1,372 @@
+"""The REST API (``tocsin api``): aiohttp routes over ``api.service.Service``.
+
+Native routes live under ``/v1`` (described by the OpenAPI document at ``/openapi.json``),
+the go-scheduler facade under ``/goscheduler`` (api/goscheduler.py). Errors are JSON:
+``{"error": {"code", "message", ...}}``. See docs/api.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from api import goscheduler, views
+from api.openapi import openapi_document
+from api.service import Principal, Service
+from api.views import ApiError
+from streams.tenants import TenantConfig
+from tocsin.errors import TocsinError
+from tocsin.settings import Settings
+
+log = logging.getLogger("tocsin.api")
+
+SERVICE: web.AppKey[Service] = web.AppKey("service", Service)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None
+                  ) -> web.Response:
+    return web.Response(body=orjson.dumps(body), status=status,
+                        content_type="application/json", headers=headers)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        if request.path.startswith("/goscheduler"):
+            return goscheduler.error_response(exc)
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
+        if exc.status == 429:
+            headers = {"Retry-After": "1"}
+        return json_response(exc.body(), exc.status, headers)
+    except web.HTTPRequestEntityTooLarge as exc:
+        return json_response(ApiError(413, "body_too_large", exc.text or "").body(), 413)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        code = {404: "no_route", 405: "method_not_allowed"}.get(exc.status, "http_error")
+        return json_response(ApiError(exc.status, code, exc.reason).body(), exc.status)
+    except TocsinError as exc:
+        log.warning("backend unavailable", extra={"error": str(exc), "path": request.path})
+        return json_response(ApiError(503, "unavailable", str(exc)).body(), 503)
+    except Exception:
+        log.exception("unexpected API error", extra={"path": request.path})
+        return json_response(ApiError(500, "internal", "internal error").body(), 500)
+
+
+def bearer(request: web.Request) -> str | None:
+    auth = request.headers.get("Authorization", "")
+    if auth[:7].lower() == "bearer ":
+        return auth[7:].strip()
+    return request.headers.get("X-Api-Key")
+
+
+async def principal(request: web.Request) -> Principal:
+    return await request.app[SERVICE].authenticate(bearer(request))
+
+
+async def read_json(request: web.Request) -> dict[str, Any]:
+    limit = request.app[SERVICE].settings.api.max_body_bytes
+    if request.content_length is not None and request.content_length > limit:
+        raise ApiError(413, "body_too_large",
+                       f"body is {request.content_length} bytes; at most {limit} are accepted")
+    try:
+        raw = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        raise ApiError(413, "body_too_large",
+                       f"body exceeds {limit} bytes; at most {limit} are accepted") from None
+    return views.parse_body(raw)
+
+
+def _timeout(request: web.Request, default: float) -> float:
+    raw = request.query.get("timeout_s")
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ApiError(400, "invalid_parameter", "timeout_s must be a number") from None
+    if not 0 < value <= 60:
+        raise ApiError(400, "invalid_parameter", "timeout_s must be in (0, 60]")
+    return value
+
+
+def _async(request: web.Request) -> bool:
+    mode = request.query.get("mode", "sync")
+    if mode not in ("sync", "async"):
+        raise ApiError(400, "invalid_parameter", "mode must be sync or async")
+    return mode == "async" or "respond-async" in request.headers.get("Prefer", "")
+
+
+def result_body(result: dict[str, Any]) -> dict[str, Any]:
+    keys = ("schedule_id", "request_id", "command", "status", "code", "message",
+            "partition", "offset")
+    return {k: result.get(k) for k in keys}
+
+
+# -- health ----------------------------------------------------------------------------------
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    service = request.app[SERVICE]
+    checks = await service.ready() if service.started else {"kafka": False, "cassandra": False}
+    ok = all(checks.values())
+    return json_response({"status": "ready" if ok else "not_ready", "checks": checks},
+                         200 if ok else 503)
+
+
+async def openapi(request: web.Request) -> web.Response:
+    return json_response(openapi_document())
+
+
+# -- schedules -------------------------------------------------------------------------------
+
+
+async def _command(
+    request: web.Request, command: dict[str, Any], *, created: bool = False,
+    cancel: bool = False,
+) -> web.Response:
+    service = request.app[SERVICE]
+    sid = command["schedule_id"]
+    if _async(request):
+        await service.send(command, wait=False)
+        return json_response(
+            {"schedule_id": sid, "request_id": command["request_id"], "status": "pending",
+             "location": f"/v1/schedules/{sid}"},
+            202, {"Location": f"/v1/schedules/{sid}"},
+        )
+    result = await service.send(command, wait=True,
+                                timeout_s=_timeout(request, service.timeout_s))
+    assert result is not None
+    code = result["code"]
+    status = 200 if (cancel and code == "already_cancelled") else views.http_status(
+        code, created=created)
+    headers = {"Retry-After": "1"} if status == 429 else None
+    return json_response(result_body(result), status, headers)
+
+
+async def create_schedule(request: web.Request) -> web.Response:
+    who = await principal(request)
+    tenant = who.require_tenant()
+    body = await read_json(request)
+    service = request.app[SERVICE]
+    sid = (service.check_schedule_id(body["schedule_id"]) if "schedule_id" in body
+           else service.new_schedule_id())
+    cmd = views.create_command(body, tenant=tenant, schedule_id=sid,
+                               request_id=service.bridge.new_request_id())
+    return await _command(request, cmd, created=True)
+
+
+async def update_schedule(request: web.Request) -> web.Response:
+    who = await principal(request)
+    tenant = who.require_tenant()
+    service = request.app[SERVICE]
+    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    body = await read_json(request)
+    cmd = views.update_command(body, tenant=tenant, schedule_id=sid,
+                               request_id=service.bridge.new_request_id())
+    return await _command(request, cmd)
+
+
+async def reschedule(request: web.Request) -> web.Response:
+    who = await principal(request)
+    tenant = who.require_tenant()
+    service = request.app[SERVICE]
+    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    body = await read_json(request)
+    if set(body) != {"due"}:
+        raise ApiError(400, "invalid_field", "reschedule takes exactly {\"due\": ...}")
+    cmd = views.update_command(body, tenant=tenant, schedule_id=sid,
+                               request_id=service.bridge.new_request_id())
+    return await _command(request, cmd)
+
+
+async def cancel_schedule(request: web.Request) -> web.Response:
+    who = await principal(request)
+    tenant = who.require_tenant()
+    service = request.app[SERVICE]
+    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    cmd = views.cancel_command(tenant=tenant, schedule_id=sid,
+                               request_id=service.bridge.new_request_id())
+    return await _command(request, cmd, cancel=True)
+
+
+async def get_schedule(request: web.Request) -> web.Response:
+    who = await principal(request)
+    tenant = who.require_tenant()
+    service = request.app[SERVICE]
+    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    row, events = await service.get_schedule(tenant, sid)
+    return json_response(views.schedule_view(row, events))
+
+
+async def list_schedules(request: web.Request) -> web.Response:
+    who = await principal(request)
+    tenant = who.require_tenant()
+    q = request.query
+    lo, hi = views.parse_window(q)
+    rows, cursor = await request.app[SERVICE].list_schedules(
+        tenant, from_ms=lo, to_ms=hi, statuses=views.parse_statuses(q.get("status")),
+        limit=views.parse_limit(q.get("limit")), after=views.decode_cursor(q.get("cursor")),
+    )
+    return json_response({
+        "schedules": [views.schedule_view(r, brief=True) for r in rows],
+        "next_cursor": views.encode_cursor(*cursor) if cursor else None,
+    })
+
+
+async def bulk_cancel(request: web.Request) -> web.Response:
+    who = await principal(request)
+    tenant = who.require_tenant()
+    body = await read_json(request)
+    lo, hi = views.parse_window({k: str(v) for k, v in body.items()})
+    return json_response(await request.app[SERVICE].bulk_cancel(tenant, lo, hi))
+
+
+async def bulk_refire(request: web.Request) -> web.Response:
+    who = await principal(request)
+    tenant = who.require_tenant()
+    body = await read_json(request)
+    statuses = body.pop("status", None) or ["dead_lettered", "missed"]
+    if not isinstance(statuses, list) or not all(isinstance(s, str) for s in statuses):
+        raise ApiError(400, "invalid_field", "status must be a list of statuses")
+    wanted = views.parse_statuses(",".join(statuses))
+    assert wanted is not None
+    lo, hi = views.parse_window({k: str(v) for k, v in body.items()})
+    return json_response(await request.app[SERVICE].bulk_refire(tenant, lo, hi, wanted))
+
+
+# -- tenants ---------------------------------------------------------------------------------
+
+
+def _tenant_json(row: dict[str, Any]) -> dict[str, Any]:
+    return views.tenant_view(row, TenantConfig.from_json(row.get("config")).to_dict())
+
+
+async def register_tenant(request: web.Request) -> web.Response:
+    (await principal(request)).require_admin()
+    body = await read_json(request)
+    unknown = sorted(set(body) - {"tenant", "config", "active"})
+    if unknown:
+        raise ApiError(400, "invalid_field", f"unknown field {unknown[0]!r}")
+    active = body.get("active", True)
+    if not isinstance(active, bool):
+        raise ApiError(400, "invalid_field", "active must be a boolean")
+    created = await request.app[SERVICE].register_tenant(
+        body.get("tenant"), body.get("config"), active=active)
+    return json_response(created, 201)
+
+
+async def list_tenants(request: web.Request) -> web.Response:
+    (await principal(request)).require_admin()
+    rows = await request.app[SERVICE].list_tenants()
+    return json_response({"tenants": [_tenant_json(r) for r in rows]})
+
+
+def _self_or_admin(who: Principal, tenant: str) -> None:
+    if not who.admin and who.tenant != tenant:
+        # The same answer as for a tenant that does not exist: no probing of names.
+        raise ApiError(404, "not_found", f"no tenant {tenant!r}")
+
+
+async def get_tenant(request: web.Request) -> web.Response:
+    who = await principal(request)
+    name = request.match_info["tenant"]
+    _self_or_admin(who, name)
+    return json_response(_tenant_json(await request.app[SERVICE].get_tenant(name)))
+
+
+async def update_tenant(request: web.Request) -> web.Response:
+    (await principal(request)).require_admin()
+    body = await read_json(request)
+    unknown = sorted(set(body) - {"config", "active"})
+    if unknown:
+        raise ApiError(400, "invalid_field", f"unknown field {unknown[0]!r}")
+    active = body.get("active")
+    if active is not None and not isinstance(active, bool):
+        raise ApiError(400, "invalid_field", "active must be a boolean")
+    config = body.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise ApiError(400, "invalid_config", "config must be an object")
+    row = await request.app[SERVICE].update_tenant(
+        request.match_info["tenant"], config=config, active=active)
+    return json_response(_tenant_json(row))
+
+
+async def create_key(request: web.Request) -> web.Response:
+    (await principal(request)).require_admin()
+    service = request.app[SERVICE]
+    name = request.match_info["tenant"]
+    await service.get_tenant(name)
+    return json_response(await service.new_key(name), 201)
+
+
+async def list_keys(request: web.Request) -> web.Response:
+    (await principal(request)).require_admin()
+    service = request.app[SERVICE]
+    name = request.match_info["tenant"]
+    await service.get_tenant(name)
+    return json_response({"keys": await service.store.list_api_keys(name)})
+
+
+async def revoke_key(request: web.Request) -> web.Response:
+    (await principal(request)).require_admin()
+    await request.app[SERVICE].revoke_key(request.match_info["tenant"],
+                                          request.match_info["key_id"])
+    return json_response({"revoked": request.match_info["key_id"]})
+
+
+# -- app -------------------------------------------------------------------------------------
+
+
+def build_app(settings: Settings, service: Service | None = None) -> web.Application:
+    app = web.Application(middlewares=[errors], client_max_size=settings.api.max_body_bytes)
+    svc = service or Service(settings)
+    app[SERVICE] = svc
+
+    async def lifecycle(app: web.Application) -> Any:
+        await svc.start()
+        yield
+        await svc.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    r = app.router
+    r.add_get("/healthz", healthz)
+    r.add_get("/readyz", readyz)
+    r.add_get("/openapi.json", openapi)
+    r.add_post("/v1/schedules", create_schedule)
+    r.add_get("/v1/schedules", list_schedules)
+    r.add_get("/v1/schedules/{schedule_id}", get_schedule)
+    r.add_patch("/v1/schedules/{schedule_id}", update_schedule)
+    r.add_delete("/v1/schedules/{schedule_id}", cancel_schedule)
+    r.add_post("/v1/schedules/{schedule_id}/reschedule", reschedule)
+    r.add_post("/v1/bulk/cancel", bulk_cancel)
+    r.add_post("/v1/bulk/refire", bulk_refire)
+    r.add_post("/v1/tenants", register_tenant)
+    r.add_get("/v1/tenants", list_tenants)
+    r.add_get("/v1/tenants/{tenant}", get_tenant)
+    r.add_patch("/v1/tenants/{tenant}", update_tenant)
+    r.add_post("/v1/tenants/{tenant}/keys", create_key)
+    r.add_get("/v1/tenants/{tenant}/keys", list_keys)
+    r.add_delete("/v1/tenants/{tenant}/keys/{key_id}", revoke_key)
+    goscheduler.add_routes(app, SERVICE)
+    return app
+
+
+def run(settings: Settings) -> None:
+    """Serve until SIGTERM/SIGINT (blocking)."""
+    app = build_app(settings)
+    log.info("api listening", extra={"host": settings.api.host, "port": settings.api.port,
+                                     "admin": settings.api.admin_key is not None})
+    web.run_app(app, host=settings.api.host, port=settings.api.port, access_log=None,
+                print=None)

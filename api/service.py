@@ -1,0 +1,371 @@
+"""What the API does, independent of HTTP: authentication, tenants, schedule commands over
+Kafka, reads from Cassandra. The native routes (api/server.py) and the go-scheduler facade
+(api/goscheduler.py) are two thin HTTP shapes over this one service."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from api.bridge import CommandBridge
+from api.views import (
+    ApiError,
+    cancel_command,
+    effective_state,
+    http_status,
+    matches,
+)
+from streams.commands import TenantCache
+from streams.store import STATE_MISSED, STATE_SCHEDULED, Store
+from streams.tenant_admin import TenantExists, issue_key, register_tenant
+from streams.tenants import TenantConfig, check_api_key, split_api_key
+from tocsin.errors import CommandRejected, StoreError
+from tocsin.settings import Settings
+from topics.codec import callback_from_json, encode_trigger, trigger_headers
+from topics.codes import Code
+from topics.ids import trigger_id
+from topics.models import PayloadType, Trigger
+from topics.signing import sign_headers
+from topics.validation import Limits, check_text, decode_command
+
+log = logging.getLogger("tocsin.api")
+
+MAX_BULK = 10_000
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a tenant (by API key) or the admin."""
+
+    tenant: str | None
+    admin: bool = False
+    key_id: str | None = None
+
+    def require_tenant(self) -> str:
+        if self.tenant is None:
+            raise ApiError(403, "tenant_key_required",
+                           "schedule endpoints need a tenant API key, not the admin key")
+        return self.tenant
+
+    def require_admin(self) -> None:
+        if not self.admin:
+            raise ApiError(403, "admin_required", "this endpoint needs the admin key")
+
+
+class Service:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        sched = settings.scheduler
+        self.limits = Limits(
+            max_payload_bytes=sched.max_payload_bytes,
+            default_misfire_tolerance_s=sched.default_misfire_tolerance_s,
+        )
+        self.store = Store(settings.cassandra, retention_s=sched.fired_retention_s)
+        self.bridge = CommandBridge(settings)
+        ttl = settings.api.tenant_cache_ttl_s
+        self.tenants = TenantCache(self.store, ttl_s=ttl)
+        self._keys: dict[str, tuple[float, dict[str, Any] | None]] = {}
+        self._key_ttl_s = ttl
+        self.timeout_s = settings.api.request_timeout_s
+        self.started = False
+
+    async def start(self) -> None:
+        await self.store.connect()
+        await self.bridge.start()
+        self.started = True
+
+    async def close(self) -> None:
+        self.started = False
+        await self.bridge.close()
+        await self.store.close()
+
+    async def ready(self) -> dict[str, bool]:
+        checks = {"kafka": self.bridge.ready, "cassandra": False}
+        try:
+            await self.store.get_tenant("__readiness_probe__")
+            checks["cassandra"] = True
+        except StoreError:
+            pass
+        return checks
+
+    # -- authentication --------------------------------------------------------------------
+
+    async def authenticate(self, token: str | None) -> Principal:
+        if not token:
+            raise ApiError(401, "unauthenticated",
+                           "send an API key: 'Authorization: Bearer <key>' or 'X-Api-Key'")
+        admin = self.settings.api.admin_key
+        if admin and hmac.compare_digest(token.encode(), admin.encode()):
+            return Principal(tenant=None, admin=True)
+        parts = split_api_key(token)
+        if parts is None:
+            raise ApiError(401, "unauthenticated", "the API key is malformed or unknown")
+        key_id, secret = parts
+        row = await self._key_row(key_id)
+        if row is None or row.get("revoked") or not check_api_key(
+            secret, salt=row["salt"], expected=row["hash"]
+        ):
+            raise ApiError(401, "unauthenticated", "the API key is malformed or unknown")
+        tenant = row["tenant"]
+        trow = await self.tenants.get(tenant)
+        if trow is None:
+            raise ApiError(401, "unauthenticated", "the API key's tenant no longer exists")
+        if not trow.get("active"):
+            raise ApiError(403, "inactive_tenant", f"tenant {tenant!r} is deactivated")
+        return Principal(tenant=tenant, key_id=key_id)
+
+    async def _key_row(self, key_id: str) -> dict[str, Any] | None:
+        now = time.monotonic()
+        hit = self._keys.get(key_id)
+        if hit is not None and hit[0] > now:
+            return hit[1]
+        row = await self.store.get_api_key(key_id)
+        self._keys[key_id] = (now + (self._key_ttl_s if row else 1.0), row)
+        return row
+
+    # -- tenants ---------------------------------------------------------------------------
+
+    async def register_tenant(
+        self, name: object, config: dict[str, Any] | None, *, active: bool = True
+    ) -> dict[str, Any]:
+        cfg = self._config(config or {})
+        try:
+            created = await register_tenant(self.store, name, cfg, active=active)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_field", str(exc)) from None
+        except TenantExists as exc:
+            raise ApiError(409, "tenant_exists", str(exc)) from None
+        self.tenants.invalidate(created["tenant"])
+        return created
+
+    async def new_key(self, tenant: str) -> dict[str, Any]:
+        return await issue_key(self.store, tenant)
+
+    async def revoke_key(self, tenant: str, key_id: str) -> None:
+        row = await self.store.get_api_key(key_id)
+        if row is None or row["tenant"] != tenant:
+            raise ApiError(404, "not_found", f"no key {key_id!r} for tenant {tenant!r}")
+        await self.store.revoke_api_key(key_id)
+        self._keys.pop(key_id, None)
+
+    async def get_tenant(self, name: str) -> dict[str, Any]:
+        row = await self.store.get_tenant(name)
+        if row is None:
+            raise ApiError(404, "not_found", f"no tenant {name!r}")
+        return row
+
+    async def update_tenant(
+        self, name: str, *, config: dict[str, Any] | None, active: bool | None
+    ) -> dict[str, Any]:
+        row = await self.get_tenant(name)
+        current = TenantConfig.from_json(row.get("config"))
+        cfg = current
+        if config is not None:
+            try:
+                cfg = current.merged(config)
+            except ValueError as exc:
+                raise ApiError(400, "invalid_config", str(exc)) from None
+        await self.store.put_tenant(
+            name, active=active, created_ms=None, config=cfg.to_json(), updated_ms=now_ms()
+        )
+        self.tenants.invalidate(name)
+        return await self.get_tenant(name)
+
+    async def list_tenants(self) -> list[dict[str, Any]]:
+        return sorted(await self.store.list_tenants(), key=lambda r: r["tenant"])
+
+    @staticmethod
+    def _config(config: dict[str, Any]) -> TenantConfig:
+        try:
+            return TenantConfig.from_dict(config)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_config", str(exc)) from None
+
+    # -- commands --------------------------------------------------------------------------
+
+    async def send(
+        self, command: dict[str, Any], *, wait: bool, timeout_s: float | None = None
+    ) -> dict[str, Any] | None:
+        """Validate locally (fast 4xx), sign with the tenant's key, produce; with ``wait``
+        the command's result, else None once Kafka has it. Raises ApiError(504) when no
+        result arrives in time."""
+        tenant = command["tenant"]
+        sid = command["schedule_id"]
+        value = orjson.dumps(command)
+        key = sid.encode("utf-8")
+        try:
+            decode_command(value, key=key, now_ms=now_ms(), limits=self.limits)
+        except CommandRejected as exc:
+            raise ApiError(http_status(exc.code), exc.code, exc.message,
+                           schedule_id=sid) from None
+        trow = await self.tenants.get(tenant)
+        headers: list[tuple[str, bytes]] = []
+        secret = trow.get("signing_secret") if trow else None
+        if secret:
+            headers = sign_headers(secret, signed_at_ms=now_ms(), key=key, value=value)
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        result = await self.bridge.send_command(
+            key, value, headers, request_id=command["request_id"], wait_result=wait,
+            timeout_s=timeout,
+        )
+        if wait and result is None:
+            raise ApiError(
+                504, "timeout",
+                f"no result within {timeout:g}s; the command may still be applied: "
+                f"GET /v1/schedules/{sid} to see",
+                schedule_id=sid, request_id=command["request_id"],
+            )
+        return result
+
+    def new_schedule_id(self) -> str:
+        return uuid.uuid4().hex
+
+    def check_schedule_id(self, sid: object) -> str:
+        try:
+            return check_text(sid, "schedule_id", max_len=self.limits.max_id_len)
+        except CommandRejected as exc:
+            raise ApiError(400, "invalid_field", exc.message) from None
+
+    # -- reads -----------------------------------------------------------------------------
+
+    async def get_schedule(self, tenant: str, sid: str) -> tuple[dict[str, Any], list[Any]]:
+        row = await self.store.get_schedule(tenant, sid)
+        if row is None:
+            raise ApiError(404, "not_found", f"no schedule {sid!r}")
+        events = await self.store.list_events(tenant, sid)
+        return row, events
+
+    async def list_schedules(
+        self,
+        tenant: str,
+        *,
+        from_ms: int,
+        to_ms: int,
+        statuses: frozenset[str] | None,
+        limit: int,
+        after: tuple[int, str] | None,
+        max_scan: int = 5000,
+    ) -> tuple[list[dict[str, Any]], tuple[int, str] | None]:
+        """Rows in the window matching ``statuses``, in due order, and the cursor to
+        continue from (None when the window is exhausted)."""
+        out: list[dict[str, Any]] = []
+        scanned = 0
+        cursor = after
+        while len(out) < limit and scanned < max_scan:
+            page = await self.store.read_index(
+                tenant, from_ms=from_ms, to_ms=to_ms, after=cursor,
+                limit=min(500, max(limit - len(out), 100)),
+            )
+            if not page:
+                return out, None
+            rows = await self.store.get_schedules(tenant, [sid for _, sid in page])
+            for due, sid in page:
+                scanned += 1
+                cursor = (due, sid)
+                row = rows.get(sid)
+                # Skip entries left by a reschedule (the row's due moved elsewhere).
+                if row is None or int(row["due_ms"]) != due or not matches(row, statuses):
+                    continue
+                out.append(row)
+                if len(out) >= limit:
+                    return out, cursor
+        return out, cursor
+
+    async def collect(
+        self, tenant: str, from_ms: int, to_ms: int, statuses: frozenset[str]
+    ) -> tuple[list[dict[str, Any]], bool]:
+        """Every matching row of a window for bulk actions (at most MAX_BULK; True when
+        truncated)."""
+        rows: list[dict[str, Any]] = []
+        cursor: tuple[int, str] | None = None
+        while len(rows) < MAX_BULK:
+            page, cursor = await self.list_schedules(
+                tenant, from_ms=from_ms, to_ms=to_ms, statuses=statuses,
+                limit=min(1000, MAX_BULK - len(rows)), after=cursor,
+            )
+            rows.extend(page)
+            if cursor is None:
+                return rows, False
+        return rows, True
+
+    # -- bulk ------------------------------------------------------------------------------
+
+    async def bulk_cancel(self, tenant: str, from_ms: int, to_ms: int) -> dict[str, Any]:
+        rows, truncated = await self.collect(
+            tenant, from_ms, to_ms, frozenset({STATE_SCHEDULED})
+        )
+        sem = asyncio.Semaphore(200)
+        codes: dict[str, int] = {}
+        missing = 0
+
+        async def one(row: dict[str, Any]) -> None:
+            nonlocal missing
+            async with sem:
+                cmd = cancel_command(tenant=tenant, schedule_id=row["schedule_id"],
+                                     request_id=self.bridge.new_request_id())
+                try:
+                    res = await self.send(cmd, wait=True)
+                except ApiError:
+                    missing += 1
+                    return
+                assert res is not None
+                codes[res["code"]] = codes.get(res["code"], 0) + 1
+
+        await asyncio.gather(*(one(r) for r in rows))
+        return {"matched": len(rows), "cancelled": codes.get(Code.OK, 0), "codes": codes,
+                "no_result": missing, "truncated": truncated}
+
+    async def bulk_refire(
+        self, tenant: str, from_ms: int, to_ms: int, statuses: frozenset[str]
+    ) -> dict[str, Any]:
+        """Emit the trigger of each matching fired/missed schedule again (reconcile).
+
+        The trigger keeps its trigger_id (it is the same trigger), with the next emission
+        attempt number; a 'refired' event is added to the schedule's history."""
+        rows, truncated = await self.collect(tenant, from_ms, to_ms, statuses)
+        rows = [r for r in rows if effective_state(r) != STATE_SCHEDULED
+                and r.get("state") != "cancelled"]
+        fires = self.bridge.catalog.fires.name
+        sem = asyncio.Semaphore(200)
+        done = 0
+
+        async def one(row: dict[str, Any]) -> None:
+            nonlocal done
+            async with sem:
+                sid = row["schedule_id"]
+                events = await self.store.list_events(tenant, sid)
+                attempt = 1 + sum(1 for e in events if e["event"] in ("fired", "refired"))
+                at = now_ms()
+                trig = Trigger(
+                    trigger_id=trigger_id(tenant, sid, int(row["due_ms"])),
+                    schedule_id=sid, tenant=tenant, due_ms=int(row["due_ms"]),
+                    emitted_ms=at, attempt=attempt,
+                    order_key=row.get("order_key") or sid,
+                    payload=row.get("payload") or b"",
+                    payload_type=PayloadType(row.get("payload_type") or "bytes"),
+                    callback=callback_from_json(row["callback"]),
+                )
+                await self.bridge.send_record(
+                    fires, trig.order_key.encode(), encode_trigger(trig), trigger_headers(trig)
+                )
+                await self.store.record_event(
+                    tenant, sid, "refired", at_ms=at, trigger_id=trig.trigger_id,
+                    due_ms=trig.due_ms,
+                    detail="re-fired by bulk reconcile"
+                    + (" (was missed)" if row.get("state") == STATE_MISSED else ""),
+                )
+                done += 1
+
+        await asyncio.gather(*(one(r) for r in rows))
+        return {"matched": len(rows), "refired": done, "truncated": truncated}

@@ -1,0 +1,262 @@
+"""Pure pieces of the REST API: request bodies -> commands, rows -> JSON views, result codes
+-> HTTP statuses, cursors and times. No I/O, no clock (``now_ms`` is passed in)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+import orjson
+
+from streams.store import STATE_FIRED, STATE_SCHEDULED
+from topics.codes import Code
+from topics.ids import MAX_EPOCH_MS, format_iso_ms, parse_iso_ms, trigger_id
+
+# Fields the API sets itself; a body carrying them is refused with a clear message.
+RESERVED_BODY_FIELDS = ("type", "tenant", "request_id")
+CREATE_BODY_FIELDS = frozenset(
+    {"schedule_id", "due", "payload", "payload_b64", "callback", "order_key",
+     "misfire_tolerance_s"}
+)
+UPDATE_BODY_FIELDS = frozenset({"due", "payload", "payload_b64", "callback"})
+STATUSES = ("scheduled", "fired", "missed", "cancelled", "delivered", "dead_lettered")
+MAX_WINDOW_MS = 366 * 86_400_000
+
+
+class ApiError(Exception):
+    """An HTTP error with a machine-readable code and a human message."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.extra = extra
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"code": self.code, "message": self.message, **self.extra}}
+
+
+# Result code -> HTTP status of the API's answer.
+_HTTP: dict[str, int] = {
+    Code.OK: 200,
+    Code.DUPLICATE: 200,
+    Code.NOT_FOUND: 404,
+    Code.CONFLICT: 409,
+    Code.ALREADY_FIRED: 409,
+    Code.ALREADY_CANCELLED: 409,
+    Code.QUOTA_EXCEEDED: 429,
+    Code.UNKNOWN_TENANT: 403,
+    Code.INACTIVE_TENANT: 403,
+    Code.BAD_SIGNATURE: 403,
+    Code.CALLBACK_NOT_ALLOWED: 422,
+    Code.BEYOND_HORIZON: 422,
+    Code.DUE_IN_PAST: 422,
+    Code.PAYLOAD_TOO_LARGE: 413,
+    Code.TOO_LARGE: 413,
+    Code.KEY_MISMATCH: 500,  # the API keys commands itself: a bug if it happens
+    Code.WRONG_PARTITION: 500,
+}
+
+
+def http_status(code: str, *, created: bool = False) -> int:
+    """The HTTP status for a command result code (400 for every other decoder code)."""
+    if code == Code.OK and created:
+        return 201
+    return _HTTP.get(code, 400)
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    if not raw:
+        raise ApiError(400, "empty_body", "the request needs a JSON object body")
+    try:
+        obj = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise ApiError(400, "malformed_json", f"body is not valid JSON: {exc}") from None
+    if not isinstance(obj, dict):
+        raise ApiError(400, "not_an_object", "body must be a JSON object")
+    return obj
+
+
+def _check_body(body: dict[str, Any], allowed: frozenset[str], what: str) -> None:
+    for name in RESERVED_BODY_FIELDS:
+        if name in body:
+            raise ApiError(
+                400, "invalid_field",
+                f"{name!r} is set by the API (the tenant comes from the API key); remove it",
+            )
+    unknown = sorted(set(body) - allowed)
+    if unknown:
+        raise ApiError(
+            400, "invalid_field",
+            f"{what}: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}",
+        )
+
+
+def create_command(
+    body: dict[str, Any], *, tenant: str, schedule_id: str, request_id: str
+) -> dict[str, Any]:
+    """The create command (wire JSON) for a POST /v1/schedules body."""
+    _check_body(body, CREATE_BODY_FIELDS, "create")
+    cmd = {k: v for k, v in body.items() if k != "schedule_id"}
+    return {"type": "create", "tenant": tenant, "schedule_id": schedule_id,
+            "request_id": request_id, **cmd}
+
+
+def update_command(
+    body: dict[str, Any], *, tenant: str, schedule_id: str, request_id: str
+) -> dict[str, Any]:
+    _check_body(body, UPDATE_BODY_FIELDS, "update")
+    return {"type": "update", "tenant": tenant, "schedule_id": schedule_id,
+            "request_id": request_id, **body}
+
+
+def cancel_command(*, tenant: str, schedule_id: str, request_id: str) -> dict[str, Any]:
+    return {"type": "cancel", "tenant": tenant, "schedule_id": schedule_id,
+            "request_id": request_id}
+
+
+def parse_time(value: str | None, name: str) -> int:
+    """Epoch ms from a query parameter given as epoch ms or RFC 3339 with offset."""
+    if value is None or value == "":
+        raise ApiError(400, "missing_parameter", f"query parameter {name!r} is required")
+    if value.isdigit():
+        ms = int(value)
+    else:
+        try:
+            ms = parse_iso_ms(value)
+        except ValueError as exc:
+            raise ApiError(400, "invalid_parameter", f"{name}: {exc}") from None
+    if not 0 <= ms <= MAX_EPOCH_MS:
+        raise ApiError(400, "invalid_parameter", f"{name} is out of range")
+    return ms
+
+
+def parse_window(params: Any) -> tuple[int, int]:
+    lo = parse_time(params.get("from"), "from")
+    hi = parse_time(params.get("to"), "to")
+    if hi <= lo:
+        raise ApiError(400, "invalid_parameter", "'to' must be after 'from'")
+    if hi - lo > MAX_WINDOW_MS:
+        raise ApiError(400, "invalid_parameter", "the window may span at most 366 days")
+    return lo, hi
+
+
+def parse_statuses(value: str | None) -> frozenset[str] | None:
+    if not value:
+        return None
+    wanted = frozenset(s.strip() for s in value.split(",") if s.strip())
+    bad = sorted(wanted - set(STATUSES))
+    if bad:
+        raise ApiError(400, "invalid_parameter",
+                       f"status {bad[0]!r} is not one of {', '.join(STATUSES)}")
+    return wanted
+
+
+def parse_limit(value: str | None, *, default: int = 100, maximum: int = 1000) -> int:
+    if value is None or value == "":
+        return default
+    if not value.isdigit() or not 1 <= int(value) <= maximum:
+        raise ApiError(400, "invalid_parameter", f"limit must be an integer in 1..{maximum}")
+    return int(value)
+
+
+def encode_cursor(due_ms: int, schedule_id: str) -> str:
+    raw = orjson.dumps([due_ms, schedule_id])
+    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def decode_cursor(value: str | None) -> tuple[int, str] | None:
+    if not value:
+        return None
+    try:
+        raw = base64.urlsafe_b64decode(value + "=" * (-len(value) % 4))
+        due, sid = orjson.loads(raw)
+        if isinstance(due, int) and isinstance(sid, str):
+            return due, sid
+    except (binascii.Error, ValueError, TypeError, orjson.JSONDecodeError):
+        pass
+    raise ApiError(400, "invalid_parameter", "cursor is not one this API returned")
+
+
+def effective_state(row: dict[str, Any]) -> str:
+    """The schedule's state; a 'fired' row whose trigger is of an older due time (a
+    reschedule raced the fire, see Store.mark_fired) is still scheduled."""
+    state = str(row.get("state") or STATE_SCHEDULED)
+    if state == STATE_FIRED and row.get("trigger_id") not in (
+        None, trigger_id(row["tenant"], row["schedule_id"], int(row["due_ms"]))
+    ):
+        return STATE_SCHEDULED
+    return state
+
+
+def matches(row: dict[str, Any], statuses: frozenset[str] | None) -> bool:
+    if statuses is None:
+        return True
+    state = effective_state(row)
+    outcome = row.get("delivery_outcome")
+    return state in statuses or (outcome is not None and outcome in statuses)
+
+
+def schedule_view(
+    row: dict[str, Any], events: list[dict[str, Any]] | None = None, *, brief: bool = False
+) -> dict[str, Any]:
+    """The JSON of a schedule (brief: without payload, callback and history)."""
+    due = int(row["due_ms"])
+    view: dict[str, Any] = {
+        "schedule_id": row["schedule_id"],
+        "tenant": row["tenant"],
+        "status": effective_state(row),
+        "due": format_iso_ms(due),
+        "due_ms": due,
+        "delivery": None,
+    }
+    if row.get("delivery_outcome"):
+        view["delivery"] = {
+            "outcome": row["delivery_outcome"],
+            "status_code": row.get("delivery_status_code"),
+            "attempts": row.get("delivery_attempts"),
+            "at_ms": row.get("delivery_ms"),
+        }
+    if row.get("fired_ms"):
+        view["fired_ms"] = row["fired_ms"]
+    if brief:
+        return view
+    view.update({
+        "version": row.get("version"),
+        "created_ms": row.get("created_ms"),
+        "updated_ms": row.get("updated_ms"),
+        "order_key": row.get("order_key"),
+        "misfire_tolerance_s": row.get("misfire_tolerance_s"),
+        "trigger_id": row.get("trigger_id"),
+        "callback": orjson.loads(row["callback"]) if row.get("callback") else None,
+    })
+    payload = row.get("payload") or b""
+    if row.get("payload_type") == "json" and payload:
+        view["payload"] = orjson.Fragment(payload)
+    else:
+        view["payload_b64"] = base64.b64encode(payload).decode("ascii")
+    view["history"] = [
+        {
+            "at": format_iso_ms(int(e["at_ms"])),
+            "at_ms": e["at_ms"],
+            "event": e["event"],
+            "due_ms": e.get("due_ms"),
+            "trigger_id": e.get("trigger_id"),
+            "detail": e.get("detail"),
+        }
+        for e in (events or [])
+    ]
+    return view
+
+
+def tenant_view(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "tenant": row["tenant"],
+        "active": bool(row.get("active")),
+        "created_ms": row.get("created_ms"),
+        "updated_ms": row.get("updated_ms"),
+        "signed_commands": bool(row.get("signing_secret")),
+        "config": config,
+    }

@@ -1,0 +1,728 @@
+"""Recurring schedules in the scheduler: command decisions, the per-partition materialiser
+and the run history.
+
+A recurring schedule is one ``schedules`` row (the *parent*, with a ``recurrence``) whose
+runs are written ahead as ordinary one-shot bucket rows with schedule id
+``<parent>@<nominal_ms>`` (``streams.recurring.run_id``), so the ticker fires them with
+every guarantee of a one-shot: on time, at least once, stable trigger id per run.
+
+The parent row is the state of materialisation (migration 003):
+
+* ``materialized_until_ms``: nominal time of the first occurrence not handled yet - every
+  earlier one has its bucket row written, or was dropped by the misfire policy;
+* ``run_count``: occurrences before it (for ``max_runs``);
+* ``materialize_key``: ``partition * 10^13 + when to extend next`` (storage-attached
+  index), so the owner of a partition finds its parents due for extension with one query.
+
+``PartitionMaterializer`` runs next to each partition's ticker, in the worker that owns
+the commands partition. One step, for each parent due: plan the runs (pure,
+``streams.recurring.plan``), offer those due soon to the ticker, write their bucket rows
+and history rows, fire the past-due ones (catch-up after an outage, rate-bounded) and
+wait for Kafka's acks, then commit the parent row with the new ``materialized_until_ms``.
+A crash anywhere before the commit repeats the step, which writes identical rows (run ids,
+due times and tolerances are pure functions of the parent row); after it nothing is left.
+
+Commands (``decide_recurring``, pure) change the parent: a create registers it for
+immediate extension; an update or cancel deletes the bucket rows of its runs not yet due
+(``run_deletes``, written before the parent row like every bucket change) and withdraws
+them from the ticker; an update then lets the materialiser write the new runs. The command
+agent holds the partition's materialiser ``lock`` for a whole batch, so a parent is never
+extended between the command agent reading it and writing it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from streams.buckets import BucketKey, shard_of
+from streams.buckets import minute_ms as minute_of
+from streams.recurring import (
+    NEVER_MS,
+    Plan,
+    extend_at,
+    jitter_ms,
+    next_runs,
+    occurrences,
+    plan,
+    run_id,
+    series_start,
+)
+from streams.store import (
+    _SCHEDULE_COLUMNS,
+    STATE_CANCELLED,
+    STATE_FIRED,
+    STATE_MISSED,
+    STATE_SCHEDULED,
+    BucketRow,
+    ScheduleChange,
+    ScheduleRow,
+)
+from tocsin.errors import CommandRejected
+from topics.codec import callback_to_json, recurrence_from_json, recurrence_to_json
+from topics.codes import Code
+from topics.ids import trigger_id
+from topics.models import CancelCommand, Command, CreateCommand, Recurrence, UpdateCommand
+
+log = logging.getLogger("tocsin.materializer")
+
+# materialize_key = partition * KEY_SPAN + epoch ms (ms stay below 10^13 until 2286).
+KEY_SPAN = 10**13
+# Every active parent row is rewritten at least this often, which keeps its TTL (due_ms +
+# retention) from lapsing however sparse its expression is.
+REFRESH_MS = 30 * 24 * 3_600_000
+
+
+def materialize_key(partition: int, at_ms: int) -> int:
+    """The indexed value saying "extend this schedule of ``partition`` at ``at_ms``"."""
+    return partition * KEY_SPAN + max(0, min(at_ms, KEY_SPAN - 1))
+
+
+def is_recurring(row: ScheduleRow | None) -> bool:
+    return row is not None and row.recurrence is not None
+
+
+def _run_bucket(
+    parent: ScheduleRow, nominal_ms: int, due_ms: int, tolerance_s: int, shards: int
+) -> BucketRow:
+    rid = run_id(parent.schedule_id, nominal_ms)
+    return BucketRow(
+        partition=parent.partition,
+        minute_ms=minute_of(due_ms),
+        shard=shard_of(parent.tenant, rid, shards),
+        due_ms=due_ms,
+        tenant=parent.tenant,
+        schedule_id=rid,
+        version=parent.version,
+        order_key=parent.order_key or parent.schedule_id,
+        payload=parent.payload,
+        payload_type=parent.payload_type,
+        callback=parent.callback,
+        misfire_tolerance_s=tolerance_s,
+    )
+
+
+def _row_state(
+    row: ScheduleRow, *, until_ms: int, run_count: int, now_ms: int, horizon_ms: int
+) -> ScheduleRow:
+    """``row`` with its materialisation columns for a new ``until_ms``."""
+    refresh = now_ms + REFRESH_MS
+    due = until_ms if until_ms < NEVER_MS else now_ms
+    return replace(
+        row,
+        materialized_until_ms=until_ms,
+        run_count=run_count,
+        due_ms=min(due, refresh + horizon_ms),
+        materialize_key=materialize_key(
+            row.partition,
+            NEVER_MS if until_ms >= NEVER_MS else min(extend_at(until_ms, horizon_ms), refresh),
+        ),
+    )
+
+
+def _pending_runs(
+    row: ScheduleRow, rec: Recurrence, *, from_ms: int, due_after_ms: int
+) -> list[tuple[int, int]]:
+    """(nominal, due) of the runs of ``row`` materialised at or after ``from_ms`` whose due
+    time is after ``due_after_ms`` (i.e. not fired yet)."""
+    until = row.materialized_until_ms or 0
+    anchor = row.anchor_ms or 0
+    out = []
+    for nominal in occurrences(rec, from_ms, anchor_ms=anchor):
+        if nominal >= until:
+            break
+        due = nominal + jitter_ms(row.tenant, run_id(row.schedule_id, nominal), rec.jitter_s)
+        if due > due_after_ms:
+            out.append((nominal, due))
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class RecurringDecision:
+    code: Code
+    text: str
+    change: ScheduleChange | None = None
+    # (tenant, run schedule id, version) to withdraw from the ticker before persisting.
+    withdraw: tuple[tuple[str, str, int], ...] = ()
+
+
+def decide_recurring(
+    command: Command,
+    existing: ScheduleRow | None,
+    *,
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    now_ms: int,
+    shards: int,
+    horizon_ms: int,
+) -> RecurringDecision:
+    """The outcome of a command on a recurring schedule (pure; raises CommandRejected).
+
+    Called for a create carrying a recurrence and for any command on a recurring parent.
+    """
+    if isinstance(command, CreateCommand):
+        return _create(command, existing, partition, offset, timestamp_ms, now_ms, horizon_ms)
+    if existing is None:
+        raise CommandRejected(Code.NOT_FOUND, f"no schedule {command.schedule_id!r}")
+    if existing.recurrence is None:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"schedule {command.schedule_id!r} is a one-shot schedule; change it with due",
+        )
+    if existing.state == STATE_CANCELLED:
+        raise CommandRejected(
+            Code.ALREADY_CANCELLED, f"schedule {command.schedule_id!r} was already cancelled"
+        )
+    if existing.state in (STATE_FIRED, STATE_MISSED):
+        raise CommandRejected(
+            Code.ALREADY_FIRED, f"schedule {command.schedule_id!r} has no runs left"
+        )
+    old_rec = recurrence_from_json(existing.recurrence)
+    stamped = replace(
+        existing,
+        version=existing.version + 1,
+        updated_ms=timestamp_ms,
+        applied_offset=offset,
+        last_code=str(Code.OK),
+    )
+    if isinstance(command, CancelCommand):
+        # Every run not due yet, including one whose nominal time passed but that waits
+        # inside its jitter window.
+        pending = _pending_runs(
+            existing,
+            old_rec,
+            from_ms=now_ms - old_rec.jitter_s * 1000,
+            due_after_ms=now_ms,
+        )
+        row = replace(
+            stamped,
+            state=STATE_CANCELLED,
+            materialize_key=materialize_key(existing.partition, NEVER_MS),
+        )
+        return RecurringDecision(
+            Code.OK,
+            f"cancelled; {len(pending)} pending runs removed",
+            change=_change(row, existing, pending, old_rec, timestamp_ms, shards, "cancelled"),
+            withdraw=tuple(
+                (row.tenant, run_id(row.schedule_id, n), row.version) for n, _ in pending
+            ),
+        )
+    assert isinstance(command, UpdateCommand)
+    if command.due_ms is not None:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"schedule {command.schedule_id!r} is recurring: it has no due; send recurrence",
+        )
+    new_rec = command.recurrence or old_rec
+    changed = recurrence_to_json(new_rec) != existing.recurrence
+    until = existing.materialized_until_ms or 0
+    # Runs with a nominal time from now on follow the update; those already materialised
+    # are removed here and written again by the materialiser.
+    pending = _pending_runs(existing, old_rec, from_ms=now_ms, due_after_ms=now_ms)
+    count = max(0, (existing.run_count or 0) - len(pending))
+    anchor = timestamp_ms if changed else (existing.anchor_ms or timestamp_ms)
+    if not changed and until < now_ms:
+        new_until = until  # a backlog (the materialiser lagged): keep working it off
+    else:
+        begin = max(now_ms, series_start(new_rec, anchor))
+        new_until = next(occurrences(new_rec, begin, anchor_ms=anchor), NEVER_MS)
+        if changed and new_until >= NEVER_MS:
+            raise CommandRejected(
+                Code.INVALID_FIELD, "recurrence has no run after now (check start, end, cron)"
+            )
+    row = replace(
+        stamped,
+        payload=command.payload if command.payload is not None else existing.payload,
+        payload_type=str(command.payload_type)
+        if command.payload_type is not None
+        else existing.payload_type,
+        callback=callback_to_json(command.callback)
+        if command.callback is not None
+        else existing.callback,
+        recurrence=recurrence_to_json(new_rec),
+        anchor_ms=anchor,
+    )
+    row = _row_state(row, until_ms=new_until, run_count=count, now_ms=now_ms, horizon_ms=horizon_ms)
+    return RecurringDecision(
+        Code.OK,
+        f"updated; {len(pending)} pending runs will follow the update",
+        change=_change(row, existing, pending, old_rec, timestamp_ms, shards, "updated"),
+        # The old version's rows are refused from now on, the new ones (version + 1) not.
+        withdraw=tuple(
+            (row.tenant, run_id(row.schedule_id, n), existing.version) for n, _ in pending
+        ),
+    )
+
+
+def _change(
+    row: ScheduleRow,
+    old: ScheduleRow,
+    pending: Sequence[tuple[int, int]],
+    old_rec: Recurrence,
+    now_ms: int,
+    shards: int,
+    event: str,
+) -> ScheduleChange:
+    deletes = tuple(
+        BucketKey.of(
+            partition=old.partition,
+            due_ms=due,
+            tenant=old.tenant,
+            schedule_id=run_id(old.schedule_id, nominal),
+            shards=shards,
+        )
+        for nominal, due in pending
+    )
+    history = tuple(
+        ("rec_delete_run", [old.tenant, old.schedule_id, nominal]) for nominal, _ in pending
+    )
+    return ScheduleChange(
+        row=row,
+        new_bucket=None,
+        old_bucket=None,
+        now_ms=now_ms,
+        event=event,
+        run_deletes=deletes,
+        commit_with=history,
+    )
+
+
+def _create(
+    cmd: CreateCommand,
+    existing: ScheduleRow | None,
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    now_ms: int,
+    horizon_ms: int,
+) -> RecurringDecision:
+    assert cmd.recurrence is not None
+    text = recurrence_to_json(cmd.recurrence)
+    callback = callback_to_json(cmd.callback)
+    if existing is not None:
+        same = (
+            existing.recurrence == text
+            and (existing.payload or b"") == cmd.payload
+            and existing.payload_type == str(cmd.payload_type)
+            and existing.callback == callback
+            and existing.order_key == cmd.order_key
+            and existing.misfire_tolerance_s == cmd.misfire_tolerance_s
+        )
+        if same:
+            return RecurringDecision(
+                Code.DUPLICATE, f"schedule {cmd.schedule_id!r} already exists unchanged"
+            )
+        raise CommandRejected(
+            Code.CONFLICT,
+            f"schedule {cmd.schedule_id!r} already exists (state {existing.state}) with "
+            "different content; use update, or a new schedule id",
+        )
+    rec = cmd.recurrence
+    # Occurrences before the create are not runs that were missed: start from now.
+    begin = max(series_start(rec, timestamp_ms), timestamp_ms)
+    first = next(occurrences(rec, begin, anchor_ms=timestamp_ms), NEVER_MS)
+    if first >= NEVER_MS:
+        raise CommandRejected(
+            Code.INVALID_FIELD, "recurrence has no run after now (check start, end, cron)"
+        )
+    row = ScheduleRow(
+        tenant=cmd.tenant,
+        schedule_id=cmd.schedule_id,
+        partition=partition,
+        state=STATE_SCHEDULED,
+        due_ms=first,
+        version=1,
+        created_ms=timestamp_ms,
+        updated_ms=timestamp_ms,
+        order_key=cmd.order_key,
+        payload=cmd.payload,
+        payload_type=str(cmd.payload_type),
+        callback=callback,
+        misfire_tolerance_s=cmd.misfire_tolerance_s,
+        applied_offset=offset,
+        last_code=str(Code.OK),
+        recurrence=text,
+        anchor_ms=timestamp_ms,
+    )
+    row = _row_state(row, until_ms=first, run_count=0, now_ms=now_ms, horizon_ms=horizon_ms)
+    change = ScheduleChange(
+        row=row, new_bucket=None, old_bucket=None, now_ms=timestamp_ms, event="created"
+    )
+    return RecurringDecision(Code.OK, f"scheduled; first run at epoch ms {first}", change=change)
+
+
+# -- storage ------------------------------------------------------------------------------
+
+_RUN_COLUMNS = ("tenant", "schedule_id", "nominal_ms", "run_id", "due_ms", "trigger_id", "version")
+STATEMENTS = {
+    "rec_due": f"SELECT {', '.join(_SCHEDULE_COLUMNS)} FROM {{keyspace}}.schedules "
+    "WHERE materialize_key >= ? AND materialize_key <= ? LIMIT ?",
+    "rec_put_run": f"INSERT INTO {{keyspace}}.recurring_runs ({', '.join(_RUN_COLUMNS)}) "
+    f"VALUES ({', '.join('?' for _ in _RUN_COLUMNS)}) USING TTL ?",
+    "rec_delete_run": "DELETE FROM {keyspace}.recurring_runs "
+    "WHERE tenant = ? AND schedule_id = ? AND nominal_ms = ?",
+    "rec_runs_before": f"SELECT {', '.join(_RUN_COLUMNS)} FROM {{keyspace}}.recurring_runs "
+    "WHERE tenant = ? AND schedule_id = ? AND nominal_ms < ? LIMIT ?",
+}
+
+
+class RecurringStore:
+    """The materialiser's statements on top of the worker's ``Store`` (same session)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self._prepared = False
+
+    async def prepare(self) -> None:
+        if not self._prepared:
+            await self.store.prepare_statements(STATEMENTS)
+            self._prepared = True
+
+    async def due_parents(self, partition: int, now_ms: int, limit: int) -> list[ScheduleRow]:
+        await self.prepare()
+        rows = await self.store._run(
+            "rec_due",
+            (materialize_key(partition, 0), materialize_key(partition, now_ms), limit),
+        )
+        return [ScheduleRow(**r) for r in rows]
+
+    async def write_runs(
+        self, parent: ScheduleRow, buckets: Sequence[BucketRow], *, now_ms: int
+    ) -> None:
+        """Bucket rows and history rows of a parent's new runs (idempotent overwrites)."""
+        await self.prepare()
+        history = []
+        for row in buckets:
+            nominal = int(row.schedule_id.rpartition("@")[2])
+            ttl = max(1, -(-(row.due_ms - now_ms) // 1000) + self.store.retention_s)
+            history.append(
+                (
+                    "rec_put_run",
+                    [
+                        parent.tenant,
+                        parent.schedule_id,
+                        nominal,
+                        row.schedule_id,
+                        row.due_ms,
+                        trigger_id(row.tenant, row.schedule_id, row.due_ms),
+                        row.version,
+                        ttl,
+                    ],
+                )
+            )
+        # History rows share the parent's partition: one unlogged batch per 100.
+        await asyncio.gather(
+            self.store.write_buckets(put=buckets, now_ms=now_ms),
+            *(
+                self.store._run_together("rec_put_run", history[i : i + 100])
+                for i in range(0, len(history), 100)
+            ),
+        )
+
+    async def commit(self, rows: Sequence[tuple[ScheduleRow, str | None]], *, now_ms: int) -> None:
+        """Write the parents' new state (the commit point of a step), with an optional
+        event each."""
+        stmts = []
+        for row, event in rows:
+            group = [self.store._put_schedule_stmt(row, now_ms)]
+            if event is not None:
+                group.append(
+                    self.store._event_stmt(
+                        row.tenant, row.schedule_id, "skipped", now_ms, event, None, None
+                    )
+                )
+            stmts.append(self.store._run_together("put_schedule", group))
+        results = await asyncio.gather(*stmts, return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    async def past_runs(
+        self, tenant: str, schedule_id: str, before_ms: int, limit: int
+    ) -> list[dict[str, Any]]:
+        await self.prepare()
+        rows: list[dict[str, Any]] = await self.store._run(
+            "rec_runs_before", (tenant, schedule_id, before_ms, limit)
+        )
+        return rows
+
+
+# -- the materialiser ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class MaterializerConfig:
+    horizon_ms: int = 600_000
+    bucket_shards: int = 1
+    max_runs_per_step: int = 500
+    parents_per_step: int = 200
+    catchup_per_s: float = 200.0
+    interval_s: float = 1.0
+
+
+class _Pacer:
+    """A token bucket: ``await take()`` at most ``rate`` times per second (burst 1 s)."""
+
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate = max(rate, 0.001)
+        self.clock = clock
+        self.tokens = self.rate
+        self.at = clock()
+
+    async def take(self) -> None:
+        while True:
+            now = self.clock()
+            self.tokens = min(self.rate, self.tokens + (now - self.at) * self.rate)
+            self.at = now
+            if self.tokens >= 1:
+                self.tokens -= 1
+                return
+            await asyncio.sleep((1 - self.tokens) / self.rate)
+
+
+class PartitionMaterializer:
+    """Writes the runs of one partition's recurring schedules ahead (see module doc).
+
+    ``start()`` / ``stop()`` follow the partition's ticker; ``tick(now_ms)`` is one pass,
+    exposed for tests; ``kick()`` asks for a pass now (after a command changed a parent).
+    """
+
+    def __init__(
+        self,
+        partition: int,
+        *,
+        store: RecurringStore,
+        ticker: Any,
+        config: MaterializerConfig,
+        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.partition = partition
+        self.store = store
+        self.ticker = ticker
+        self.config = config
+        self.clock_ms = clock_ms
+        # Held by a step and by the command agent for a whole batch of this partition.
+        self.lock = asyncio.Lock()
+        self._pacer = _Pacer(config.catchup_per_s)
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self.extended = 0
+        self.runs_written = 0
+        self.runs_skipped = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"materializer-{self.partition}")
+
+    async def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    def kick(self) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        backoff = self.config.interval_s
+        while not self._stopping:
+            try:
+                busy = await self.tick(self.clock_ms())
+                backoff = self.config.interval_s
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("materializer step failed", extra={"partition": self.partition})
+                busy = False
+                backoff = min(backoff * 2, 30.0)
+            if busy:
+                await asyncio.sleep(0)
+                continue
+            self._wake.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=backoff)
+
+    async def tick(self, now_ms: int) -> bool:
+        """Extend every parent due at ``now_ms`` (one batch); True if more may be due."""
+        limit = self.config.parents_per_step
+        async with self.lock:
+            parents = await self.store.due_parents(self.partition, now_ms, limit)
+            if parents:
+                await self._extend(parents, now_ms)
+        return len(parents) >= limit
+
+    async def _extend(self, parents: Sequence[ScheduleRow], now_ms: int) -> None:
+        cfg = self.config
+        steps: list[tuple[ScheduleRow, Plan, list[BucketRow]]] = []
+        retired: list[tuple[ScheduleRow, str | None]] = []
+        for parent in parents:
+            if parent.recurrence is None or parent.state != STATE_SCHEDULED:
+                # Nothing to extend any more: take it out of the index.
+                key = materialize_key(parent.partition, NEVER_MS)
+                retired.append((replace(parent, materialize_key=key), None))
+                continue
+            rec = recurrence_from_json(parent.recurrence)
+            step = plan(
+                rec,
+                tenant=parent.tenant,
+                schedule_id=parent.schedule_id,
+                anchor_ms=parent.anchor_ms or parent.created_ms,
+                tolerance_s=parent.misfire_tolerance_s or 0,
+                until_ms=parent.materialized_until_ms or 0,
+                run_count=parent.run_count or 0,
+                now_ms=now_ms,
+                horizon_ms=cfg.horizon_ms,
+                max_runs=cfg.max_runs_per_step,
+            )
+            rows = [
+                _run_bucket(
+                    parent, r.nominal_ms, r.due_ms, r.misfire_tolerance_s, cfg.bucket_shards
+                )
+                for r in step.runs
+            ]
+            steps.append((parent, step, rows))
+        if retired:
+            await self.store.commit(retired, now_ms=now_ms)
+        if not steps:
+            return
+        # 1. Rows due after now go to the ticker's memory first: its checkpoint then stays
+        #    below them until they fired, whether their minute was loaded or not.
+        late: list[BucketRow] = []
+        for _, _, rows in steps:
+            for row in rows:
+                if row.due_ms > now_ms:
+                    if self.ticker is not None:
+                        self.ticker.offer(row)
+                else:
+                    late.append(row)
+        # 2. Bucket and history rows (idempotent; a repeated step writes the same).
+        await asyncio.gather(
+            *(self.store.write_runs(p, rows, now_ms=now_ms) for p, _, rows in steps if rows)
+        )
+        # 3. Catch-up: runs already due fire now, paced, and are acknowledged before the
+        #    commit (a crash before it fires them again: at least once).
+        if late and self.ticker is not None:
+            fires = []
+            for row in sorted(late, key=lambda r: r.due_ms):
+                await self._pacer.take()
+                fires.append(asyncio.ensure_future(self.ticker.fire_now(row)))
+            await asyncio.gather(*fires)
+        # 4. Commit: the parents' new state.
+        commits = []
+        for parent, step, rows in steps:
+            new = _row_state(
+                parent,
+                until_ms=step.until_ms,
+                run_count=step.run_count,
+                now_ms=now_ms,
+                horizon_ms=cfg.horizon_ms,
+            )
+            note = None
+            if step.skipped:
+                note = (
+                    f"misfire policy skipped {len(step.skipped)} runs from epoch ms "
+                    f"{step.skipped[0]} to {step.skipped[-1]}"
+                )
+            commits.append((new, note))
+            self.runs_written += len(rows)
+            self.runs_skipped += len(step.skipped)
+        await self.store.commit(commits, now_ms=now_ms)
+        self.extended += len(commits)
+
+
+# -- history ------------------------------------------------------------------------------
+
+
+async def schedule_runs(
+    store: Any, tenant: str, schedule_id: str, *, now_ms: int, past: int = 10, upcoming: int = 10
+) -> dict[str, Any] | None:
+    """Past runs (newest first, with their fire and delivery state) and the next runs of
+    a recurring schedule; None if there is no such recurring schedule.
+
+    For the ``tocsin schedule runs`` command and the REST API. Each run: ``run_id`` (the
+    schedule id its triggers carry), ``nominal_ms``, ``due_ms`` (nominal + jitter),
+    ``trigger_id``, and for past runs ``state`` (scheduled | fired | missed),
+    ``fired_ms``, ``delivery`` (delivered | dead_lettered | None).
+    """
+    raw = await store.get_schedule(tenant, schedule_id)
+    if raw is None or raw.get("recurrence") is None:
+        return None
+    parent = ScheduleRow(**raw)
+    assert parent.recurrence is not None
+    rec = recurrence_from_json(parent.recurrence)
+    rstore = RecurringStore(store)
+    history = await rstore.past_runs(tenant, schedule_id, now_ms, past) if past > 0 else []
+    states = await store.get_schedules(tenant, [h["run_id"] for h in history]) if history else {}
+    past_runs = []
+    for h in history:
+        st = states.get(h["run_id"]) or {}
+        past_runs.append(
+            {
+                "run_id": h["run_id"],
+                "nominal_ms": h["nominal_ms"],
+                "due_ms": h["due_ms"],
+                "trigger_id": h["trigger_id"],
+                "state": st.get("state") or "scheduled",
+                "fired_ms": st.get("fired_ms"),
+                "delivery": st.get("delivery_outcome"),
+            }
+        )
+    next_list: list[dict[str, Any]] = []
+    if parent.state == STATE_SCHEDULED and upcoming > 0:
+        anchor = parent.anchor_ms or parent.created_ms
+        until = parent.materialized_until_ms or 0
+        counted = parent.run_count or 0
+        if until > now_ms:
+            counted -= sum(1 for _ in _occurrences_between(rec, now_ms, until, anchor))
+        for nominal in next_runs(rec, now_ms, upcoming, anchor_ms=anchor, counted=max(0, counted)):
+            rid = run_id(schedule_id, nominal)
+            due = nominal + jitter_ms(tenant, rid, rec.jitter_s)
+            next_list.append(
+                {
+                    "run_id": rid,
+                    "nominal_ms": nominal,
+                    "due_ms": due,
+                    "trigger_id": trigger_id(tenant, rid, due),
+                }
+            )
+    return {
+        "tenant": tenant,
+        "schedule_id": schedule_id,
+        "state": parent.state,
+        "version": parent.version,
+        "recurrence": parent.recurrence,
+        "materialized_until_ms": parent.materialized_until_ms,
+        "run_count": parent.run_count,
+        "past": past_runs,
+        "next": next_list,
+    }
+
+
+def _occurrences_between(rec: Recurrence, lo: int, hi: int, anchor: int) -> list[int]:
+    out = []
+    for at in occurrences(rec, lo, anchor_ms=anchor):
+        if at >= hi:
+            break
+        out.append(at)
+    return out
+
+
+__all__ = [
+    "KEY_SPAN",
+    "MaterializerConfig",
+    "PartitionMaterializer",
+    "RecurringDecision",
+    "RecurringStore",
+    "decide_recurring",
+    "is_recurring",
+    "materialize_key",
+    "schedule_runs",
+]

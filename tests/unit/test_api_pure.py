@@ -1,0 +1,262 @@
+"""Pure parts of issue 5: signatures, tenant config, quotas, API keys, SSRF checks, views."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from typing import Any
+
+import orjson
+import pytest
+
+from api import views
+from api.openapi import openapi_document
+from api.views import ApiError
+from proxy.ssrf import BlockedAddress, GuardedResolver, address_allowed, literal_refusal
+from streams.buckets import BucketKey
+from streams.commands import index_changes
+from streams.store import BucketRow, ScheduleChange, ScheduleRow
+from streams.tenants import (
+    QuotaBook,
+    TenantConfig,
+    TokenBucket,
+    check_api_key,
+    host_allowed,
+    new_api_key,
+    split_api_key,
+    topic_allowed,
+)
+from topics.codes import Code
+from topics.signing import header_map, new_signing_key, sign_headers, verify
+
+# -- signatures ----------------------------------------------------------------------------
+
+
+def test_signature_round_trip_and_tampering() -> None:
+    secret = new_signing_key()
+    value = b'{"type":"cancel","tenant":"a","schedule_id":"s"}'
+    headers = header_map(sign_headers(secret, signed_at_ms=1000, key=b"s", value=value))
+    assert verify(secret, headers, key=b"s", value=value, record_ms=1000) is None
+    assert verify(secret, headers, key=b"s", value=value + b" ", record_ms=1000)
+    assert verify(secret, headers, key=b"t", value=value, record_ms=1000)
+    assert verify(new_signing_key(), headers, key=b"s", value=value, record_ms=1000)
+    assert "missing" in (verify(secret, {}, key=b"s", value=value, record_ms=1000) or "")
+    stale = verify(secret, headers, key=b"s", value=value, record_ms=1000 + 10 * 60_000)
+    assert stale and "timestamp" in stale
+
+
+def test_signature_binds_the_key_length() -> None:
+    # key "ab" + value "c" must not verify as key "a" + value "bc"
+    secret = new_signing_key()
+    headers = header_map(sign_headers(secret, signed_at_ms=5, key=b"ab", value=b"c"))
+    assert verify(secret, headers, key=b"a", value=b"bc", record_ms=5)
+
+
+def test_header_map_accepts_lists_and_mappings() -> None:
+    assert header_map([("A", b"1"), ("a", b"2"), ("b", "x"), ("bad",)]) == {
+        "a": b"1", "b": b"x"}
+    assert header_map({"K": b"v"}) == {"k": b"v"}
+    assert header_map(None) == {}
+
+
+# -- tenant config -------------------------------------------------------------------------
+
+
+def test_tenant_config_round_trip_and_errors() -> None:
+    cfg = TenantConfig.from_dict({"create_quota_per_s": 5, "allowed_callback_hosts":
+                                  ["*.Example.com"], "max_horizon_s": 60})
+    assert cfg.allowed_callback_hosts == ("*.example.com",)
+    assert TenantConfig.from_json(cfg.to_json()) == cfg
+    assert TenantConfig.from_json("{}") == TenantConfig()
+    assert TenantConfig.from_json("not json") == TenantConfig()
+    for bad, field in [({"create_quota_per_s": -1}, "create_quota_per_s"),
+                       ({"max_payload_bytes": 0}, "max_payload_bytes"),
+                       ({"allowed_callback_hosts": ["a b"]}, "allowed_callback_hosts"),
+                       ({"quota": 1}, "quota"),
+                       ({"retry_policy": {"x": 1}}, "retry_policy")]:
+        with pytest.raises(ValueError, match=field):
+            TenantConfig.from_dict(bad)
+    assert cfg.merged({"max_horizon_s": None}).max_horizon_s is None
+
+
+def test_host_and_topic_allow_lists() -> None:
+    assert host_allowed("anything.test", ())
+    assert host_allowed("a.example.com", ("*.example.com",))
+    assert host_allowed("A.B.Example.com.", ("*.example.com",))
+    assert not host_allowed("example.com", ("*.example.com",))
+    assert not host_allowed("evilexample.com", ("*.example.com",))
+    assert host_allowed("api.test", ("api.test",))
+    assert topic_allowed("acme.x", ("acme.*",)) and not topic_allowed("other", ("acme.*",))
+    assert topic_allowed("t", ()) and topic_allowed("t", ("t",))
+
+
+# -- quotas --------------------------------------------------------------------------------
+
+
+def test_token_bucket() -> None:
+    b = TokenBucket(rate=2.0, burst=2.0, now_s=0.0)
+    assert b.take(0.0) and b.take(0.0) and not b.take(0.0)
+    assert b.take(0.5) and not b.take(0.5)
+    assert b.take(10.0) and b.take(10.0) and not b.take(10.0)  # capped at burst
+
+
+def test_quota_book_splits_the_quota_over_partitions() -> None:
+    q = QuotaBook(partitions=4)
+    assert all(q.allow("t", 0, 0, 0.0) for _ in range(1000))  # 0 = unlimited
+    assert q.allow("t", 0, 8, 0.0) and q.allow("t", 0, 8, 0.0)
+    assert not q.allow("t", 0, 8, 0.0)  # 8/s over 4 partitions: 2 per second here
+    assert q.allow("t", 1, 8, 0.0)  # another partition has its own share
+    assert q.allow("u", 0, 8, 0.0)  # and another tenant its own bucket
+    assert q.allow("t", 0, 8, 0.5)
+
+
+# -- API keys ------------------------------------------------------------------------------
+
+
+def test_api_keys_store_only_a_salted_hash() -> None:
+    key = new_api_key()
+    assert key.token.startswith("tsk_") and key.key_id in key.token
+    parts = split_api_key(key.token)
+    assert parts is not None and parts[0] == key.key_id
+    assert parts[1].encode() not in key.hash
+    assert check_api_key(parts[1], salt=key.salt, expected=key.hash)
+    assert not check_api_key(parts[1] + "x", salt=key.salt, expected=key.hash)
+    assert split_api_key("tsk_nothex_xxx") is None and split_api_key("") is None
+    assert new_api_key().hash != key.hash
+
+
+# -- SSRF ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("address", [
+    "127.0.0.1", "127.1.2.3", "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254",
+    "100.64.0.1", "0.0.0.0", "224.0.0.1", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1",
+    "::", "not an ip",
+])
+def test_internal_addresses_are_refused(address: str) -> None:
+    assert not address_allowed(address)
+
+
+@pytest.mark.parametrize("address", ["93.184.216.34", "8.8.8.8", "2606:4700::1111"])
+def test_public_addresses_are_allowed(address: str) -> None:
+    assert address_allowed(address)
+
+
+def test_literal_refusal() -> None:
+    assert literal_refusal("127.0.0.1") and literal_refusal("[::1]")
+    assert literal_refusal("8.8.8.8") is None
+    assert literal_refusal("example.com") is None  # names are checked once resolved
+
+
+class FakeResolver:
+    def __init__(self, hosts: list[str]) -> None:
+        self.hosts = hosts
+
+    async def resolve(self, host: str, port: int = 0, family: Any = socket.AF_INET) -> Any:
+        return [{"hostname": host, "host": h, "port": port, "family": family, "proto": 0,
+                 "flags": 0} for h in self.hosts]
+
+    async def close(self) -> None:
+        pass
+
+
+def test_guarded_resolver_filters_resolved_addresses() -> None:
+    mixed = GuardedResolver(FakeResolver(["127.0.0.1", "93.184.216.34"]))  # type: ignore[arg-type]
+    got = asyncio.run(mixed.resolve("rebind.test", 80))
+    assert [r["host"] for r in got] == ["93.184.216.34"]
+    local = GuardedResolver(FakeResolver(["127.0.0.1"]))  # type: ignore[arg-type]
+    with pytest.raises(BlockedAddress, match=r"rebind\.test"):
+        asyncio.run(local.resolve("rebind.test", 80))
+
+
+# -- views ---------------------------------------------------------------------------------
+
+
+def test_http_status_mapping() -> None:
+    assert views.http_status(Code.OK, created=True) == 201
+    assert views.http_status(Code.OK) == 200
+    assert views.http_status(Code.DUPLICATE, created=True) == 200
+    assert views.http_status(Code.QUOTA_EXCEEDED) == 429
+    assert views.http_status(Code.NOT_FOUND) == 404
+    assert views.http_status(Code.CONFLICT) == 409
+    assert views.http_status(Code.INVALID_FIELD) == 400
+    assert views.http_status(Code.CALLBACK_NOT_ALLOWED) == 422
+
+
+def test_body_and_command_building() -> None:
+    with pytest.raises(ApiError, match="JSON"):
+        views.parse_body(b"{")
+    with pytest.raises(ApiError, match="object"):
+        views.parse_body(b"[]")
+    with pytest.raises(ApiError, match="set by the API"):
+        views.create_command({"tenant": "x", "due": 1, "callback": {}}, tenant="a",
+                             schedule_id="s", request_id="r")
+    with pytest.raises(ApiError, match="paylod"):
+        views.create_command({"paylod": 1}, tenant="a", schedule_id="s", request_id="r")
+    cmd = views.create_command({"schedule_id": "s", "due": 5, "callback": {}}, tenant="a",
+                               schedule_id="s", request_id="r")
+    assert cmd == {"type": "create", "tenant": "a", "schedule_id": "s", "request_id": "r",
+                   "due": 5, "callback": {}}
+
+
+def test_window_cursor_and_statuses() -> None:
+    assert views.parse_window({"from": "1000", "to": "1970-01-02T00:00:00Z"})[0] == 1000
+    for bad in [{"to": "5"}, {"from": "5", "to": "4"}, {"from": "x", "to": "5"},
+                {"from": "0", "to": str(400 * 86_400_000)}]:
+        with pytest.raises(ApiError):
+            views.parse_window(bad)
+    c = views.encode_cursor(123, "a/b")
+    assert views.decode_cursor(c) == (123, "a/b")
+    with pytest.raises(ApiError):
+        views.decode_cursor("!!")
+    assert views.parse_statuses("scheduled,delivered") == {"scheduled", "delivered"}
+    with pytest.raises(ApiError):
+        views.parse_statuses("done")
+    with pytest.raises(ApiError):
+        views.parse_limit("0")
+
+
+def _row(**kw: Any) -> dict[str, Any]:
+    base = {"tenant": "a", "schedule_id": "s", "state": "scheduled", "due_ms": 1000,
+            "payload": orjson.dumps({"x": 1}), "payload_type": "json",
+            "callback": '{"type":"kafka","topic":"t","key":null}'}
+    return {**base, **kw}
+
+
+def test_schedule_view_and_stale_fire() -> None:
+    from topics.ids import trigger_id
+
+    v = views.schedule_view(_row(), [{"at_ms": 1, "event": "created"}])
+    assert orjson.loads(orjson.dumps(v))["payload"] == {"x": 1}
+    assert v["history"][0]["event"] == "created" and v["callback"]["topic"] == "t"
+    fired = _row(state="fired", trigger_id=trigger_id("a", "s", 1000))
+    assert views.effective_state(fired) == "fired"
+    stale = _row(state="fired", trigger_id=trigger_id("a", "s", 999))
+    assert views.effective_state(stale) == "scheduled"
+    assert views.matches(_row(state="fired", trigger_id=trigger_id("a", "s", 1000),
+                              delivery_outcome="delivered"), frozenset({"delivered"}))
+    assert not views.matches(_row(), frozenset({"cancelled"}))
+
+
+def test_index_changes() -> None:
+    row = ScheduleRow(tenant="a", schedule_id="s", partition=0, state="scheduled",
+                      due_ms=120_000, version=1, created_ms=0, updated_ms=0)
+    new = BucketRow.for_schedule(row, shards=1)
+    old = BucketKey(partition=0, minute_ms=60_000, shard=0, due_ms=60_000, tenant="a",
+                    schedule_id="s")
+    create = ScheduleChange(row=row, new_bucket=new, old_bucket=None, now_ms=0)
+    move = ScheduleChange(row=row, new_bucket=new, old_bucket=old, now_ms=0)
+    same = ScheduleChange(row=row, new_bucket=new, old_bucket=new.key, now_ms=0)
+    cancel = ScheduleChange(row=row, new_bucket=None, old_bucket=new.key, now_ms=0)
+    assert index_changes([create]) == ([("a", "s", 120_000)], [])
+    assert index_changes([move]) == ([("a", "s", 120_000)], [("a", "s", 60_000)])
+    assert index_changes([same, cancel]) == ([], [])
+
+
+def test_openapi_document_is_json_and_lists_codes() -> None:
+    doc = orjson.loads(orjson.dumps(openapi_document()))
+    codes = doc["components"]["schemas"]["CommandResult"]["properties"]["code"]["enum"]
+    assert "quota_exceeded" in codes and "bad_signature" in codes
+    for path, ops in doc["paths"].items():
+        for op in ops.values():
+            assert op["responses"], path
