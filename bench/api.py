@@ -44,8 +44,12 @@ def free_port() -> int:
 
 
 async def create(session: aiohttp.ClientSession, base: str, n: int) -> tuple[int, float]:
-    body = {"schedule_id": f"b-{n}", "due": now_ms() + 3_600_000 + n, "payload": {"n": n},
-            "callback": {"type": "http", "url": "https://receiver.example/hook"}}
+    body = {
+        "schedule_id": f"b-{n}",
+        "due": now_ms() + 3_600_000 + n,
+        "payload": {"n": n},
+        "callback": {"type": "http", "url": "https://receiver.example/hook"},
+    }
     t0 = time.perf_counter()
     async with session.post(f"{base}/v1/schedules", data=orjson.dumps(body)) as resp:
         await resp.read()
@@ -110,15 +114,17 @@ def main() -> int:
     port = free_port()
     admin = uuid.uuid4().hex
     env = dict(os.environ)
-    env.update({
-        "TOCSIN_TOPIC_PREFIX": f"bench.{run}.",
-        "TOCSIN_CASSANDRA_KEYSPACE": f"bench_{run}",
-        "TOCSIN_METRICS_PORT": "19464",
-        "TOCSIN_WORKER_WEB_PORT": "19466",
-        "TOCSIN_LOG_LEVEL": "WARNING",
-        "TOCSIN_API_PORT": str(port),
-        "TOCSIN_ADMIN_KEY": admin,
-    })
+    env.update(
+        {
+            "TOCSIN_TOPIC_PREFIX": f"bench.{run}.",
+            "TOCSIN_CASSANDRA_KEYSPACE": f"bench_{run}",
+            "TOCSIN_METRICS_PORT": "19464",
+            "TOCSIN_WORKER_WEB_PORT": "19466",
+            "TOCSIN_LOG_LEVEL": "WARNING",
+            "TOCSIN_API_PORT": str(port),
+            "TOCSIN_ADMIN_KEY": admin,
+        }
+    )
     settings = Settings.from_env(env)
     from schema.migrate import migrate
     from topics.catalog import catalog, ensure_topics
@@ -133,8 +139,11 @@ def main() -> int:
     with api_log.open("ab") as out:
         api = subprocess.Popen(
             [sys.executable, "-m", "tocsin.cli", "api"],
-            env=dict(env, TOCSIN_METRICS_PORT="19467"), cwd=REPO_ROOT, stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
+            env=dict(env, TOCSIN_METRICS_PORT="19467"),
+            cwd=REPO_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"
     results: list[str] = []
@@ -151,8 +160,11 @@ def main() -> int:
                 raise SystemExit(f"the API did not start; see {api_log}")
             time.sleep(0.2)
         req = urllib.request.Request(
-            base + "/v1/tenants", data=orjson.dumps({"tenant": "bench"}), method="POST",
-            headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"})
+            base + "/v1/tenants",
+            data=orjson.dumps({"tenant": "bench"}),
+            method="POST",
+            headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             key = orjson.loads(r.read())["api_key"]
         # Warm up: the first create waits until the worker owns its partitions.
@@ -161,11 +173,15 @@ def main() -> int:
             if time.monotonic() > probe_deadline:
                 raise SystemExit("the worker does not answer")
         rate = asyncio.run(phase_rate(base, key, args.rate_s, args.concurrency))
-        print(f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients",
-              flush=True)
+        print(
+            f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients", flush=True
+        )
         lat, failed = asyncio.run(phase_latency(base, key, args.latency_rate, args.latency_s))
-        print(f"[latency] {len(lat)} ok, {failed} failed at {args.latency_rate}/s: "
-              f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms", flush=True)
+        print(
+            f"[latency] {len(lat)} ok, {failed} failed at {args.latency_rate}/s: "
+            f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms",
+            flush=True,
+        )
         results += [
             f"RESULT api_create_p50_ms={pct([int(x) for x in lat], 0.5):.0f} ms",
             f"RESULT api_create_rate={rate:.0f} creates/s",

@@ -45,8 +45,15 @@ def receiver_main(port: int) -> None:
 
     def reset(cfg: dict[str, Any]) -> None:
         state.clear()
-        state.update(latency_s=float(cfg.get("latency_s", 0.0)), next={}, seen=set(),
-                     total=0, violations=0, first=None, last=None)
+        state.update(
+            latency_s=float(cfg.get("latency_s", 0.0)),
+            next={},
+            seen=set(),
+            total=0,
+            violations=0,
+            first=None,
+            last=None,
+        )
 
     reset({})
 
@@ -77,10 +84,15 @@ def receiver_main(port: int) -> None:
         if request.method == "POST":
             reset(await request.json())
             return web.json_response({"ok": True})
-        return web.json_response({
-            "unique": len(state["seen"]), "total": state["total"],
-            "violations": state["violations"], "first": state["first"], "last": state["last"],
-        })
+        return web.json_response(
+            {
+                "unique": len(state["seen"]),
+                "total": state["total"],
+                "violations": state["violations"],
+                "first": state["first"],
+                "last": state["last"],
+            }
+        )
 
     app = web.Application()
     app.router.add_post("/process", process)
@@ -95,8 +107,11 @@ class ReceiverClient:
 
     def _call(self, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/control", data=data,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}/control",
+            data=data,
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=10) as resp:
             return json.loads(resp.read())  # type: ignore[no-any-return]
 
@@ -114,8 +129,9 @@ def create_topic(name: str, partitions: int = PARTITIONS) -> None:
     from confluent_kafka.admin import AdminClient, NewTopic  # type: ignore[attr-defined]
 
     admin = AdminClient({"bootstrap.servers": BOOTSTRAP})
-    admin.create_topics([NewTopic(name, num_partitions=partitions,
-                                  replication_factor=1)])[name].result(30)
+    admin.create_topics([NewTopic(name, num_partitions=partitions, replication_factor=1)])[
+        name
+    ].result(30)
     for _ in range(100):
         if len(admin.list_topics(name, timeout=10).topics[name].partitions) == partitions:
             return
@@ -131,13 +147,18 @@ def delete_topics(names: list[str]) -> None:
             fut.result(30)
 
 
-def produce(topic: str, n: int, keys: int, *, value_bytes: int = 0,
-            poison_every: int = 0) -> int:
+def produce(topic: str, n: int, keys: int, *, value_bytes: int = 0, poison_every: int = 0) -> int:
     """n messages, round-robin over ``keys`` keys, body "key:seq:padding"; returns pills."""
     from confluent_kafka import Producer
 
-    p = Producer({"bootstrap.servers": BOOTSTRAP, "linger.ms": 20,
-                  "batch.num.messages": 10000, "compression.type": "lz4"})
+    p = Producer(
+        {
+            "bootstrap.servers": BOOTSTRAP,
+            "linger.ms": 20,
+            "batch.num.messages": 10000,
+            "compression.type": "lz4",
+        }
+    )
     counters = [0] * keys
     pills = 0
     pad = b"x" * value_bytes
@@ -174,20 +195,22 @@ class RunResult:
 
 def proxy_env(topic: str, dlq: str, url: str, concurrency: int, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOCSIN_PROXY_")}
-    env.update({
-        "TOCSIN_KAFKA_BOOTSTRAP_SERVERS": BOOTSTRAP,
-        "TOCSIN_LOG_LEVEL": "ERROR",
-        "TOCSIN_PROXY_MODE": "generic",
-        "TOCSIN_PROXY_SOURCE_TOPIC": topic,
-        "TOCSIN_PROXY_ENDPOINT_URL": url,
-        "TOCSIN_PROXY_DEAD_LETTER_TOPIC": dlq,
-        "TOCSIN_PROXY_GROUP_ID": f"bench-{uuid.uuid4().hex[:8]}",
-        "TOCSIN_PROXY_CONCURRENCY": str(concurrency),
-        "TOCSIN_PROXY_PER_HOST_CONCURRENCY": str(concurrency),
-        "TOCSIN_PROXY_METRICS_PORT": "0",
-        "TOCSIN_PROXY_SESSION_TIMEOUT_S": "6",
-        "TOCSIN_PROXY_COMMIT_INTERVAL_S": "1",
-    })
+    env.update(
+        {
+            "TOCSIN_KAFKA_BOOTSTRAP_SERVERS": BOOTSTRAP,
+            "TOCSIN_LOG_LEVEL": "ERROR",
+            "TOCSIN_PROXY_MODE": "generic",
+            "TOCSIN_PROXY_SOURCE_TOPIC": topic,
+            "TOCSIN_PROXY_ENDPOINT_URL": url,
+            "TOCSIN_PROXY_DEAD_LETTER_TOPIC": dlq,
+            "TOCSIN_PROXY_GROUP_ID": f"bench-{uuid.uuid4().hex[:8]}",
+            "TOCSIN_PROXY_CONCURRENCY": str(concurrency),
+            "TOCSIN_PROXY_PER_HOST_CONCURRENCY": str(concurrency),
+            "TOCSIN_PROXY_METRICS_PORT": "0",
+            "TOCSIN_PROXY_SESSION_TIMEOUT_S": "6",
+            "TOCSIN_PROXY_COMMIT_INTERVAL_S": "1",
+        }
+    )
     env.update(extra)
     return env
 
@@ -203,9 +226,18 @@ def peak_rss_mib(pid: int) -> float:
     return 0.0
 
 
-def run_proxy(rx: ReceiverClient, *, n: int, keys: int, latency_s: float, concurrency: int,
-              poison_every: int = 0, value_bytes: int = 0, timeout_s: float = 300,
-              **extra: str) -> RunResult:
+def run_proxy(
+    rx: ReceiverClient,
+    *,
+    n: int,
+    keys: int,
+    latency_s: float,
+    concurrency: int,
+    poison_every: int = 0,
+    value_bytes: int = 0,
+    timeout_s: float = 300,
+    **extra: str,
+) -> RunResult:
     tag = uuid.uuid4().hex[:8]
     topic, dlq = f"bench.proxy.{tag}", f"bench.proxy.{tag}.dlq"
     create_topic(topic)
@@ -213,8 +245,11 @@ def run_proxy(rx: ReceiverClient, *, n: int, keys: int, latency_s: float, concur
     pills = produce(topic, n, keys, value_bytes=value_bytes, poison_every=poison_every)
     expected = n - pills
     rx.reset(latency_s)
-    proc = subprocess.Popen([sys.executable, "-m", "proxy"], cwd=REPO,
-                            env=proxy_env(topic, dlq, rx.url, concurrency, **extra))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "proxy"],
+        cwd=REPO,
+        env=proxy_env(topic, dlq, rx.url, concurrency, **extra),
+    )
     rss = 0.0
     try:
         deadline = time.monotonic() + timeout_s
@@ -235,8 +270,13 @@ def run_proxy(rx: ReceiverClient, *, n: int, keys: int, latency_s: float, concur
     # Rate over the deliveries after the first one (n-1 intervals in the span).
     rate = (st["unique"] - 1) / span if span > 0 else 0.0
     delete_topics([topic, dlq])
-    return RunResult(rate=rate, unique=st["unique"], violations=st["violations"],
-                     lost=max(0, expected - st["unique"]), rss_mib=rss)
+    return RunResult(
+        rate=rate,
+        unique=st["unique"],
+        violations=st["violations"],
+        lost=max(0, expected - st["unique"]),
+        rss_mib=rss,
+    )
 
 
 def run_baseline(rx: ReceiverClient, *, n: int, keys: int) -> float:
@@ -248,8 +288,14 @@ def run_baseline(rx: ReceiverClient, *, n: int, keys: int) -> float:
     create_topic(topic)
     produce(topic, n, keys)
     rx.reset(0.0)
-    c = Consumer({"bootstrap.servers": BOOTSTRAP, "group.id": f"base-{tag}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": True})
+    c = Consumer(
+        {
+            "bootstrap.servers": BOOTSTRAP,
+            "group.id": f"base-{tag}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": True,
+        }
+    )
     c.subscribe([topic])
     conn = http.client.HTTPConnection("127.0.0.1", rx.port, timeout=10)
     done = 0
@@ -261,9 +307,17 @@ def run_baseline(rx: ReceiverClient, *, n: int, keys: int) -> float:
             continue
         if t0 is None:
             t0 = time.monotonic()
-        conn.request("POST", "/process", body=m.value(),
-                     headers={"Key": (m.key() or b"").decode(), "Topic": str(m.topic()),
-                              "Partition": str(m.partition()), "Offset": str(m.offset())})
+        conn.request(
+            "POST",
+            "/process",
+            body=m.value(),
+            headers={
+                "Key": (m.key() or b"").decode(),
+                "Topic": str(m.topic()),
+                "Partition": str(m.partition()),
+                "Offset": str(m.offset()),
+            },
+        )
         conn.getresponse().read()
         done += 1
     elapsed = time.monotonic() - (t0 or time.monotonic())
@@ -287,8 +341,9 @@ def main() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rx_proc = subprocess.Popen([sys.executable, "-m", "bench.proxy", "--receiver", str(port)],
-                               cwd=REPO)
+    rx_proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.proxy", "--receiver", str(port)], cwd=REPO
+    )
     rx = ReceiverClient(port)
     for _ in range(100):
         try:
@@ -300,28 +355,41 @@ def main() -> int:
     lat, conc = 0.05, 100
     results: dict[str, RunResult] = {}
     try:
-        results["fanout"] = run_proxy(rx, n=20_000 // scale, keys=10_000, latency_s=lat,
-                                      concurrency=conc)
+        results["fanout"] = run_proxy(
+            rx, n=20_000 // scale, keys=10_000, latency_s=lat, concurrency=conc
+        )
         fanout_bound = min(conc, 10_000) / lat
         print(f"fanout: {results['fanout']}", flush=True)
-        results["keylimited"] = run_proxy(rx, n=1_000 // scale, keys=5, latency_s=lat,
-                                          concurrency=conc)
+        results["keylimited"] = run_proxy(
+            rx, n=1_000 // scale, keys=5, latency_s=lat, concurrency=conc
+        )
         keylimited_bound = min(conc, 5) / lat
         print(f"keylimited: {results['keylimited']}", flush=True)
-        results["zero"] = run_proxy(rx, n=40_000 // scale, keys=10_000, latency_s=0.0,
-                                    concurrency=conc)
+        results["zero"] = run_proxy(
+            rx, n=40_000 // scale, keys=10_000, latency_s=0.0, concurrency=conc
+        )
         print(f"zero latency: {results['zero']}", flush=True)
         baseline = run_baseline(rx, n=5_000 // scale, keys=10_000)
         print(f"baseline: {baseline:.0f} msgs/s", flush=True)
         results["poison"] = run_proxy(
-            rx, n=20_000 // scale, keys=10_000, latency_s=lat, concurrency=conc,
-            poison_every=1000, TOCSIN_PROXY_REQUEST_TIMEOUT_S="1",
+            rx,
+            n=20_000 // scale,
+            keys=10_000,
+            latency_s=lat,
+            concurrency=conc,
+            poison_every=1000,
+            TOCSIN_PROXY_REQUEST_TIMEOUT_S="1",
             TOCSIN_PROXY_POISON_TIMEOUTS="3",
         )
         print(f"poison: {results['poison']}", flush=True)
         results["memory"] = run_proxy(
-            rx, n=12_000 // scale, keys=10_000, latency_s=lat, concurrency=conc,
-            value_bytes=8192, TOCSIN_PROXY_MAX_PENDING_BYTES=str(64 * 1024 * 1024),
+            rx,
+            n=12_000 // scale,
+            keys=10_000,
+            latency_s=lat,
+            concurrency=conc,
+            value_bytes=8192,
+            TOCSIN_PROXY_MAX_PENDING_BYTES=str(64 * 1024 * 1024),
             TOCSIN_PROXY_MAX_PENDING_MESSAGES="1000000",
         )
         print(f"memory: {results['memory']}", flush=True)

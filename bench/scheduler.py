@@ -90,9 +90,15 @@ class Worker:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+WORKER_PORTS: list[int] = [METRICS_PORT]
+
+
 def metric(name: str) -> float:
-    """Sum of a counter over all label sets from the worker's /metrics."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=5).read()
+    """Sum of a counter over all label sets and all workers' /metrics."""
+    text = b"".join(
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        for port in WORKER_PORTS
+    )
     total = 0.0
     for line in text.decode().splitlines():
         if line.startswith(name) and not line.startswith("#"):
@@ -314,6 +320,7 @@ def main() -> int:
     parser.add_argument("--lateness-s", type=int, default=180)
     parser.add_argument("--burst", type=int, default=60_000)
     parser.add_argument("--phases", default="ingest,lateness,burst,memory")
+    parser.add_argument("--workers", type=int, default=1, help="worker processes")
     args = parser.parse_args()
     phases = set(args.phases.split(","))
 
@@ -340,6 +347,18 @@ def main() -> int:
     log = settings.stack.state_dir / f"bench-worker-{run}.log"
     worker = Worker(env, log)
     worker.start()
+    extra: list[Worker] = []
+    WORKER_PORTS[:] = [METRICS_PORT]
+    for i in range(1, args.workers):
+        port = METRICS_PORT + 10 * i
+        WORKER_PORTS.append(port)
+        extra.append(
+            Worker(
+                {**env, "TOCSIN_METRICS_PORT": str(port), "TOCSIN_WORKER_WEB_PORT": str(port + 1)},
+                log,
+            )
+        )
+        extra[-1].start()
     results: list[str] = []
     try:
         probe = ResultWatcher(settings)
@@ -349,12 +368,13 @@ def main() -> int:
         assert probe.wait_for(["probe"], 120), f"worker did not start; see {log}"
         probe.close()
 
-        cpu0, wall0 = worker.cpu_s(), time.monotonic()
+        if extra:
+            time.sleep(15)  # let the group settle over every worker before measuring
+        everyone = [worker, *extra]
+        cpu0, wall0 = sum(w.cpu_s() for w in everyone), time.monotonic()
         ingest = phase_ingest(settings, args.ingest_s, args.window)
-        print(
-            f"[ingest] worker CPU {(worker.cpu_s() - cpu0) / (time.monotonic() - wall0):.2f} s/s",
-            flush=True,
-        )
+        cpu = (sum(w.cpu_s() for w in everyone) - cpu0) / (time.monotonic() - wall0)
+        print(f"[ingest] {len(everyone)} worker(s), CPU {cpu:.2f} s/s", flush=True)
         results.append(f"RESULT ingest_rate={ingest:.0f} commands/s")
         if "lateness" in phases:
             lateness = phase_lateness(settings, args.lateness_rate, args.lateness_s, ingest)
@@ -369,12 +389,14 @@ def main() -> int:
                 f"RESULT burst_missing={burst_lost} triggers",
                 f"RESULT bucket_reads_per_partition_minute={reads:.2f} reads",
             ]
-        worker.stop()
+        for w in [worker, *extra]:
+            w.stop()
         if "memory" in phases:
             small, large = phase_memory(settings, env, log)
             results.append(f"RESULT rss_ratio_1m_vs_10k={large / small:.2f} ratio")
     finally:
-        worker.stop()
+        for w in [worker, *extra]:
+            w.stop()
         cleanup(settings)
     for line in results:
         print(line)

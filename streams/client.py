@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, Producer, TopicPartition
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 
 from tocsin.errors import KafkaError
 from tocsin.settings import Settings
@@ -80,13 +80,24 @@ class _TopicTail:
         partitions = sorted(meta.topics[topic].partitions)
         assignment = []
         for p in partitions:
+            low, high = self._watermarks(TopicPartition(topic, p))
             if from_start:
-                low, _ = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
                 assignment.append(TopicPartition(topic, p, low))
             else:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
                 assignment.append(TopicPartition(topic, p, high if high >= 0 else OFFSET_END))
         self.consumer.assign(assignment)
+
+    def _watermarks(self, tp: TopicPartition, timeout_s: float = 30.0) -> tuple[int, int]:
+        # A topic created a moment ago answers "not leader" for a little while: retry that.
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                low, high = self.consumer.get_watermark_offsets(tp, timeout=10)
+                return int(low), int(high)
+            except KafkaException as exc:
+                if time.monotonic() > deadline:
+                    raise KafkaError(f"cannot read offsets of {tp.topic}: {exc}") from exc
+                time.sleep(0.2)
 
     def poll_values(self, timeout_s: float = 0.5, max_messages: int = 5000) -> list[bytes]:
         msgs = self.consumer.consume(max_messages, timeout_s)

@@ -222,15 +222,16 @@ def decide_recurring(
     new_rec = command.recurrence or old_rec
     changed = recurrence_to_json(new_rec) != existing.recurrence
     until = existing.materialized_until_ms or 0
-    # Runs with a nominal time from now on follow the update; those already materialised
-    # are removed here and written again by the materialiser.
-    pending = _pending_runs(existing, old_rec, from_ms=now_ms, due_after_ms=now_ms)
+    # Runs with a nominal time after now follow the update; those already materialised
+    # are removed here and written again by the materialiser. A run whose nominal time
+    # has come keeps its old content (it may be firing).
+    pending = _pending_runs(existing, old_rec, from_ms=now_ms + 1, due_after_ms=now_ms)
     count = max(0, (existing.run_count or 0) - len(pending))
     anchor = timestamp_ms if changed else (existing.anchor_ms or timestamp_ms)
     if not changed and until < now_ms:
         new_until = until  # a backlog (the materialiser lagged): keep working it off
     else:
-        begin = max(now_ms, series_start(new_rec, anchor))
+        begin = max(now_ms + 1, series_start(new_rec, anchor))
         new_until = next(occurrences(new_rec, begin, anchor_ms=anchor), NEVER_MS)
         if changed and new_until >= NEVER_MS:
             raise CommandRejected(

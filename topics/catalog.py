@@ -155,4 +155,26 @@ def ensure_topics(
                     continue
                 raise KafkaError(f"cannot create topic {name}: {exc}") from exc
         log.info("topics created", extra={"topics": sorted(s.name for s in missing)})
+        _wait_for_leaders(admin, [s.name for s in missing], timeout_s)
     return outcome
+
+
+def _wait_for_leaders(admin: Any, names: list[str], timeout_s: float) -> None:
+    """Created topics answer "not leader" until each partition has one: wait for that, so
+    a caller's first produce or offset lookup does not fail."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        topics = admin.list_topics(timeout=timeout_s).topics
+        if all(
+            name in topics
+            and topics[name].partitions
+            and all(p.leader >= 0 for p in topics[name].partitions.values())
+            for name in names
+        ):
+            return
+        time.sleep(0.1)
+    raise KafkaError(
+        f"topics {names} have no partition leaders after {timeout_s:.0f}s", retriable=True
+    )

@@ -656,6 +656,9 @@ def normalize_cron(value: object) -> str:
             "month day-of-week) or 6 (seconds first), or be a macro such as @hourly",
         )
     sets = [_cron_field(part, spec, value) for part, spec in zip(parts, _CRON_FIELDS, strict=True)]
+    if 7 in sets[5] and not parts[5].startswith("*"):
+        # Sunday may be written 7; croniter (seconds field) only takes 0-6.
+        parts[5] = ",".join(str(d) for d in sorted({d % 7 for d in sets[5]}))
     days, months = sets[3], sets[4]
     # Vixie: both day fields restricted (neither starting with '*') means either matches.
     either = not parts[3].startswith("*") and not parts[5].startswith("*")

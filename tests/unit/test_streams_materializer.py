@@ -1,0 +1,205 @@
+"""Recurring schedules in the scheduler: command decisions (pure) and one materialiser step
+against in-memory fakes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from streams.commands import RawCommand, decide
+from streams.materializer import (
+    KEY_SPAN,
+    MaterializerConfig,
+    PartitionMaterializer,
+    decide_recurring,
+    materialize_key,
+)
+from streams.recurring import NEVER_MS
+from streams.store import BucketRow, ScheduleRow
+from tocsin.errors import CommandRejected
+from topics.codes import Code
+from topics.models import (
+    CancelCommand,
+    CreateCommand,
+    HttpCallback,
+    PayloadType,
+    Recurrence,
+    UpdateCommand,
+)
+from topics.validation import normalize_cron
+
+NOW = 1_800_000_000_000  # a whole minute
+H = 600_000
+
+
+def create(rec: Recurrence, sid: str = "rep") -> CreateCommand:
+    return CreateCommand(
+        tenant="t",
+        schedule_id=sid,
+        payload=b'{"a":1}',
+        payload_type=PayloadType.JSON,
+        callback=HttpCallback(url="https://h.example/cb"),
+        misfire_tolerance_s=60,
+        recurrence=rec,
+    )
+
+
+def decided(command: Any, existing: ScheduleRow | None, offset: int = 10) -> Any:
+    return decide_recurring(
+        command,
+        existing,
+        partition=3,
+        offset=offset,
+        timestamp_ms=NOW,
+        now_ms=NOW,
+        shards=1,
+        horizon_ms=H,
+    )
+
+
+EVERY_MINUTE = Recurrence(cron=normalize_cron("* * * * *"))
+
+
+def test_a_create_registers_the_parent_for_immediate_extension() -> None:
+    d = decided(create(EVERY_MINUTE), None)
+    row = d.change.row
+    assert d.code == Code.OK and d.change.new_bucket is None and d.change.old_bucket is None
+    assert row.recurrence is not None and row.anchor_ms == NOW and row.partition == 3
+    assert row.materialized_until_ms == NOW and row.run_count == 0 and row.due_ms == NOW
+    assert row.materialize_key == materialize_key(3, NOW - H // 2)
+    assert 3 * KEY_SPAN <= row.materialize_key <= 3 * KEY_SPAN + NOW
+    assert decided(create(EVERY_MINUTE), row).code == Code.DUPLICATE
+    with pytest.raises(CommandRejected) as caught:
+        decided(create(Recurrence(cron=normalize_cron("*/2 * * * *"))), row)
+    assert caught.value.code == Code.CONFLICT
+
+
+def test_a_create_without_any_run_left_is_rejected() -> None:
+    rec = Recurrence(every_s=60, start_ms=NOW - 3_600_000, end_ms=NOW - 60_000)
+    with pytest.raises(CommandRejected) as caught:
+        decided(create(rec), None)
+    assert caught.value.code == Code.INVALID_FIELD
+
+
+def materialised(rec: Recurrence = EVERY_MINUTE, runs: int = 10) -> ScheduleRow:
+    row = decided(create(rec), None).change.row
+    return replace(row, materialized_until_ms=NOW + runs * 60_000, run_count=runs)
+
+
+def test_cancel_removes_every_pending_run() -> None:
+    parent = materialised()
+    d = decided(CancelCommand(tenant="t", schedule_id="rep"), parent, offset=11)
+    row = d.change.row
+    assert row.state == "cancelled" and row.version == 2
+    assert row.materialize_key == materialize_key(3, NEVER_MS)
+    # NOW itself is due (may be firing): runs +1 .. +9 min are removed.
+    assert [k.schedule_id for k in d.change.run_deletes] == [
+        f"rep@{NOW + i * 60_000}" for i in range(1, 10)
+    ]
+    deletes = d.change.run_deletes
+    assert all(k.partition == 3 and k.due_ms == int(k.schedule_id[4:]) for k in deletes)
+    assert [w[1] for w in d.withdraw] == [k.schedule_id for k in d.change.run_deletes]
+    assert len(d.change.commit_with) == 9  # their history rows
+    with pytest.raises(CommandRejected) as caught:
+        decided(CancelCommand(tenant="t", schedule_id="rep"), row, offset=12)
+    assert caught.value.code == Code.ALREADY_CANCELLED
+
+
+def test_an_update_applies_to_runs_not_fired_yet() -> None:
+    parent = materialised()
+    new = Recurrence(cron=normalize_cron("*/2 * * * *"))
+    d = decided(UpdateCommand(tenant="t", schedule_id="rep", recurrence=new), parent, 11)
+    row = d.change.row
+    assert row.version == 2 and row.anchor_ms == NOW
+    assert len(d.change.run_deletes) == 9
+    assert row.run_count == 1  # the run at NOW stays
+    assert row.materialized_until_ms == NOW + 120_000  # the next */2 run from now on
+    assert {w[2] for w in d.withdraw} == {1}  # the old version's rows are refused
+    # A payload-only update keeps the series and rewrites the pending runs.
+    p = decided(
+        UpdateCommand(tenant="t", schedule_id="rep", payload=b"x", payload_type=PayloadType.BYTES),
+        parent,
+        11,
+    )
+    assert p.change.row.payload == b"x" and p.change.row.anchor_ms == parent.anchor_ms
+    assert p.change.row.materialized_until_ms == NOW + 60_000  # rewritten from the next one
+    assert p.change.row.run_count == 1
+    with pytest.raises(CommandRejected) as caught:
+        decided(UpdateCommand(tenant="t", schedule_id="rep", due_ms=NOW + 5000), parent, 11)
+    assert caught.value.code == Code.INVALID_FIELD
+
+
+def test_the_command_agent_routes_recurring_commands_and_never_hands_a_parent_over() -> None:
+    msg = RawCommand(partition=3, offset=10, key=b"rep", value=b"", timestamp_ms=NOW)
+    kw = {"now_ms": NOW, "shards": 1, "default_tolerance_s": 3600, "firing": False}
+    d = decide(create(EVERY_MINUTE), None, msg, **kw)
+    assert d.change is not None and d.change.row.recurrence is not None and d.hand_over is None
+    replay = decide(create(EVERY_MINUTE), d.change.row, msg, **kw)
+    assert replay.hand_over is None and replay.change is None
+    one_shot = replace(d.change.row, recurrence=None, applied_offset=1)
+    with pytest.raises(CommandRejected) as caught:
+        decide(UpdateCommand(tenant="t", schedule_id="rep", recurrence=EVERY_MINUTE),
+               one_shot, replace(msg, offset=11), **kw)
+    assert caught.value.code == Code.INVALID_FIELD
+
+
+class FakeStore:
+    def __init__(self, rows: list[ScheduleRow]) -> None:
+        self.rows = {r.schedule_id: r for r in rows}
+        self.buckets: dict[str, BucketRow] = {}
+        self.commits = 0
+
+    async def due_parents(self, partition: int, now_ms: int, limit: int) -> list[ScheduleRow]:
+        hi = materialize_key(partition, now_ms)
+        return [r for r in self.rows.values() if (r.materialize_key or 0) <= hi][:limit]
+
+    async def write_runs(self, parent: ScheduleRow, rows: Any, *, now_ms: int) -> None:
+        for row in rows:
+            self.buckets[row.schedule_id] = row
+
+    async def commit(self, rows: Any, *, now_ms: int) -> None:
+        for row, _ in rows:
+            self.rows[row.schedule_id] = row
+            self.commits += 1
+
+
+class FakeTicker:
+    def __init__(self) -> None:
+        self.offered: list[BucketRow] = []
+        self.fired: list[BucketRow] = []
+
+    def offer(self, row: BucketRow) -> None:
+        self.offered.append(row)
+
+    async def fire_now(self, row: BucketRow) -> None:
+        self.fired.append(row)
+
+
+async def test_a_step_writes_runs_ahead_fires_missed_ones_and_commits() -> None:
+    fresh = decided(create(EVERY_MINUTE, "a"), None).change.row
+    # "b" was down for five minutes with fire_all.
+    rec_b = Recurrence(cron=normalize_cron("* * * * *"), misfire="fire_all")  # type: ignore[arg-type]
+    behind = replace(
+        decided(create(rec_b, "b"), None).change.row,
+        materialized_until_ms=NOW - 300_000,
+    )
+    store, ticker = FakeStore([fresh, behind]), FakeTicker()
+    m = PartitionMaterializer(
+        3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H, catchup_per_s=1e6)
+    )
+    assert await m.tick(NOW) is False
+    assert {r.schedule_id for r in ticker.fired} == {
+        f"b@{NOW - i * 60_000}" for i in range(6)
+    } | {f"a@{NOW}"}
+    assert {r.schedule_id for r in ticker.offered} >= {f"a@{NOW + 60_000}"}
+    assert len(store.buckets) == 10 + 15
+    a = store.rows["a"]
+    assert a.materialized_until_ms == NOW + H and a.run_count == 10
+    assert a.materialize_key == materialize_key(3, NOW + H // 2)
+    # Nothing is due any more until half a horizon later; a repeat writes the same rows.
+    before = dict(store.buckets)
+    assert await m.tick(NOW + 1000) is False and store.buckets == before
+    await m.tick(NOW + H // 2)
+    assert store.rows["a"].materialized_until_ms == NOW + H + H // 2
