@@ -184,6 +184,7 @@ async def test_a_step_writes_runs_ahead_fires_missed_ones_and_commits() -> None:
     behind = replace(
         decided(create(rec_b, "b"), None).change.row,
         materialized_until_ms=NOW - 300_000,
+        anchor_ms=NOW - 3_600_000,
     )
     store, ticker = FakeStore([fresh, behind]), FakeTicker()
     m = PartitionMaterializer(
