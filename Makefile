@@ -10,7 +10,7 @@ TOCSIN := $(BIN)/tocsin
 PYTEST_ARGS ?=
 
 .PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy \
-        demo bench bench-scheduler bench-proxy bench-api api clean deploy-tools deploy-check
+        demo bench bench-scheduler bench-proxy bench-cron bench-api api clean deploy-tools deploy-check
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
@@ -81,6 +81,10 @@ bench-scheduler: setup
 
 bench-proxy: up
 	$(BIN)/python -m bench.proxy
+
+# 100,000 recurring schedules firing every minute (bench/cron.py).
+bench-cron: setup
+	$(BIN)/python -m bench.cron
 
 # REST API: synchronous creates through `tocsin api` (docs/api.md).
 bench-api: setup

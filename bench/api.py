@@ -105,7 +105,7 @@ async def phase_latency(base: str, key: str, rate: int, seconds: float) -> tuple
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rate-s", type=float, default=20)
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--latency-rate", type=int, default=500)
     parser.add_argument("--latency-s", type=float, default=20)
     args = parser.parse_args()

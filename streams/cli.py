@@ -102,6 +102,8 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     if not args.schedule_id:
         print(f"tocsin schedule {args.action} needs a schedule id", file=sys.stderr)
         return EXIT_USAGE
+    if args.action == "runs":
+        return _schedule_runs(args, settings)
     if args.action == "get":
 
         async def get(store: Any) -> tuple[Any, Any]:
@@ -220,6 +222,52 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
+def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
+    """``tocsin schedule runs TENANT ID [--next N] [--past N]``: a recurring schedule's
+    past runs (newest first, with fire and delivery state) and its next runs."""
+    import time
+
+    from streams.materializer import schedule_runs
+    from tocsin.cli import EXIT_NOT_FOUND, EXIT_OK
+    from topics.ids import format_iso_ms
+
+    view = asyncio.run(
+        _with_store(
+            settings,
+            lambda store: schedule_runs(
+                store,
+                args.tenant,
+                args.schedule_id,
+                now_ms=time.time_ns() // 1_000_000,
+                past=args.past,
+                upcoming=args.next,
+            ),
+        )
+    )
+    if view is None:
+        print(f"no recurring schedule {args.schedule_id!r} for tenant {args.tenant!r}")
+        return EXIT_NOT_FOUND
+    if getattr(args, "json", False):
+        print(orjson.dumps(view, option=orjson.OPT_INDENT_2).decode())
+        return EXIT_OK
+    print(f"{view['schedule_id']}  state {view['state']}  version {view['version']}")
+    print(f"recurrence {view['recurrence']}")
+    print(f"past runs ({len(view['past'])}, newest first):")
+    for run in view["past"]:
+        fired = format_iso_ms(run["fired_ms"]) if run.get("fired_ms") else ""
+        print(
+            f"  {format_iso_ms(run['nominal_ms'])}  due {format_iso_ms(run['due_ms'])}  "
+            f"{run['state']:9s} {fired:24s} {run.get('delivery') or ''}  {run['trigger_id']}"
+        )
+    print(f"next runs ({len(view['next'])}):")
+    for run in view["next"]:
+        print(
+            f"  {format_iso_ms(run['nominal_ms'])}  due {format_iso_ms(run['due_ms'])}  "
+            f"{run['trigger_id']}"
+        )
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from schema.migrate import migrate
     from streams.demo import run_demo
@@ -254,7 +302,7 @@ def register(sub: Any) -> None:
     tenant.set_defaults(func=cmd_tenant)
 
     schedule = sub.add_parser("schedule", help="create, cancel and inspect schedules")
-    schedule.add_argument("action", choices=["create", "cancel", "get", "list"])
+    schedule.add_argument("action", choices=["create", "cancel", "get", "list", "runs"])
     schedule.add_argument("tenant")
     schedule.add_argument("schedule_id", nargs="?")
     schedule.add_argument("--from", dest="from_", help="list: due from (ISO-8601 or epoch ms)")
@@ -268,6 +316,8 @@ def register(sub: Any) -> None:
     schedule.add_argument("--topic", help="Kafka callback topic (create)")
     schedule.add_argument("--payload", help="JSON payload (create)")
     schedule.add_argument("--timeout-s", type=float, default=30.0)
+    schedule.add_argument("--next", type=int, default=10, help="runs: how many future runs")
+    schedule.add_argument("--past", type=int, default=10, help="runs: how many past runs")
     schedule.set_defaults(func=cmd_schedule)
 
     demo = sub.add_parser("demo", help="start a worker, schedule triggers, watch them fire")

@@ -9,7 +9,9 @@ durability boundary. A background thread serves delivery callbacks; it must neve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections import deque
 from typing import Any
 
 from confluent_kafka import KafkaException, Producer
@@ -39,6 +41,7 @@ class Emitter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="emitter-poll", daemon=True)
         self._started = False
+        self._reports: deque[tuple[asyncio.Future[Any], str, Any, Any]] = deque()
 
     def start(self) -> None:
         if not self._started:
@@ -49,6 +52,17 @@ class Emitter:
     def _serve(self) -> None:
         while not self._stop.is_set():
             self._producer.poll(0.05)
+            self._hand_over()
+
+    def _hand_over(self) -> None:
+        # One wake-up of the event loop per poll round, not one per record: a burst second
+        # acknowledges tens of thousands of triggers.
+        if self._reports and self._loop is not None:
+            batch = []
+            while self._reports:
+                batch.append(self._reports.popleft())
+            with contextlib.suppress(RuntimeError):  # loop closed at shutdown
+                self._loop.call_soon_threadsafe(_settle_all, batch)
 
     def send(
         self,
@@ -63,21 +77,11 @@ class Emitter:
         if loop is None:
             raise KafkaError("Emitter.start() was not called")
         fut: asyncio.Future[Any] = loop.create_future()
-
-        def settle(err: Any, msg: Any) -> None:
-            if fut.done():
-                return
-            if err is not None:
-                fut.set_exception(
-                    KafkaError(
-                        f"delivery to {topic} failed: {err}", retriable=bool(err.retriable())
-                    )
-                )
-            else:
-                fut.set_result((msg.partition(), msg.offset()))
+        reports = self._reports
 
         def on_delivery(err: Any, msg: Any) -> None:
-            loop.call_soon_threadsafe(settle, err, msg)
+            # Runs on whichever thread polls librdkafka; deque.append is thread-safe.
+            reports.append((fut, topic, err, None if err else (msg.partition(), msg.offset())))
 
         while True:
             try:
@@ -104,3 +108,17 @@ class Emitter:
         self._stop.set()
         if self._started:
             self._thread.join(timeout=5)
+            self._hand_over()
+
+
+def _settle_all(batch: list[tuple[asyncio.Future[Any], str, Any, Any]]) -> None:
+    """On the event loop: resolve the futures of one poll round's delivery reports."""
+    for fut, topic, err, position in batch:
+        if fut.done():
+            continue
+        if err is not None:
+            fut.set_exception(
+                KafkaError(f"delivery to {topic} failed: {err}", retriable=bool(err.retriable()))
+            )
+        else:
+            fut.set_result(position)

@@ -40,6 +40,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from prometheus_client import Counter, Histogram
+
 from streams.buckets import BucketKey, shard_of
 from streams.buckets import minute_ms as minute_of
 from streams.recurring import (
@@ -70,6 +72,25 @@ from topics.ids import trigger_id
 from topics.models import CancelCommand, Command, CreateCommand, Recurrence, UpdateCommand
 
 log = logging.getLogger("tocsin.materializer")
+
+# Metrics of recurring schedules (kept here rather than in streams.metrics: issue 6).
+PARENTS_EXTENDED = Counter(
+    "tocsin_recurring_extended_total", "Materialisation steps of recurring schedules"
+)
+RUNS_MATERIALIZED = Counter(
+    "tocsin_recurring_runs_materialized_total", "Runs of recurring schedules written ahead"
+)
+RUNS_SKIPPED = Counter(
+    "tocsin_recurring_runs_skipped_total", "Misfired runs dropped by the misfire policy"
+)
+RUNS_CAUGHT_UP = Counter(
+    "tocsin_recurring_runs_caught_up_total", "Past-due runs fired by the materialiser"
+)
+STEP_SECONDS = Histogram(
+    "tocsin_recurring_step_seconds",
+    "Duration of one materialisation step (a batch of schedules)",
+    buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
+)
 
 # materialize_key = partition * KEY_SPAN + epoch ms (ms stay below 10^13 until 2286).
 KEY_SPAN = 10**13
@@ -557,7 +578,9 @@ class PartitionMaterializer:
         async with self.lock:
             parents = await self.store.due_parents(self.partition, now_ms, limit)
             if parents:
+                started = time.perf_counter()
                 await self._extend(parents, now_ms)
+                STEP_SECONDS.observe(time.perf_counter() - started)
         return len(parents) >= limit
 
     async def _extend(self, parents: Sequence[ScheduleRow], now_ms: int) -> None:
@@ -616,6 +639,7 @@ class PartitionMaterializer:
                 await self._pacer.take()
                 fires.append(asyncio.ensure_future(self.ticker.fire_now(row)))
             await asyncio.gather(*fires)
+            RUNS_CAUGHT_UP.inc(len(fires))
         # 4. Commit: the parents' new state.
         commits = []
         for parent, step, rows in steps:
@@ -637,6 +661,9 @@ class PartitionMaterializer:
             self.runs_skipped += len(step.skipped)
         await self.store.commit(commits, now_ms=now_ms)
         self.extended += len(commits)
+        PARENTS_EXTENDED.inc(len(commits))
+        RUNS_MATERIALIZED.inc(sum(len(rows) for _, _, rows in steps))
+        RUNS_SKIPPED.inc(sum(len(step.skipped) for _, step, _ in steps))
 
 
 # -- history ------------------------------------------------------------------------------

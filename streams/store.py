@@ -938,14 +938,25 @@ class Store:
         """Add (tenant, schedule_id, due_ms) entries (kept until due + retention) and drop
         stale ones (a reschedule's old due). Idempotent overwrites; see the 002 migration."""
         keep_s = self.retention_s if retention_s is None else retention_s
-        stmts = [
-            self._run(
-                "put_index",
-                (t, due // _DAY_MS, due, sid, max(1, (due - now_ms) // 1000 + keep_s)),
+        # One unlogged batch per (tenant, day) partition (chunks of 50 tiny rows): a burst
+        # of one tenant's creates costs a few requests, not one per schedule.
+        groups: dict[tuple[str, int], list[Stmt]] = {}
+        for t, sid, due in put:
+            ttl = max(1, (due - now_ms) // 1000 + keep_s)
+            groups.setdefault((t, due // _DAY_MS), []).append(
+                ("put_index", [t, due // _DAY_MS, due, sid, ttl])
             )
-            for t, sid, due in put
-        ] + [self._run("delete_index", (t, due // _DAY_MS, due, sid)) for t, sid, due in delete]
-        await _gather_all(stmts)
+        for t, sid, due in delete:
+            groups.setdefault((t, due // _DAY_MS), []).append(
+                ("delete_index", [t, due // _DAY_MS, due, sid])
+            )
+        await _gather_all(
+            [
+                self._run_together("write_index", stmts[i : i + 50])
+                for stmts in groups.values()
+                for i in range(0, len(stmts), 50)
+            ]
+        )
 
     async def read_index(
         self,

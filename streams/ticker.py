@@ -30,6 +30,7 @@ import heapq
 import itertools
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -105,6 +106,7 @@ class TickerConfig:
     # With no checkpoint yet (a brand-new partition), look back this far for rows.
     initial_lookback_ms: int = 3_600_000
     checkpoint_interval_ms: int = 1_000
+    mark_group: int = 256  # fired triggers recorded concurrently per round
     emit_slice: int = 2_000
     # How far beyond the loaded horizon an offer is still kept in memory.
     offer_window_ms: int = 120_000
@@ -113,7 +115,6 @@ class TickerConfig:
 @dataclass
 class _InFlight:
     entry: Entry[BucketRow]
-    done: bool = False
 
 
 class PartitionTicker:
@@ -140,7 +141,10 @@ class PartitionTicker:
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Future[Any]] = set()
+        self._to_mark: deque[tuple[tuple[str, str, int], str, int]] = deque()
+        self._mark_wake = asyncio.Event()
+        self._marker: asyncio.Task[None] | None = None
         self._stopping = False
         self._last_checkpoint_ms = 0
         self._written_checkpoint: int | None = None
@@ -153,6 +157,7 @@ class PartitionTicker:
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"ticker-{self.partition}")
+        self._marker = asyncio.create_task(self._mark_loop(), name=f"marker-{self.partition}")
 
     async def stop(self, timeout_s: float = 20.0) -> None:
         """Stop firing, wait for in-flight triggers (bounded) and write a final checkpoint."""
@@ -162,8 +167,15 @@ class PartitionTicker:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=timeout_s)
+        # Let acknowledged triggers be recorded (bounded), so the checkpoint covers them.
+        deadline = time.monotonic() + timeout_s
+        while self._inflight and time.monotonic() < deadline:
+            self._mark_wake.set()
+            await asyncio.sleep(0.05)
+        if self._marker is not None:
+            self._marker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._marker
         with contextlib.suppress(Exception):
             await self._write_checkpoint(force=True)
         metrics.TIMELINE_SIZE.labels(self._label).set(0)
@@ -191,7 +203,8 @@ class PartitionTicker:
         return self._firing.get((tenant, schedule_id), 0) > 0
 
     async def fire_now(self, row: BucketRow) -> None:
-        """Emit a row whose due time has passed (a late create) and wait for its ack."""
+        """Emit a row whose due time has passed (a late create) and wait for Kafka's ack
+        (being recorded as fired follows; until then the checkpoint stays below it)."""
         entry = Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
         self.timeline.remove(row.tenant, row.schedule_id)
         fut = self._dispatch(entry, self.clock_ms())
@@ -285,6 +298,7 @@ class PartitionTicker:
     # -- emitting --------------------------------------------------------------------------
 
     def _dispatch(self, entry: Entry[BucketRow], now: int) -> asyncio.Future[Any] | None:
+        """Emit (or record as missed) one entry; returns the Kafka ack future of an emit."""
         row = entry.payload
         key = (row.tenant, row.schedule_id, row.due_ms)
         if key in self._inflight:
@@ -293,49 +307,90 @@ class PartitionTicker:
         if tolerance_s is None:
             tolerance_s = self.config.default_misfire_tolerance_s
         trig_id = make_trigger_id(row.tenant, row.schedule_id, row.due_ms)
-        record = _InFlight(entry)
-        self._inflight[key] = record
+        self._inflight[key] = _InFlight(entry)
         self._firing[key[:2]] = self._firing.get(key[:2], 0) + 1
         heapq.heappush(self._inflight_heap, (row.due_ms, next(self._seq), key))
         if now - row.due_ms > tolerance_s * 1000:
-            fut: asyncio.Future[Any] = asyncio.ensure_future(self._record_missed(row, trig_id, now))
-        else:
-            trigger = Trigger(
-                trigger_id=trig_id,
-                schedule_id=row.schedule_id,
-                tenant=row.tenant,
-                due_ms=row.due_ms,
-                emitted_ms=now,
-                attempt=1,
-                order_key=row.order_key or row.schedule_id,
-                payload=row.payload or b"",
-                payload_type=PayloadType(row.payload_type or "bytes"),
-                callback=_callback_of(row),
-            )
-            ack = self.sink.send(
-                self.config.fire_topic,
-                key=trigger.order_key.encode(),
-                value=encode_trigger(trigger),
-                headers=trigger_headers(trigger),
-            )
-            fut = asyncio.ensure_future(self._record_fired(ack, row, trig_id, now))
-        task = fut if isinstance(fut, asyncio.Task) else None
-        if task is not None:
+            task = asyncio.ensure_future(self._record_missed(row, trig_id, now))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        fut.add_done_callback(functools.partial(self._settle, key))
-        return fut
+            task.add_done_callback(functools.partial(self._settle_missed, key))
+            return None
+        trigger = Trigger(
+            trigger_id=trig_id,
+            schedule_id=row.schedule_id,
+            tenant=row.tenant,
+            due_ms=row.due_ms,
+            emitted_ms=now,
+            attempt=1,
+            order_key=row.order_key or row.schedule_id,
+            payload=row.payload or b"",
+            payload_type=PayloadType(row.payload_type or "bytes"),
+            callback=_callback_of(row),
+        )
+        ack = self.sink.send(
+            self.config.fire_topic,
+            key=trigger.order_key.encode(),
+            value=encode_trigger(trigger),
+            headers=trigger_headers(trigger),
+        )
+        # No task per trigger: a burst minute emits tens of thousands. The ack lands in a
+        # queue that one marker task records in Cassandra once the burst is out.
+        ack.add_done_callback(functools.partial(self._acked, key, trig_id, now))
+        return ack
 
-    async def _record_fired(
-        self, ack: asyncio.Future[Any], row: BucketRow, trig_id: str, emitted_ms: int
+    def _acked(
+        self, key: tuple[str, str, int], trig_id: str, emitted_ms: int, ack: asyncio.Future[Any]
     ) -> None:
-        await ack
+        record = self._inflight.get(key)
+        if record is None:
+            return
+        if ack.cancelled() or ack.exception() is not None:
+            self._retry_later(key, None if ack.cancelled() else ack.exception())
+            return
         self.emitted += 1
         metrics.TRIGGERS_EMITTED.labels(self._label).inc()
-        metrics.FIRE_LATENESS.observe(max(0, emitted_ms - row.due_ms) / 1000)
-        await self.store.mark_fired(
-            row.tenant, row.schedule_id, trig_id, fired_ms=emitted_ms, due_ms=row.due_ms
-        )
+        metrics.FIRE_LATENESS.observe(max(0, emitted_ms - key[2]) / 1000)
+        self._to_mark.append((key, trig_id, emitted_ms))
+        self._mark_wake.set()
+
+    async def _mark_loop(self) -> None:
+        """Record acknowledged triggers as fired, in groups, after the due ones are out."""
+        while True:
+            await self._mark_wake.wait()
+            self._mark_wake.clear()
+            while self._to_mark:
+                next_due = self.timeline.next_due_ms()
+                if next_due is not None and next_due <= self.clock_ms() and not self._stopping:
+                    await asyncio.sleep(0.01)  # emitting comes first; bookkeeping can wait
+                    continue
+                group = [
+                    self._to_mark.popleft()
+                    for _ in range(min(len(self._to_mark), self.config.mark_group))
+                ]
+                outcomes = await asyncio.gather(
+                    *(
+                        self.store.mark_fired(
+                            key[0], key[1], trig_id, fired_ms=emitted_ms, due_ms=key[2]
+                        )
+                        for key, trig_id, emitted_ms in group
+                    ),
+                    return_exceptions=True,
+                )
+                failed = False
+                for (key, trig_id, emitted_ms), outcome in zip(group, outcomes, strict=True):
+                    if isinstance(outcome, BaseException):
+                        # Kafka has it; only the bookkeeping failed: try the record again.
+                        self._to_mark.append((key, trig_id, emitted_ms))
+                        failed = True
+                    elif key in self._inflight:
+                        self._forget(key)
+                if failed:
+                    log.warning(
+                        "recording fired triggers failed; retrying",
+                        extra={"partition": self.partition},
+                    )
+                    await asyncio.sleep(1.0)
 
     async def _record_missed(self, row: BucketRow, trig_id: str, now: int) -> None:
         self.missed += 1
@@ -359,23 +414,23 @@ class PartitionTicker:
             detail=f"late by {now - row.due_ms} ms, beyond tolerance",
         )
 
-    def _settle(self, key: tuple[str, str, int], fut: asyncio.Future[Any]) -> None:
-        record = self._inflight.get(key)
-        if record is None:
+    def _settle_missed(self, key: tuple[str, str, int], task: asyncio.Future[Any]) -> None:
+        if key not in self._inflight:
             return
-        if fut.cancelled() or fut.exception() is not None:
-            # Not acknowledged or not recorded: it stays in flight (holding the checkpoint
-            # below it, so even a crash now re-emits it on the next start) and is retried.
-            exc = None if fut.cancelled() else fut.exception()
-            log.warning(
-                "trigger not acknowledged; retrying",
-                extra={"partition": self.partition, "schedule_id": key[1], "error": repr(exc)},
-            )
-            if not self._stopping:
-                asyncio.get_running_loop().call_later(1.0, self._redispatch, key)
+        if task.cancelled() or task.exception() is not None:
+            self._retry_later(key, None if task.cancelled() else task.exception())
             return
-        record.done = True
         self._forget(key)
+
+    def _retry_later(self, key: tuple[str, str, int], exc: BaseException | None) -> None:
+        # Not acknowledged or not recorded: it stays in flight (holding the checkpoint below
+        # it, so even a crash now re-emits it on the next start) and is tried again.
+        log.warning(
+            "trigger not acknowledged; retrying",
+            extra={"partition": self.partition, "schedule_id": key[1], "error": repr(exc)},
+        )
+        if not self._stopping:
+            asyncio.get_running_loop().call_later(1.0, self._redispatch, key)
 
     def _forget(self, key: tuple[str, str, int]) -> None:
         del self._inflight[key]

@@ -40,20 +40,11 @@ def _unavailable(what: str, exc: BaseException) -> None:
 
 
 def _schema_statements(keyspace: str) -> list[str]:
-    """001_initial.cql with ${keyspace} substituted, split on lines holding only ';'.
+    """Every migration (001, 002 tenants, 003 ...) with ${keyspace} substituted: the Store
+    prepares statements on the tables of all of them."""
+    from schema.migrate import load_migrations
 
-    Local stand-in for schema.migrate (the lead's shared fixture will replace it)."""
-    text = CQL.read_text().replace("${keyspace}", keyspace)
-    statements, current = [], []
-    for line in [*text.splitlines(), ";"]:
-        if line.strip() == ";":
-            body = "\n".join(x for x in current if not x.strip().startswith("--")).strip()
-            if body:
-                statements.append(body)
-            current = []
-        else:
-            current.append(line)
-    return statements
+    return [s for m in load_migrations(keyspace=keyspace) for s in m.statements]
 
 
 @pytest.fixture(scope="module")

@@ -181,12 +181,25 @@ def test_a_create_needs_exactly_one_of_due_and_recurrence() -> None:
 
 
 def test_an_update_may_replace_the_recurrence() -> None:
-    cmd = decode({"type": "update", "tenant": "acme", "schedule_id": "r1",
-                  "recurrence": {"cron": "@hourly", "time_zone": "Asia/Kolkata"}})
+    cmd = decode(
+        {
+            "type": "update",
+            "tenant": "acme",
+            "schedule_id": "r1",
+            "recurrence": {"cron": "@hourly", "time_zone": "Asia/Kolkata"},
+        }
+    )
     assert isinstance(cmd, UpdateCommand)
     assert cmd.recurrence == Recurrence(cron="0 0 * * * *", time_zone="Asia/Kolkata")
-    err = rejected({"type": "update", "tenant": "acme", "schedule_id": "r1",
-                    "due": NOW + 1000, "recurrence": {"every_s": 5}})
+    err = rejected(
+        {
+            "type": "update",
+            "tenant": "acme",
+            "schedule_id": "r1",
+            "due": NOW + 1000,
+            "recurrence": {"every_s": 5},
+        }
+    )
     assert err.code == Code.INVALID_FIELD
     again = decode_command(encode_command(cmd), key=b"r1", now_ms=NOW, limits=Limits())
     assert again == cmd

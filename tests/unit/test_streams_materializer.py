@@ -140,8 +140,12 @@ def test_the_command_agent_routes_recurring_commands_and_never_hands_a_parent_ov
     assert replay.hand_over is None and replay.change is None
     one_shot = replace(d.change.row, recurrence=None, applied_offset=1)
     with pytest.raises(CommandRejected) as caught:
-        decide(UpdateCommand(tenant="t", schedule_id="rep", recurrence=EVERY_MINUTE),
-               one_shot, replace(msg, offset=11), **kw)
+        decide(
+            UpdateCommand(tenant="t", schedule_id="rep", recurrence=EVERY_MINUTE),
+            one_shot,
+            replace(msg, offset=11),
+            **kw,
+        )
     assert caught.value.code == Code.INVALID_FIELD
 
 
@@ -191,9 +195,9 @@ async def test_a_step_writes_runs_ahead_fires_missed_ones_and_commits() -> None:
         3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H, catchup_per_s=1e6)
     )
     assert await m.tick(NOW) is False
-    assert {r.schedule_id for r in ticker.fired} == {
-        f"b@{NOW - i * 60_000}" for i in range(6)
-    } | {f"a@{NOW}"}
+    assert {r.schedule_id for r in ticker.fired} == {f"b@{NOW - i * 60_000}" for i in range(6)} | {
+        f"a@{NOW}"
+    }
     assert {r.schedule_id for r in ticker.offered} >= {f"a@{NOW + 60_000}"}
     assert len(store.buckets) == 10 + 15
     a = store.rows["a"]

@@ -240,9 +240,7 @@ CALENDAR_TABLE: list[tuple[str, Recurrence, str, list[str]]] = [
     ),
     (
         "rate ignores DST (elapsed time)",
-        Recurrence(
-            every_s=3600, start_ms=ms("2026-03-08T05:00:00Z"), time_zone="America/New_York"
-        ),
+        Recurrence(every_s=3600, start_ms=ms("2026-03-08T05:00:00Z"), time_zone="America/New_York"),
         "2026-03-08T06:00:00Z",
         ["2026-03-08T06:00:00Z", "2026-03-08T07:00:00Z", "2026-03-08T08:00:00Z"],
     ),

@@ -1,0 +1,189 @@
+"""Recurring-schedule benchmark (``make bench-cron``): N schedules firing every minute.
+
+One real ``tocsin worker`` subprocess on the local stack, in a fresh topic prefix and
+keyspace (removed at the end). Phases:
+
+1. create ``--schedules`` (100,000) recurring schedules ``* * * * *`` through the commands
+   topic, like any client (not inserted into Cassandra directly), each with a flexible
+   window of ``--jitter-s`` seconds so the minute's runs are spread instead of all firing
+   at second 0 (``--jitter-s 0`` measures the herd);
+2. wait until the worker's materialisers have written the first runs of every schedule;
+3. measure ``--minutes`` whole minutes: every trigger read back from the fire topic counts
+   once per run id; lateness = the trigger's emit time minus its (jittered) due time, as
+   stamped by the worker; worker CPU = its CPU seconds / wall seconds over the window.
+
+Prints ``RESULT name=value unit`` lines last: cron_fires_per_min (distinct runs fired per
+measured minute), cron_lateness_p99_ms, cron_worker_cpu, plus the runs expected and
+missing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import uuid
+
+import orjson
+
+from bench.scheduler import (
+    METRICS_PORT,
+    TENANT,
+    Worker,
+    cleanup,
+    metric,
+    now_ms,
+    pct,
+    send_and_count,
+)
+from streams.client import CommandClient, FireWatcher, ResultWatcher
+from streams.recurring import jitter_ms, parse_run_id, run_id
+from tocsin.settings import Settings
+from topics.models import CreateCommand, HttpCallback, PayloadType, Recurrence
+
+
+def make_recurring(sid: str, jitter_s: int) -> CreateCommand:
+    return CreateCommand(
+        tenant=TENANT,
+        schedule_id=sid,
+        request_id=sid,
+        payload=orjson.dumps({"sid": sid}),
+        payload_type=PayloadType.JSON,
+        callback=HttpCallback(url="https://receiver.example/cb"),
+        misfire_tolerance_s=60,
+        recurrence=Recurrence(cron="0 * * * * *", jitter_s=jitter_s),
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--schedules", type=int, default=100_000)
+    parser.add_argument("--jitter-s", type=int, default=55)
+    parser.add_argument("--minutes", type=int, default=5)
+    parser.add_argument("--horizon-s", type=int, default=600)
+    parser.add_argument("--window", type=int, default=20_000)
+    args = parser.parse_args()
+
+    run = uuid.uuid4().hex[:6]
+    env = dict(os.environ)
+    env.update(
+        {
+            "TOCSIN_TOPIC_PREFIX": f"bench.{run}.",
+            "TOCSIN_CASSANDRA_KEYSPACE": f"bench_{run}",
+            "TOCSIN_METRICS_PORT": str(METRICS_PORT),
+            "TOCSIN_WORKER_WEB_PORT": "19466",
+            "TOCSIN_LOG_LEVEL": "WARNING",
+            "TOCSIN_RECURRING_HORIZON_S": str(args.horizon_s),
+        }
+    )
+    settings = Settings.from_env(env)
+    from schema.migrate import migrate
+    from streams.demo import _register_tenant
+    from topics.catalog import catalog, ensure_topics
+
+    ensure_topics(settings.kafka, catalog(settings.topics).all())
+    migrate(settings.cassandra)
+    _register_tenant(settings, TENANT)
+    log = settings.stack.state_dir / f"bench-cron-worker-{run}.log"
+    worker = Worker(env, log)
+    worker.start()
+    results: list[str] = []
+    try:
+        probe = ResultWatcher(settings)
+        client = CommandClient(settings)
+        client.send(make_recurring("probe", 0))
+        client.flush()
+        assert probe.wait_for(["probe"], 120), f"worker did not start; see {log}"
+        probe.close()
+
+        n = args.schedules
+        sids = [f"cron-{run}-{i}" for i in range(n)]
+        t0 = time.monotonic()
+        accepted, _, _ = send_and_count(
+            settings,
+            [make_recurring(s, args.jitter_s) for s in sids],
+            window=args.window,
+            label="create",
+        )
+        print(
+            f"[create] {accepted}/{n} recurring schedules accepted in "
+            f"{time.monotonic() - t0:.0f} s",
+            flush=True,
+        )
+        # Wait for the first materialisation of every schedule (+ the probe).
+        deadline = time.monotonic() + 900
+        while metric("tocsin_recurring_extended_total") < n + 1:
+            if time.monotonic() > deadline:
+                print("[materialise] timed out", flush=True)
+                break
+            print(
+                f"[materialise] {metric('tocsin_recurring_extended_total'):.0f} schedules "
+                f"extended, {metric('tocsin_recurring_runs_materialized_total'):.0f} runs",
+                flush=True,
+            )
+            time.sleep(5)
+        fires = FireWatcher(settings)
+        # Measure whole minutes starting at the next minute boundary + 1 (warm-up).
+        first_minute = (now_ms() // 60_000 + 2) * 60_000
+        last_minute = first_minute + args.minutes * 60_000  # exclusive
+        print(
+            f"[measure] minutes {first_minute} .. {last_minute} "
+            f"(starts in {(first_minute - now_ms()) / 1000:.0f} s)",
+            flush=True,
+        )
+        expected = {
+            run_id(s, m): m + jitter_ms(TENANT, run_id(s, m), args.jitter_s)
+            for m in range(first_minute, last_minute, 60_000)
+            for s in sids
+        }
+        seen: dict[str, int] = {}
+        cpu0 = wall0 = None
+        results_cpu = float("nan")
+        wait_until = last_minute + 60_000 + args.jitter_s * 1000
+        next_note = time.monotonic() + 15
+        while now_ms() < wait_until and len(seen) < len(expected):
+            if cpu0 is None and now_ms() >= first_minute:
+                cpu0, wall0 = worker.cpu_s(), time.monotonic()
+            for trig, _ in fires.poll(0.5):
+                parsed = parse_run_id(trig.schedule_id)
+                if parsed is None or not first_minute <= parsed[1] < last_minute:
+                    continue
+                if trig.schedule_id in expected and trig.schedule_id not in seen:
+                    seen[trig.schedule_id] = trig.emitted_ms - trig.due_ms
+            if cpu0 is not None and wall0 is not None and now_ms() >= last_minute:
+                cpu = (worker.cpu_s() - cpu0) / (time.monotonic() - wall0)
+                results_cpu = cpu
+                cpu0 = -1.0  # measured once, at the end of the last minute
+                print(f"[measure] worker CPU {cpu:.2f} s/s", flush=True)
+            if time.monotonic() > next_note:
+                next_note += 15
+                print(
+                    f"[measure] {len(seen)}/{len(expected)} runs fired, p99 lateness so far "
+                    f"{pct(list(seen.values()), 0.99):.0f} ms",
+                    flush=True,
+                )
+        fires.close()
+        lateness = list(seen.values()) + [10**9] * (len(expected) - len(seen))
+        missing = len(expected) - len(seen)
+        if cpu0 is not None and cpu0 >= 0 and wall0 is not None:
+            results_cpu = (worker.cpu_s() - cpu0) / (time.monotonic() - wall0)
+        results += [
+            f"RESULT cron_schedules={n} schedules",
+            f"RESULT cron_runs_expected={len(expected)} runs",
+            f"RESULT cron_runs_missing={missing} runs",
+            f"RESULT cron_lateness_p50_ms={pct(lateness, 0.5):.0f} ms",
+            f"RESULT cron_fires_per_min={len(seen) / args.minutes:.0f} fires/min",
+            f"RESULT cron_lateness_p99_ms={pct(lateness, 0.99):.0f} ms",
+            f"RESULT cron_worker_cpu={results_cpu:.2f} ratio",
+        ]
+    finally:
+        worker.stop()
+        cleanup(settings)
+    for line in results:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
