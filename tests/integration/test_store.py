@@ -351,7 +351,8 @@ async def test_tenants(store: Store) -> None:
     await store.put_tenant("acme", active=True, created_ms=T0, config='{"max": 1}')
     await store.put_tenant("globex", active=False, created_ms=T0 + 1)
     got = await store.get_tenant("acme")
-    assert got == {"tenant": "acme", "active": True, "created_ms": T0, "config": '{"max": 1}'}
+    assert got == {"tenant": "acme", "active": True, "created_ms": T0, "config": '{"max": 1}',
+                   "signing_secret": None, "updated_ms": None}
     names = {t["tenant"] for t in await store.list_tenants()}
     assert {"acme", "globex"} <= names
 

@@ -1,0 +1,137 @@
+"""The ticker's bookkeeping with fake edges: what it emits, and where its checkpoint may go."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from streams.store import BucketRow
+from streams.ticker import PartitionTicker, TickerConfig
+from streams.timeline import Entry
+
+
+class FakeStore:
+    def __init__(self) -> None:
+        self.fired: list[str] = []
+        self.missed: list[str] = []
+        self.checkpoints: list[int] = []
+
+    async def get_checkpoint(self, partition: int) -> int | None:
+        return None
+
+    async def set_checkpoint(self, partition: int, fired_before_ms: int, owner: str, *,
+                             now_ms: int) -> None:
+        self.checkpoints.append(fired_before_ms)
+
+    async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]:
+        return []
+
+    async def mark_fired(self, tenant: str, schedule_id: str, trigger_id: str, *,
+                         fired_ms: int, due_ms: int, if_version: int | None = None) -> bool:
+        self.fired.append(schedule_id)
+        return True
+
+    async def mark_missed(self, tenant: str, schedule_id: str, trigger_id: str, *,
+                          missed_ms: int, due_ms: int, detail: str | None = None,
+                          if_version: int | None = None) -> bool:
+        self.missed.append(schedule_id)
+        return True
+
+
+class FakeSink:
+    """Holds every send's future so a test decides when Kafka acknowledges."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes | None, asyncio.Future[Any]]] = []
+
+    def send(self, topic: str, *, key: bytes | None, value: bytes,
+             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.sent.append((key, fut))
+        return fut
+
+
+def row(sid: str, due_ms: int, tolerance_s: int = 60) -> BucketRow:
+    return BucketRow(partition=0, minute_ms=due_ms - due_ms % 60_000, shard=0, due_ms=due_ms,
+                     tenant="t", schedule_id=sid, version=1, order_key=sid, payload=b"{}",
+                     payload_type="json", callback='{"type":"http","url":"https://h/cb"}',
+                     misfire_tolerance_s=tolerance_s)
+
+
+def make(now: list[int]) -> tuple[PartitionTicker, FakeStore, FakeSink]:
+    store, sink = FakeStore(), FakeSink()
+    ticker = PartitionTicker(0, store=store, sink=sink,
+                             config=TickerConfig(fire_topic="fires", owner="test"),
+                             clock_ms=lambda: now[0])
+    ticker.fired_before_ms = 0
+    return ticker, store, sink
+
+
+async def settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_checkpoint_never_passes_an_unacknowledged_trigger() -> None:
+    now = [100_000]
+    ticker, store, sink = make(now)
+    marker = asyncio.create_task(ticker._mark_loop())
+    early, late = row("early", 90_000), row("late", 95_000)
+    for r in (early, late):
+        ticker._dispatch(Entry(r.due_ms, r.tenant, r.schedule_id, r.version, r), now[0])
+    assert [k for k, _ in sink.sent] == [b"early", b"late"]
+    sink.sent[1][1].set_result((0, 1))  # only the later one is acknowledged
+    await settle()
+    assert ticker.checkpoint_candidate(now[0]) == 90_000
+    sink.sent[0][1].set_result((0, 0))
+    await settle()
+    assert sorted(store.fired) == ["early", "late"]
+    assert ticker.checkpoint_candidate(now[0]) == now[0] + 1
+    marker.cancel()
+
+
+async def test_failed_ack_keeps_the_trigger_in_flight() -> None:
+    now = [100_000]
+    ticker, store, sink = make(now)
+    r = row("x", 99_000)
+    ticker._dispatch(Entry(r.due_ms, r.tenant, r.schedule_id, r.version, r), now[0])
+    sink.sent[0][1].set_exception(RuntimeError("broker gone"))
+    await settle()
+    assert store.fired == []
+    assert ticker.is_firing("t", "x")
+    assert ticker.checkpoint_candidate(now[0]) == 99_000
+
+
+async def test_beyond_tolerance_is_recorded_missed_not_emitted() -> None:
+    now = [1_000_000]
+    ticker, store, sink = make(now)
+    r = row("stale", 1_000_000 - 61_000, tolerance_s=60)
+    ticker._dispatch(Entry(r.due_ms, r.tenant, r.schedule_id, r.version, r), now[0])
+    await settle()
+    assert sink.sent == []
+    assert store.missed == ["stale"]
+    assert not ticker.is_firing("t", "stale")
+
+
+async def test_offers_are_kept_only_near_the_loaded_horizon() -> None:
+    now = [1_000_000]
+    ticker, _, _ = make(now)
+    ticker.offer(row("soon", now[0] + 5_000))
+    ticker.offer(row("far", now[0] + 3_600_000))
+    assert ticker.timeline.get("t", "soon") is not None
+    assert ticker.timeline.get("t", "far") is None
+    ticker.withdraw("t", "soon", version=2)
+    assert ticker.timeline.get("t", "soon") is None
+
+
+@pytest.mark.parametrize("late_ms", [0, 1, 59_999])
+async def test_fire_now_waits_for_kafka(late_ms: int) -> None:
+    now = [1_000_000]
+    ticker, _, sink = make(now)
+    task = asyncio.create_task(ticker.fire_now(row("late", now[0] - late_ms)))
+    await settle()
+    assert not task.done() and len(sink.sent) == 1
+    sink.sent[0][1].set_result((0, 0))
+    await asyncio.wait_for(task, 1)
