@@ -414,16 +414,18 @@ class RecurringStore:
         )
         return [ScheduleRow(**r) for r in rows]
 
-    async def write_runs(
-        self, parent: ScheduleRow, buckets: Sequence[BucketRow], *, now_ms: int
-    ) -> None:
-        """Bucket rows and history rows of a parent's new runs (idempotent overwrites)."""
-        await self.prepare()
-        history = []
+    async def write_runs(self, buckets: Sequence[BucketRow], *, now_ms: int) -> None:
+        """Bucket rows of new runs (idempotent overwrites, batched per bucket partition)."""
+        await self.store.write_buckets(put=buckets, now_ms=now_ms)
+
+    def _history_stmts(
+        self, parent: ScheduleRow, buckets: Sequence[BucketRow], now_ms: int
+    ) -> list[Any]:
+        out = []
         for row in buckets:
             nominal = int(row.schedule_id.rpartition("@")[2])
             ttl = max(1, -(-(row.due_ms - now_ms) // 1000) + self.store.retention_s)
-            history.append(
+            out.append(
                 (
                     "rec_put_run",
                     [
@@ -438,20 +440,21 @@ class RecurringStore:
                     ],
                 )
             )
-        # History rows share the parent's partition: one unlogged batch per 100.
-        await asyncio.gather(
-            self.store.write_buckets(put=buckets, now_ms=now_ms),
-            *(
-                self.store._run_together("rec_put_run", history[i : i + 100])
-                for i in range(0, len(history), 100)
-            ),
-        )
+        return out
 
-    async def commit(self, rows: Sequence[tuple[ScheduleRow, str | None]], *, now_ms: int) -> None:
-        """Write the parents' new state (the commit point of a step), with an optional
-        event each."""
-        stmts = []
-        for row, event in rows:
+    async def commit(
+        self,
+        rows: Sequence[tuple[ScheduleRow, str | None]],
+        *,
+        now_ms: int,
+        runs: Sequence[Sequence[BucketRow]] | None = None,
+    ) -> None:
+        """Write the parents' new state (the commit point of a step) with their runs'
+        history rows and an optional event; each parent's statements share its partition
+        key (one mutation), and up to ``commit_group_size`` parents go in one request."""
+        await self.prepare()
+        per_parent = []
+        for index, (row, event) in enumerate(rows):
             group = [self.store._put_schedule_stmt(row, now_ms)]
             if event is not None:
                 group.append(
@@ -459,8 +462,22 @@ class RecurringStore:
                         row.tenant, row.schedule_id, "skipped", now_ms, event, None, None
                     )
                 )
-            stmts.append(self.store._run_together("put_schedule", group))
-        results = await asyncio.gather(*stmts, return_exceptions=True)
+            if runs is not None:
+                group.extend(self._history_stmts(row, runs[index], now_ms))
+            per_parent.append(group)
+        size = max(1, getattr(self.store, "commit_group_size", 1))
+        sends = []
+        chunk: list[Any] = []
+        count = 0
+        for group in per_parent:
+            if chunk and (count >= size or len(chunk) + len(group) > 200):
+                sends.append(self.store._run_together("rec_commit", chunk))
+                chunk, count = [], 0
+            chunk.extend(group)
+            count += 1
+        if chunk:
+            sends.append(self.store._run_together("rec_commit", chunk))
+        results = await asyncio.gather(*sends, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):
                 raise result
@@ -627,10 +644,8 @@ class PartitionMaterializer:
                         self.ticker.offer(row)
                 else:
                     late.append(row)
-        # 2. Bucket and history rows (idempotent; a repeated step writes the same).
-        await asyncio.gather(
-            *(self.store.write_runs(p, rows, now_ms=now_ms) for p, _, rows in steps if rows)
-        )
+        # 2. Bucket rows (idempotent; a repeated step writes the same).
+        await self.store.write_runs([r for _, _, rows in steps for r in rows], now_ms=now_ms)
         # 3. Catch-up: runs already due fire now, paced, and are acknowledged before the
         #    commit (a crash before it fires them again: at least once).
         if late and self.ticker is not None:
@@ -659,7 +674,7 @@ class PartitionMaterializer:
             commits.append((new, note))
             self.runs_written += len(rows)
             self.runs_skipped += len(step.skipped)
-        await self.store.commit(commits, now_ms=now_ms)
+        await self.store.commit(commits, now_ms=now_ms, runs=[rows for _, _, rows in steps])
         self.extended += len(commits)
         PARENTS_EXTENDED.inc(len(commits))
         RUNS_MATERIALIZED.inc(sum(len(rows) for _, _, rows in steps))

@@ -159,11 +159,11 @@ class FakeStore:
         hi = materialize_key(partition, now_ms)
         return [r for r in self.rows.values() if (r.materialize_key or 0) <= hi][:limit]
 
-    async def write_runs(self, parent: ScheduleRow, rows: Any, *, now_ms: int) -> None:
+    async def write_runs(self, rows: Any, *, now_ms: int) -> None:
         for row in rows:
             self.buckets[row.schedule_id] = row
 
-    async def commit(self, rows: Any, *, now_ms: int) -> None:
+    async def commit(self, rows: Any, *, now_ms: int, runs: Any = None) -> None:
         for row, _ in rows:
             self.rows[row.schedule_id] = row
             self.commits += 1
