@@ -99,6 +99,7 @@ class Worker:
             ),
             bucket_shards=sched.bucket_shards,
             tenant_ttl_s=settings.api.tenant_cache_ttl_s,
+            require_signed=sched.require_signed_commands,
         )
         # Recurring schedules: one materialiser per owned partition, next to its ticker.
         self.recurring = RecurringStore(self.store)

@@ -42,30 +42,36 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
         from streams.tenant_admin import TenantExists, register_tenant
 
         try:
-            config = TenantConfig.from_dict({
-                k: v for k, v in {
-                    "create_quota_per_s": args.create_quota,
-                    "fire_quota_per_min": args.fire_quota,
-                    "max_payload_bytes": args.max_payload_bytes,
-                    "max_horizon_s": args.max_horizon_s,
-                    "allowed_callback_hosts": args.allow_host or None,
-                    "allowed_kafka_topics": args.allow_topic or None,
-                }.items() if v is not None
-            })
+            config = TenantConfig.from_dict(
+                {
+                    k: v
+                    for k, v in {
+                        "create_quota_per_s": args.create_quota,
+                        "fire_quota_per_min": args.fire_quota,
+                        "max_payload_bytes": args.max_payload_bytes,
+                        "max_horizon_s": args.max_horizon_s,
+                        "allowed_callback_hosts": args.allow_host or None,
+                        "allowed_kafka_topics": args.allow_topic or None,
+                    }.items()
+                    if v is not None
+                }
+            )
         except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_USAGE
         try:
-            created = asyncio.run(_with_store(
-                settings, lambda s: register_tenant(s, args.name, config, active=True)))
+            created = asyncio.run(
+                _with_store(settings, lambda s: register_tenant(s, args.name, config, active=True))
+            )
         except (ValueError, TenantExists) as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_FAIL
         if args.json:
             print(orjson.dumps(created, option=orjson.OPT_INDENT_2).decode())
         else:
-            print(f"tenant {created['tenant']} registered; store these now, they are not "
-                  "shown again:")
+            print(
+                f"tenant {created['tenant']} registered; store these now, they are not shown again:"
+            )
             print(f"  api key      {created['api_key']}")
             print(f"  signing key  {created['signing_key']}")
         return EXIT_OK
@@ -74,21 +80,35 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
         async def add(store: Any) -> None:
             import time
 
+            from topics.signing import new_signing_key
+
             await store.put_tenant(
-                args.name, active=True, created_ms=time.time_ns() // 10**6, config="{}"
+                args.name,
+                active=True,
+                created_ms=time.time_ns() // 10**6,
+                config="{}",
+                signing_secret=new_signing_key(),
             )
 
         asyncio.run(_with_store(settings, add))
-        print(f"tenant {args.name} registered")
+        print(
+            f"tenant {args.name} registered (with a new signing key; "
+            "`tocsin tenant register` also issues an API key)"
+        )
         return EXIT_OK
     rows = asyncio.run(_with_store(settings, lambda s: s.list_tenants()))
     out = []
     for r in sorted(rows, key=lambda r: r["tenant"]):
         cfg = TenantConfig.from_json(r.get("config"))
-        out.append({"tenant": r["tenant"], "active": bool(r["active"]),
-                    "signed": bool(r.get("signing_secret")),
-                    "create_quota_per_s": cfg.create_quota_per_s,
-                    "allowed_hosts": ",".join(cfg.allowed_callback_hosts) or "*"})
+        out.append(
+            {
+                "tenant": r["tenant"],
+                "active": bool(r["active"]),
+                "signed": bool(r.get("signing_secret")),
+                "create_quota_per_s": cfg.create_quota_per_s,
+                "allowed_hosts": ",".join(cfg.allowed_callback_hosts) or "*",
+            }
+        )
     _emit(args, out, ["tenant", "active", "signed", "create_quota_per_s", "allowed_hosts"])
     return EXIT_OK
 
@@ -202,8 +222,7 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
         out: list[dict[str, Any]] = []
         after = None
         while len(out) < args.limit:
-            page = await store.read_index(args.tenant, from_ms=lo, to_ms=hi, after=after,
-                                          limit=500)
+            page = await store.read_index(args.tenant, from_ms=lo, to_ms=hi, after=after, limit=500)
             if not page:
                 break
             rows = await store.get_schedules(args.tenant, [sid for _, sid in page])
@@ -285,7 +304,8 @@ def register(sub: Any) -> None:
     worker.set_defaults(func=cmd_worker)
 
     tenant = sub.add_parser(
-        "tenant", help="register and list tenants",
+        "tenant",
+        help="register and list tenants",
         description="register: a tenant with a signing key and an API key (printed once); "
         "add: a legacy tenant without keys (unsigned commands); list.",
     )
@@ -297,8 +317,9 @@ def register(sub: Any) -> None:
     tenant.add_argument("--max-horizon-s", type=int)
     tenant.add_argument("--allow-host", action="append", help="allowed callback host")
     tenant.add_argument("--allow-topic", action="append", help="allowed Kafka callback topic")
-    tenant.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                        help="machine-readable output")
+    tenant.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
     tenant.set_defaults(func=cmd_tenant)
 
     schedule = sub.add_parser("schedule", help="create, cancel and inspect schedules")
@@ -309,8 +330,9 @@ def register(sub: Any) -> None:
     schedule.add_argument("--to", help="list: due before (ISO-8601 or epoch ms)")
     schedule.add_argument("--status", help="list: comma-separated statuses")
     schedule.add_argument("--limit", type=int, default=100, help="list: at most this many")
-    schedule.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
-                          help="machine-readable output")
+    schedule.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
     schedule.add_argument("--due", default="", help="ISO-8601 UTC or epoch ms (create)")
     schedule.add_argument("--url", help="HTTP callback URL (create)")
     schedule.add_argument("--topic", help="Kafka callback topic (create)")

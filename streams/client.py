@@ -25,6 +25,7 @@ class CommandClient:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topics = catalog(settings.topics)
+        self._signing_keys: dict[str, str | None] = {}
         self.producer = Producer(
             {
                 **settings.kafka.librdkafka(),
@@ -36,18 +37,40 @@ class CommandClient:
         )
 
     def send(self, command: Command, *, signing_key: str | None = None) -> None:
-        """Produce a command; with ``signing_key`` (the tenant's), signed (topics.signing)."""
+        """Produce a command signed with the tenant's key (topics.signing): ``signing_key``
+        if given, else the key read once from the store - this client is an operator's
+        tool (CLI, demo, tests, benchmarks) with access to Cassandra; services sign with the
+        key they were given at registration."""
         key, value = command.schedule_id.encode(), encode_command(command)
+        secret = signing_key or self.signing_key_of(command.tenant)
         headers = (
-            sign_headers(signing_key, signed_at_ms=time.time_ns() // 1_000_000, key=key,
-                         value=value)
-            if signing_key else None
+            sign_headers(secret, signed_at_ms=time.time_ns() // 1_000_000, key=key, value=value)
+            if secret
+            else None
         )
         self.send_raw(key, value, headers=headers)
 
-    def send_raw(
-        self, key: bytes | None, value: bytes, *, headers: Any = None
-    ) -> None:
+    def signing_key_of(self, tenant: str) -> str | None:
+        if tenant not in self._signing_keys:
+            from tocsin.cassandra import make_cluster
+
+            cluster = make_cluster(self.settings.cassandra)
+            try:
+                row = (
+                    cluster.connect()
+                    .execute(
+                        f"SELECT signing_secret FROM {self.settings.cassandra.keyspace}.tenants "
+                        "WHERE tenant = %s",
+                        (tenant,),
+                    )
+                    .one()
+                )
+            finally:
+                cluster.shutdown()
+            self._signing_keys[tenant] = row.signing_secret if row is not None else None
+        return self._signing_keys[tenant]
+
+    def send_raw(self, key: bytes | None, value: bytes, *, headers: Any = None) -> None:
         while True:
             try:
                 self.producer.produce(

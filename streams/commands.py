@@ -306,7 +306,9 @@ class CommandProcessor:
         bucket_shards: int = 1,
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         tenant_ttl_s: float = 5.0,
+        require_signed: bool = True,
     ) -> None:
+        self.require_signed = require_signed
         self.store = store
         self.sink = sink
         self.tickers = tickers
@@ -461,6 +463,13 @@ class CommandProcessor:
         """Signature and the tenant's own limits (issue 5); the tenant row is cached."""
         tenant = await self.tenants.get(command.tenant)
         secret = tenant.get("signing_secret") if tenant else None
+        if not secret and self.require_signed:
+            raise CommandRejected(
+                Code.BAD_SIGNATURE,
+                f"tenant {command.tenant!r} has no signing key, so none of its commands can "
+                "be verified; give it one (`tocsin tenant register`) or, for a trusted "
+                "network only, set TOCSIN_REQUIRE_SIGNED_COMMANDS=false",
+            )
         if secret:
             why = verify(
                 secret,

@@ -25,6 +25,7 @@ from streams.client import CommandClient, FireWatcher, ResultWatcher
 from tocsin.settings import REPO_ROOT, Settings
 from topics.ids import trigger_id
 from topics.models import CreateCommand, HttpCallback, PayloadType
+from topics.signing import new_signing_key
 
 
 def _percentile(values: list[int], q: float) -> float:
@@ -42,7 +43,11 @@ def _register_tenant(settings: Settings, tenant: str) -> None:
         await store.connect()
         try:
             await store.put_tenant(
-                tenant, active=True, created_ms=time.time_ns() // 10**6, config="{}"
+                tenant,
+                active=True,
+                created_ms=time.time_ns() // 10**6,
+                config="{}",
+                signing_secret=new_signing_key(),
             )
         finally:
             await store.close()

@@ -137,6 +137,8 @@ class SchedulerSettings:
     worker_web_port: int = 6066
     command_batch_size: int = 500
     commit_group_size: int = 16
+    # Secure by default: a tenant without a signing key cannot command anything.
+    require_signed_commands: bool = True
     session_timeout_s: float = 10.0
     # Recurring schedules (streams.materializer): runs are written this far ahead...
     recurring_horizon_s: float = 600.0
@@ -234,6 +236,8 @@ class Settings:
                 worker_web_port=_int(e, "WORKER_WEB_PORT", 6066),
                 command_batch_size=_int(e, "COMMAND_BATCH_SIZE", 500),
                 commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
+                require_signed_commands=_get(e, "REQUIRE_SIGNED_COMMANDS", "true").lower()
+                in ("1", "true", "yes"),
                 session_timeout_s=_float(e, "SESSION_TIMEOUT_S", 10.0),
                 recurring_horizon_s=_float(e, "RECURRING_HORIZON_S", 600.0),
                 recurring_max_runs_per_step=_int(e, "RECURRING_MAX_RUNS_PER_STEP", 500),

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tocsin.settings import REPO_ROOT, Settings
+from topics.signing import new_signing_key
 
 _ports = itertools.count(19500)
 
@@ -81,9 +82,11 @@ def tenant(real_stack: Settings) -> str:
         await store.connect()
         try:
             await store.put_tenant("acme", active=True, created_ms=time.time_ns() // 10**6,
-                                   config="{}")
+                                   config="{}",
+                                  signing_secret=new_signing_key())
             await store.put_tenant("sleepy", active=False, created_ms=time.time_ns() // 10**6,
-                                   config="{}")
+                                   config="{}",
+                                  signing_secret=new_signing_key())
         finally:
             await store.close()
 
