@@ -10,7 +10,7 @@ TOCSIN := $(BIN)/tocsin
 PYTEST_ARGS ?=
 
 .PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy \
-        demo bench bench-scheduler bench-proxy bench-cron bench-api api clean deploy-tools deploy-check
+        demo bench bench-scheduler bench-proxy bench-cron bench-api chaos api clean deploy-tools deploy-check
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
@@ -91,6 +91,13 @@ bench-api: setup
 	$(BIN)/python -m bench.api
 
 bench: bench-scheduler bench-proxy
+
+# Fault injection (bench/chaos.py, RELIABILITY.md): workers SIGKILLed, the broker restarted,
+# Cassandra stopped, receivers and proxies down, a skewed clock, a read-only/full state
+# folder. It starts its OWN stack (Kafka 19092, Cassandra 19042, state in .state/chaos) and
+# never touches the main one. ~20 min, so not part of `make test` (its property tests are).
+chaos: $(STAMP)
+	$(BIN)/python -m bench.chaos $(CHAOS_ARGS)
 
 clean: down
 	rm -rf .state $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -38,7 +38,7 @@ from topics.ids import trigger_id
 from topics.models import CreateCommand, HttpCallback, PayloadType
 
 TENANT = "bench"
-METRICS_PORT = 19464
+METRICS_PORT = 19664
 
 
 def now_ms() -> int:
@@ -246,47 +246,44 @@ def phase_burst(settings: Settings, n: int, ingest_rate: float) -> tuple[float, 
 
 
 def store_future_rows(settings: Settings, count: int, start_index: int) -> None:
-    """Write ``count`` future schedules (schedule + bucket rows) straight to Cassandra."""
+    """Write ``count`` future schedules (schedule + bucket rows) straight to Cassandra,
+    due one to two days ahead (so no worker loads them), through the same grouped writes
+    the command agent uses (bucket rows batched per bucket partition)."""
     from streams.partitioner import partition_for
-    from streams.store import BucketRow, ScheduleRow, Store
+    from streams.store import BucketRow, ScheduleChange, ScheduleRow, Store
 
     async def go() -> None:
-        store = Store(settings.cassandra)
+        store = Store(settings.cassandra, commit_group_size=32)
         await store.connect()
-        base = now_ms() + 3_600_000
-        span = 30 * 24 * 3_600_000
-        sem = asyncio.Semaphore(256)
+        base = now_ms() + 24 * 3_600_000
+        span = 24 * 3_600_000
+        stamp = now_ms()
         done = 0
-
-        async def one(i: int) -> None:
-            nonlocal done
-            sid = f"mem-{i}"
-            row = ScheduleRow(
-                tenant=TENANT,
-                schedule_id=sid,
-                partition=partition_for(sid.encode(), settings.topics.command_partitions),
-                state="scheduled",
-                due_ms=base + (i * 7919) % span,
-                version=1,
-                created_ms=now_ms(),
-                updated_ms=now_ms(),
-                order_key=sid,
-                payload=b'{"x":1}',
-                payload_type="json",
-                callback='{"type":"http","url":"https://r.example/cb"}',
-                misfire_tolerance_s=60,
-            )
-            async with sem:
-                await store.put_bucket_row(BucketRow.for_schedule(row, shards=1), now_ms=now_ms())
-                await store.put_schedule(row, now_ms=now_ms())
-            done += 1
-            if done % 100_000 == 0:
+        for chunk in range(start_index, start_index + count, 5_000):
+            changes = []
+            for i in range(chunk, min(chunk + 5_000, start_index + count)):
+                sid = f"mem-{i}"
+                row = ScheduleRow(
+                    tenant=TENANT,
+                    schedule_id=sid,
+                    partition=partition_for(sid.encode(), settings.topics.command_partitions),
+                    state="scheduled",
+                    due_ms=base + (i * 7919) % span,
+                    version=1,
+                    created_ms=stamp,
+                    updated_ms=stamp,
+                    order_key=sid,
+                    payload=b'{"x":1}',
+                    payload_type="json",
+                    callback='{"type":"http","url":"https://r.example/cb"}',
+                    misfire_tolerance_s=60,
+                )
+                changes.append(ScheduleChange(row=row, new_bucket=BucketRow.for_schedule(
+                    row, shards=1), old_bucket=None, now_ms=stamp))
+            await store.apply_schedule_changes(changes)
+            done += len(changes)
+            if done % 100_000 < 5_000:
                 print(f"[memory] stored {done}/{count}", flush=True)
-
-        for chunk in range(start_index, start_index + count, 20_000):
-            await asyncio.gather(
-                *(one(i) for i in range(chunk, min(chunk + 20_000, start_index + count)))
-            )
         await store.close()
 
     asyncio.run(go())
@@ -331,7 +328,7 @@ def main() -> int:
             "TOCSIN_TOPIC_PREFIX": f"bench.{run}.",
             "TOCSIN_CASSANDRA_KEYSPACE": f"bench_{run}",
             "TOCSIN_METRICS_PORT": str(METRICS_PORT),
-            "TOCSIN_WORKER_WEB_PORT": "19466",
+            "TOCSIN_WORKER_WEB_PORT": "19666",
             "TOCSIN_LOG_LEVEL": "WARNING",
         }
     )

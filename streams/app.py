@@ -16,6 +16,8 @@ import asyncio
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +31,7 @@ from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer, RecurringStore
 from streams.store import Store
 from streams.ticker import PartitionTicker, TickerConfig
+from tocsin.errors import StoreError
 from tocsin.health import Health
 from tocsin.health import serve as serve_health
 from tocsin.logs import setup_logging
@@ -79,6 +82,7 @@ class Worker:
         self.emitter = Emitter(settings.kafka, client_id=f"tocsin-worker-{os.getpid()}")
         self.tickers: dict[int, PartitionTicker] = {}
         sched = settings.scheduler
+        self.clock_ms = skewed_clock(sched.clock_skew_ms)
         self.ticker_config = TickerConfig(
             fire_topic=self.catalog.fires.name,
             owner=self.owner,
@@ -100,6 +104,7 @@ class Worker:
             bucket_shards=sched.bucket_shards,
             tenant_ttl_s=settings.api.tenant_cache_ttl_s,
             require_signed=sched.require_signed_commands,
+            clock_ms=self.clock_ms,
         )
         # Recurring schedules: one materialiser per owned partition, next to its ticker.
         self.recurring = RecurringStore(self.store)
@@ -164,7 +169,7 @@ class Worker:
                     )
                     for e in events
                 ]
-                await self.processor.process_batch(batch)
+                await self._process_until_stored(batch)
                 self._observe_lag(app, events)
 
         deliveries = app.topic(
@@ -199,12 +204,20 @@ class Worker:
             await self._stop_tickers(set(self.tickers) - mine)
             for partition in sorted(mine - set(self.tickers)):
                 ticker = PartitionTicker(
-                    partition, store=self.store, sink=self.emitter, config=self.ticker_config
+                    partition,
+                    store=self.store,
+                    sink=self.emitter,
+                    config=self.ticker_config,
+                    clock_ms=self.clock_ms,
                 )
                 self.tickers[partition] = ticker
                 ticker.start()
                 materializer = PartitionMaterializer(
-                    partition, store=self.recurring, ticker=ticker, config=self.materializer_config
+                    partition,
+                    store=self.recurring,
+                    ticker=ticker,
+                    config=self.materializer_config,
+                    clock_ms=self.clock_ms,
                 )
                 self.materializers[partition] = materializer
                 materializer.start()
@@ -229,6 +242,27 @@ class Worker:
             high = app.consumer.highwater(tp)
             if high is not None:
                 metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, high - offset - 1))
+
+    async def _process_until_stored(self, batch: list[RawCommand]) -> None:
+        """Process a batch, retrying while Cassandra is unavailable (issue 7).
+
+        Before, a StoreError escaped the agent: Faust restarted the crashed agent and the
+        batch's records were acknowledged unprocessed, so their commands got no result at
+        all. Now commands wait (neither rejected nor lost) until the store answers. A retry
+        after a partial write is safe: each schedule row records the offset it applied, so
+        the replay is answered with the original outcome and nothing is applied twice."""
+        delay = 0.5
+        while True:
+            try:
+                await self.processor.process_batch(batch)
+                return
+            except StoreError as exc:
+                log.warning(
+                    "store unavailable; retrying the command batch",
+                    extra={"commands": len(batch), "error": str(exc), "retry_s": delay},
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     async def _record_delivery(self, outcome: dict[str, Any]) -> None:
         try:
@@ -266,6 +300,14 @@ class Worker:
             await asyncio.gather(*(t.stop() for t in stopping))
             log.info("partitions released", extra={"partitions": sorted(partitions)})
         metrics.OWNED_PARTITIONS.set(len(self.tickers))
+
+
+def skewed_clock(skew_ms: int) -> Callable[[], int]:
+    """The wall clock in epoch ms, offset by ``skew_ms`` (TOCSIN_CLOCK_SKEW_MS, fault
+    injection: a host whose clock runs fast or slow)."""
+    if not skew_ms:
+        return lambda: time.time_ns() // 1_000_000
+    return lambda: time.time_ns() // 1_000_000 + skew_ms
 
 
 def parse_outcome(raw: bytes | None) -> dict[str, Any] | None:

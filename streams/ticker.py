@@ -39,6 +39,7 @@ from streams import metrics
 from streams.buckets import minute_ms
 from streams.store import BucketRow
 from streams.timeline import Entry, Timeline
+from tocsin.errors import StoreError
 from topics.codec import encode_trigger, trigger_headers
 from topics.ids import trigger_id as make_trigger_id
 from topics.models import PayloadType, Trigger
@@ -152,6 +153,7 @@ class PartitionTicker:
         self.emitted = 0
         self.missed = 0
         self._label = str(partition)
+        self._store_trouble_logged = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -215,7 +217,10 @@ class PartitionTicker:
 
     async def _run(self) -> None:
         try:
-            checkpoint = await self.store.get_checkpoint(self.partition)
+            # Cassandra down at start (issue 7): wait for it rather than die for good.
+            checkpoint = await self._until_stored(
+                "reading the checkpoint", lambda: self.store.get_checkpoint(self.partition)
+            )
             now = self.clock_ms()
             if checkpoint is None:
                 checkpoint = now - self.config.initial_lookback_ms
@@ -231,12 +236,19 @@ class PartitionTicker:
                 },
             )
             while not self._stopping:
-                await self._load_due_buckets()
+                # A store failure here used to end this task for good: the partition then
+                # never fired again until a rebalance (issue 7, Cassandra stopped). Now it is
+                # retried on the next round (at most a second later); what is already loaded
+                # keeps firing meanwhile, and the unread minute stays unread (the timeline's
+                # loaded horizon and so the checkpoint stay below it), so nothing is skipped.
+                with self._store_trouble("loading buckets"):
+                    await self._load_due_buckets()
                 now = self.clock_ms()
                 due = self.timeline.pop_due(now, limit=self.config.emit_slice)
                 for entry in due:
                     self._dispatch(entry, now)
-                await self._write_checkpoint()
+                with self._store_trouble("writing the checkpoint"):
+                    await self._write_checkpoint()
                 metrics.TIMELINE_SIZE.labels(self._label).set(len(self.timeline))
                 metrics.INFLIGHT.labels(self._label).set(len(self._inflight))
                 if len(due) >= self.config.emit_slice:
@@ -248,6 +260,27 @@ class PartitionTicker:
         except Exception:
             log.exception("ticker failed", extra={"partition": self.partition})
             raise
+
+    @contextlib.contextmanager
+    def _store_trouble(self, what: str) -> Any:
+        """Log (at most every 10 s) and swallow a store failure; the loop retries."""
+        try:
+            yield
+        except StoreError as exc:
+            now = time.monotonic()
+            if now - self._store_trouble_logged > 10:
+                self._store_trouble_logged = now
+                log.warning(
+                    "store unavailable; retrying",
+                    extra={"partition": self.partition, "while": what, "error": str(exc)},
+                )
+
+    async def _until_stored(self, what: str, call: Callable[[], Any]) -> Any:
+        """``await call()`` until the store answers (StoreError: retry after a second)."""
+        while True:
+            with self._store_trouble(what):
+                return await call()
+            await asyncio.sleep(1.0)
 
     async def _load_due_buckets(self) -> None:
         """Read every bucket whose minute starts before now + preload, one paged read each."""

@@ -122,11 +122,14 @@ def _render(template: Path, target: Path, **values: object) -> None:
 # ----------------------------------------------------------------------------- jars
 
 
-def resolve_jars(name: str, state_dir: Path) -> Path:
-    """Resolve the server's jars with Maven into a folder keyed by the pom's hash."""
+def resolve_jars(name: str, state_dir: Path, jars_dir: Path | None = None) -> Path:
+    """Resolve the server's jars with Maven into a folder keyed by the pom's hash.
+
+    The cache is ``jars_dir`` (TOCSIN_JARS_DIR) if given, else ``state_dir/jars``.
+    """
     pom = INFRA_DIR / name / "pom.xml"
     digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
-    target = state_dir / "jars" / f"{name}-{digest}"
+    target = (jars_dir or state_dir / "jars") / f"{name}-{digest}"
     marker = target / ".complete"
     if marker.exists():
         return target
@@ -215,7 +218,7 @@ class _Server:
                 f"port {self.port} is taken by a process this stack did not start; stop it "
                 f"or set TOCSIN_{self.name.upper()}_PORT to use another port"
             )
-        jars = resolve_jars(self.name, self.stack.state_dir)
+        jars = resolve_jars(self.name, self.stack.state_dir, self.stack.jars_dir)
         try:
             (self.home / "logs").mkdir(parents=True, exist_ok=True)
             self._prepare(jars)
@@ -473,11 +476,15 @@ class Stack:
 
     def _check_state_dir(self) -> None:
         state = self.stack.state_dir
+        probe = state / ".write-probe"
         try:
             state.mkdir(parents=True, exist_ok=True)
-            probe = state / ".write-probe"
-            probe.write_bytes(b"x" * 4096)
-            probe.unlink()
+            try:
+                probe.write_bytes(b"x" * 4096)
+            finally:
+                # A full disk fails the write after creating the file: never leave it behind.
+                with contextlib.suppress(OSError):
+                    probe.unlink()
         except OSError as exc:
             raise InfraError(f"state folder {state} is not writable: {exc}") from exc
         free_mib = shutil.disk_usage(state).free // (1024 * 1024)
@@ -493,7 +500,7 @@ class Stack:
         # Resolve jars one after the other: two Maven runs sharing ~/.m2 can corrupt it.
         for server in self.servers:
             if not server.running():
-                resolve_jars(server.name, self.stack.state_dir)
+                resolve_jars(server.name, self.stack.state_dir, self.stack.jars_dir)
         timings: dict[str, float] = {}
         errors: list[InfraError] = []
 

@@ -123,6 +123,9 @@ class StackSettings:
     cassandra_heap_mib: int = 1024
     start_timeout_s: float = 240.0
     java_home: str | None = None
+    # Where resolved jars are cached; None means state_dir/jars. A second stack (e.g. the
+    # fault-injection suite's, bench/chaos.py) points this at the main stack's cache.
+    jars_dir: Path | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -147,6 +150,10 @@ class SchedulerSettings:
     recurring_max_runs_per_step: int = 500
     recurring_catchup_per_s: float = 200.0
     recurring_interval_s: float = 1.0
+    # Fault injection only (bench/chaos.py): the worker's scheduling clock (tickers, command
+    # processor, materialisers) reads the wall clock plus this offset, to model a host
+    # whose clock runs fast (>0) or slow (<0). Never set it in production.
+    clock_skew_ms: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,6 +231,7 @@ class Settings:
                 cassandra_heap_mib=_int(e, "CASSANDRA_HEAP_MIB", 1024),
                 start_timeout_s=_float(e, "STACK_START_TIMEOUT_S", 240.0),
                 java_home=_opt(e, "JAVA_HOME"),
+                jars_dir=Path(j) if (j := _opt(e, "JARS_DIR")) else None,
             ),
             scheduler=SchedulerSettings(
                 max_payload_bytes=_int(e, "MAX_PAYLOAD_BYTES", 64 * 1024),
@@ -243,6 +251,7 @@ class Settings:
                 recurring_max_runs_per_step=_int(e, "RECURRING_MAX_RUNS_PER_STEP", 500),
                 recurring_catchup_per_s=_float(e, "RECURRING_CATCHUP_PER_S", 200.0),
                 recurring_interval_s=_float(e, "RECURRING_INTERVAL_S", 1.0),
+                clock_skew_ms=_int(e, "CLOCK_SKEW_MS", 0),
             ),
             api=ApiSettings(
                 host=_get(e, "API_HOST", "127.0.0.1"),

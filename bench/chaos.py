@@ -1,0 +1,858 @@
+"""Fault injection (``make chaos``): workers, broker, Cassandra, receivers and proxies fail
+while signed schedules stream through, and every trigger is counted (RELIABILITY.md).
+
+The suite runs on a stack of its OWN, never the main one: Kafka 19092/19093 and Cassandra
+19042/17000 with state under ``.state/chaos`` (jars shared with ``.state/jars`` through
+TOCSIN_JARS_DIR), started and stopped here through ``tocsin.infra``; it restarts that broker
+and stops that Cassandra. Every scenario has its own topic prefix, keyspace and tenant,
+its own worker/proxy subprocesses (SIGKILLed by pid when the scenario says so) and a real
+HTTP receiver on a fixed local port that counts deliveries by trigger id.
+
+Figures per scenario: scheduled, acknowledged (commands answered ``accepted``), triggers
+(distinct trigger ids seen), lost (acknowledged but never seen), duplicated (seen more than
+once), max lateness (first sighting minus due time). Lines ``RESULT chaos_lost=<n>
+triggers`` and ``RESULT chaos_duplicates=<n> triggers`` come last.
+
+    .venv/bin/python -m bench.chaos                    # every scenario (~20 min)
+    .venv/bin/python -m bench.chaos --only workers,skew
+    .venv/bin/python -m bench.chaos --keep-stack       # leave the chaos stack running
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hashlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from tocsin.settings import REPO_ROOT, Settings
+
+CHAOS_ENV = {
+    "TOCSIN_STATE_DIR": str(REPO_ROOT / ".state" / "chaos"),
+    "TOCSIN_JARS_DIR": str(REPO_ROOT / ".state" / "jars"),
+    "TOCSIN_KAFKA_PORT": "19092",
+    "TOCSIN_KAFKA_CONTROLLER_PORT": "19093",
+    "TOCSIN_CASSANDRA_PORT": "19042",
+    "TOCSIN_CASSANDRA_STORAGE_PORT": "17000",
+    "TOCSIN_LOG_FORMAT": "text",
+    "TOCSIN_SESSION_TIMEOUT_S": "10",
+    "TOCSIN_DEFAULT_MISFIRE_TOLERANCE_S": "3600",
+}
+TENANT = "chaos"
+_ports = iter(range(19700, 19999))
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def say(msg: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+class Proc:
+    """A ``tocsin worker`` or ``python -m proxy`` subprocess in its own process group."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path,
+                 cwd: Path = REPO_ROOT) -> None:
+        self.name, self.argv, self.env, self.log, self.cwd = name, argv, env, log, cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Proc:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL (only our own process group)."""
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(40)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+# ----------------------------------------------------------------------------- counting
+
+
+@dataclass
+class Tally:
+    """Acknowledged schedules versus what a receiver (or the fire topic) saw."""
+
+    due: dict[str, int] = field(default_factory=dict)  # trigger id -> due ms (acknowledged)
+    seen: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def expect(self, trigger_id: str, due_ms: int) -> None:
+        with self.lock:
+            self.due[trigger_id] = due_ms
+
+    def saw(self, trigger_id: str, at_ms: int) -> None:
+        with self.lock:
+            self.seen[trigger_id].append(at_ms)
+
+    def missing(self) -> set[str]:
+        with self.lock:
+            return {t for t in self.due if t not in self.seen}
+
+    def figures(self) -> dict[str, Any]:
+        with self.lock:
+            got = [t for t in self.due if t in self.seen]
+            lateness = [min(self.seen[t]) - self.due[t] for t in got]
+            return {
+                "acknowledged": len(self.due),
+                "triggers": len(got),
+                "lost": len(self.due) - len(got),
+                "duplicated": sum(len(self.seen[t]) - 1 for t in got),
+                "max_lateness_ms": max(lateness, default=0),
+                "min_lateness_ms": min(lateness, default=0),
+            }
+
+
+class FireCounter(threading.Thread):
+    """Reads the scenario's fire topic from the start; counts each trigger's sightings."""
+
+    def __init__(self, settings: Settings, tally: Tally) -> None:
+        super().__init__(daemon=True, name="fire-counter")
+        from streams.client import FireWatcher
+
+        self.watcher = FireWatcher(settings, from_start=True)
+        self.tally = tally
+        self.halt = threading.Event()
+        self.emitted_early_ms = 0  # worst (emitted_ms - due) below zero, by the worker clock
+
+    def run(self) -> None:
+        while not self.halt.is_set():
+            with contextlib.suppress(Exception):
+                for trig, got_ms in self.watcher.poll(0.3):
+                    self.tally.saw(trig.trigger_id, got_ms)
+
+    def close(self) -> None:
+        self.halt.set()
+        self.join(10)
+        with contextlib.suppress(Exception):
+            self.watcher.close()
+
+
+class Receiver:
+    """A real HTTP receiver on a fixed local port: ``mode`` is ok, refuse (the listening
+    socket is closed: connection refused) or 503. Counts 2xx deliveries by trigger id and
+    keeps each order key's delivery sequence."""
+
+    def __init__(self, tally: Tally, delay_s: float = 0.0) -> None:
+        self.tally = tally
+        self.delay_s = delay_s
+        self.port = free_port()
+        self.mode = "ok"
+        self.attempts = 0
+        self.refused_window = 0
+        self.by_key: dict[str, list[int]] = defaultdict(list)
+        self._lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._site: Any = None
+        self._runner: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/cb"
+
+    def start(self) -> Receiver:
+        from aiohttp import web
+
+        ready = threading.Event()
+
+        def run() -> None:
+            asyncio.set_event_loop(self._loop)
+            app = web.Application()
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            self._runner = web.AppRunner(app, access_log=None)
+            self._loop.run_until_complete(self._runner.setup())
+            self._loop.run_until_complete(self._open())
+            ready.set()
+            self._loop.run_forever()
+
+        threading.Thread(target=run, daemon=True, name="receiver").start()
+        assert ready.wait(10)
+        return self
+
+    async def _open(self) -> None:
+        from aiohttp import web
+
+        self._site = web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True)
+        await self._site.start()
+
+    async def _close(self) -> None:
+        if self._site is not None:
+            await self._site.stop()
+            self._site = None
+
+    def set_mode(self, mode: str) -> None:
+        fut: Any = None
+        if mode == "refuse" and self._site is not None:
+            fut = asyncio.run_coroutine_threadsafe(self._close(), self._loop)
+        elif mode != "refuse" and self._site is None:
+            fut = asyncio.run_coroutine_threadsafe(self._open(), self._loop)
+        if fut is not None:
+            fut.result(10)
+        self.mode = mode
+
+    def stop(self) -> None:
+        async def shutdown() -> None:
+            await self._runner.cleanup()
+
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        body = await request.read()
+        at = now_ms()
+        with self._lock:
+            self.attempts += 1
+        if self.mode == "503":
+            return web.Response(status=503, text="down for maintenance")
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        tid = request.headers.get("Tocsin-Trigger-Id", "")
+        self.tally.saw(tid, at)
+        with contextlib.suppress(Exception):
+            doc = orjson.loads(body)
+            with self._lock:
+                self.by_key[str(doc["k"])].append(int(doc["seq"]))
+        return web.Response(status=200, text="ok")
+
+    def order_violations(self) -> int:
+        """Keys whose first deliveries are not in sequence order (redeliveries of an
+        already-delivered sequence number are duplicates, not reorderings)."""
+        bad = 0
+        with self._lock:
+            for seqs in self.by_key.values():
+                first: list[int] = []
+                for s in seqs:
+                    if s not in first:
+                        first.append(s)
+                if first != sorted(first):
+                    bad += 1
+        return bad
+
+
+# ----------------------------------------------------------------------------- a scenario
+
+
+class Scenario:
+    """One scenario's world: fresh topics, keyspace, tenant; workers, proxies, client."""
+
+    def __init__(self, chaos: Chaos, name: str) -> None:
+        from schema.migrate import migrate
+        from streams.demo import _register_tenant
+        from topics.catalog import catalog, ensure_topics
+
+        self.chaos, self.name = chaos, name
+        run = uuid.uuid4().hex[:6]
+        self.env = dict(chaos.env)
+        self.env.update({
+            "TOCSIN_TOPIC_PREFIX": f"chaos.{name}.{run}.",
+            "TOCSIN_CASSANDRA_KEYSPACE": f"chaos_{name}_{run}",
+        })
+        self.settings = Settings.from_env(self.env)
+        self.logs = chaos.log_dir / f"{name}-{run}"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        ensure_topics(self.settings.kafka, catalog(self.settings.topics).all())
+        migrate(self.settings.cassandra)
+        _register_tenant(self.settings, TENANT)
+        self.procs: list[Proc] = []
+        self.tally = Tally()
+        self.notes: list[str] = []
+        self.extra: dict[str, Any] = {}
+        self._client: Any = None
+        self._results: Any = None
+
+    # processes
+    def worker(self, name: str = "w", **env: str) -> Proc:
+        e = dict(self.env, TOCSIN_METRICS_PORT=str(next(_ports)),
+                 TOCSIN_WORKER_WEB_PORT=str(next(_ports)), **env)
+        # CHAOS_WORKER_ROOT: run the workers from another copy of the code (python -m
+        # imports from the working directory first), to measure a fix before and after.
+        root = Path(os.environ.get("CHAOS_WORKER_ROOT") or REPO_ROOT)
+        p = Proc(name, [sys.executable, "-m", "tocsin.cli", "worker"], e,
+                 self.logs / f"{name}.log", cwd=root).start()
+        self.procs.append(p)
+        return p
+
+    def proxy(self, name: str = "proxy", **env: str) -> Proc:
+        e = dict(self.env, TOCSIN_PROXY_MODE="fires",
+                 TOCSIN_PROXY_GROUP_ID=self.settings.topics.prefix + "proxy",
+                 TOCSIN_PROXY_METRICS_PORT="0", TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS="true",
+                 TOCSIN_PROXY_COMMIT_INTERVAL_S="1", TOCSIN_PROXY_SESSION_TIMEOUT_S="6",
+                 TOCSIN_PROXY_RETRY_MAX_DELAY_S="5", **env)
+        p = Proc(name, [sys.executable, "-m", "proxy"], e, self.logs / f"{name}.log").start()
+        self.procs.append(p)
+        return p
+
+    @property
+    def client(self) -> Any:
+        from streams.client import CommandClient
+
+        if self._client is None:
+            self._client = CommandClient(self.settings)
+        return self._client
+
+    def wait_ready(self, timeout_s: float = 120.0) -> None:
+        """A probe create answered: a worker has joined and owns the partitions."""
+        from streams.client import ResultWatcher
+
+        watcher = ResultWatcher(self.settings)
+        sid = f"probe-{uuid.uuid4().hex[:8]}"
+        self.client.send(self.create(sid, now_ms() + 3_600_000, "https://probe.example/x"))
+        self.client.flush()
+        got = watcher.wait_for([sid], timeout_s=timeout_s)
+        watcher.close()
+        if sid not in got:
+            raise RuntimeError(f"no worker answered a probe within {timeout_s:.0f}s")
+
+    def create(self, sid: str, due: int, url: str, key: str = "", seq: int = 0) -> Any:
+        from topics.models import CreateCommand, HttpCallback, PayloadType
+
+        return CreateCommand(
+            tenant=TENANT, schedule_id=sid, request_id=sid, due_ms=due,
+            payload=orjson.dumps({"k": key or sid, "seq": seq}), payload_type=PayloadType.JSON,
+            callback=HttpCallback(url=url), order_key=key or sid, misfire_tolerance_s=3600,
+        )
+
+    def schedule(self, creates: list[Any], *, timeout_s: float = 120.0,
+                 resend_after_s: float = 20.0) -> dict[str, int]:
+        """Send creates like a client that retries: unanswered ones are sent again every
+        ``resend_after_s``; returns the count of each result code. Accepted ones are
+        expected by the tally."""
+        from streams.client import ResultWatcher
+        from topics.ids import trigger_id
+
+        watcher = ResultWatcher(self.settings)
+        pending = {c.schedule_id: c for c in creates}
+        codes: dict[str, int] = defaultdict(int)
+        deadline = time.monotonic() + timeout_s
+        last_send = 0.0
+        try:
+            while pending and time.monotonic() < deadline:
+                if time.monotonic() - last_send > resend_after_s:
+                    if last_send:
+                        say(f"{self.name}: re-sending {len(pending)} unanswered commands")
+                        self.extra["resent"] = self.extra.get("resent", 0) + len(pending)
+                    for c in pending.values():
+                        self.client.send(c)
+                    self.client.producer.poll(0)
+                    last_send = time.monotonic()
+                self.client.producer.poll(0)
+                for r in watcher.poll(0.2):
+                    c = pending.get(r.schedule_id or "")
+                    if c is None:
+                        continue
+                    codes[str(r.code)] += 1
+                    if str(r.status) == "accepted":
+                        del pending[c.schedule_id]
+                        self.tally.expect(trigger_id(TENANT, c.schedule_id, c.due_ms), c.due_ms)
+                    elif str(r.code) not in ("internal_error",):
+                        del pending[c.schedule_id]  # rejected for good: report it
+        finally:
+            watcher.close()
+        codes["unanswered"] = len(pending)
+        return dict(codes)
+
+    def wait_all_seen(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.tally.missing() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(3)  # late duplicates still count
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.stop()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.flush(10)
+        with contextlib.suppress(Exception):
+            from bench.scheduler import cleanup
+
+            cleanup(self.settings)
+
+    def report(self, **more: Any) -> dict[str, Any]:
+        figures = {"scenario": self.name, **self.tally.figures(), **self.extra, **more}
+        if self.notes:
+            figures["notes"] = "; ".join(self.notes)
+        return figures
+
+
+def spread(n: int, start_ms: int, over_ms: int) -> list[int]:
+    return [start_ms + (i * over_ms) // n for i in range(n)]
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+def sc_workers(chaos: Chaos) -> dict[str, Any]:
+    """Two workers, one SIGKILLed mid-burst; later both SIGKILLed and restarted."""
+    s = Scenario(chaos, "workers")
+    counter = None
+    try:
+        a, b = s.worker("a"), s.worker("b")
+        s.wait_ready()
+        time.sleep(12)  # let the group settle over both workers
+        counter = FireCounter(s.settings, s.tally)
+        counter.start()
+        n, t0 = 800, now_ms() + 15_000
+        creates = [s.create(f"w-{i}", due, "https://receiver.example/cb")
+                   for i, due in enumerate(spread(n, t0, 50_000))]
+        s.extra["codes"] = s.schedule(creates)
+        time.sleep(max(0, (t0 + 8_000 - now_ms()) / 1000))
+        say("workers: SIGKILL worker a mid-burst")
+        a.kill()
+        time.sleep(max(0, (t0 + 30_000 - now_ms()) / 1000))
+        say("workers: SIGKILL both")
+        b.kill()
+        time.sleep(5)
+        say("workers: restart both")
+        s.worker("a2"), s.worker("b2")
+        s.wait_all_seen(150)
+        return s.report(scheduled=n)
+    finally:
+        if counter:
+            counter.close()
+        s.close()
+
+
+class Stream(threading.Thread):
+    """Sends ``rate`` creates a second for ``seconds`` (each due ``lead_ms`` after it is
+    sent) through one client that retries: a command with no answer after ``resend_after_s``
+    is sent again (same content, so a late first copy answers ``duplicate``). A create is
+    acknowledged when its result is ``accepted``; rejections are counted by code."""
+
+    def __init__(self, s: Scenario, receiver: Receiver, *, seconds: float, rate: int,
+                 lead_ms: tuple[int, int], resend_after_s: float = 20.0,
+                 give_up_s: float = 400.0) -> None:
+        super().__init__(daemon=True, name="stream")
+        from streams.client import ResultWatcher
+
+        self.s, self.receiver = s, receiver
+        self.seconds, self.rate, self.lead_ms = seconds, rate, lead_ms
+        self.resend_after_s, self.give_up_s = resend_after_s, give_up_s
+        self.watcher = ResultWatcher(s.settings)
+        self.codes: dict[str, int] = defaultdict(int)
+        self.scheduled = 0
+
+    def run(self) -> None:
+        from topics.ids import trigger_id
+
+        s = self.s
+        pending: dict[str, tuple[Any, float]] = {}
+        start = time.monotonic()
+        next_chunk = start
+        i = 0
+        try:
+            while True:
+                t = time.monotonic()
+                if t - start < self.seconds and t >= next_chunk:
+                    base = now_ms()
+                    lo, hi = self.lead_ms
+                    for j in range(self.rate):
+                        c = s.create(f"{s.name}-{i}", base + lo + (j * (hi - lo)) // self.rate,
+                                     self.receiver.url, key=f"k{i % 40}", seq=i)
+                        s.client.send(c)
+                        pending[c.schedule_id] = (c, t)
+                        i += 1
+                    next_chunk += 1.0
+                elif t - start >= self.seconds and (not pending or t - start > self.give_up_s):
+                    break
+                for sid, (c, sent) in list(pending.items()):
+                    if t - sent > self.resend_after_s:
+                        s.client.send(c)
+                        pending[sid] = (c, t)
+                        self.codes["resent"] += 1
+                s.client.producer.poll(0)
+                with contextlib.suppress(Exception):
+                    for r in self.watcher.poll(0.1):
+                        got = pending.get(r.schedule_id or "")
+                        if got is None:
+                            continue
+                        c = got[0]
+                        self.codes[str(r.code)] += 1
+                        if str(r.status) == "accepted":
+                            s.tally.expect(trigger_id(TENANT, c.schedule_id, c.due_ms), c.due_ms)
+                        del pending[c.schedule_id]
+        finally:
+            self.scheduled = i
+            self.codes["unanswered"] = len(pending)
+            with contextlib.suppress(Exception):
+                self.watcher.close()
+
+
+def sc_broker(chaos: Chaos) -> dict[str, Any]:
+    """The Kafka broker restarted twice while commands stream in and triggers fire."""
+    s = Scenario(chaos, "broker")
+    receiver = Receiver(s.tally).start()
+    try:
+        s.worker("w")
+        s.proxy("proxy")
+        s.wait_ready()
+        stream = Stream(s, receiver, seconds=50, rate=20, lead_ms=(4_000, 15_000))
+        stream.start()
+        for pause in (12, 20):
+            time.sleep(pause)
+            say("broker: restarting Kafka (SIGTERM, then start)")
+            t0 = time.monotonic()
+            chaos.stack.kafka.stop()
+            chaos.stack.kafka.start(chaos.java)
+            s.notes.append(f"broker down {time.monotonic() - t0:.1f}s")
+        stream.join(420)
+        s.extra["codes"] = dict(stream.codes)
+        s.wait_all_seen(180)
+        return s.report(scheduled=stream.scheduled,
+                        order_violations=receiver.order_violations())
+    finally:
+        receiver.stop()
+        s.close()
+
+
+def sc_cassandra(chaos: Chaos) -> dict[str, Any]:
+    """Cassandra stopped for 60 s while commands stream in and triggers fire."""
+    s = Scenario(chaos, "cassandra")
+    receiver = Receiver(s.tally).start()
+    try:
+        s.worker("w")
+        s.proxy("proxy")
+        s.wait_ready()
+        s.client.signing_key_of(TENANT)  # the operator client caches the tenant's key
+        stream = Stream(s, receiver, seconds=90, rate=10, lead_ms=(5_000, 25_000))
+        stream.start()
+        time.sleep(15)
+        say("cassandra: stopping Cassandra for 60 s")
+        t0 = time.monotonic()
+        chaos.stack.cassandra.stop()
+        time.sleep(60)
+        say("cassandra: starting Cassandra again")
+        chaos.stack.cassandra.start(chaos.java)
+        s.notes.append(f"Cassandra unavailable {time.monotonic() - t0:.0f}s (60 s stopped + "
+                       "start-up)")
+        say("cassandra: back")
+        stream.join(420)
+        s.extra["codes"] = dict(stream.codes)
+        s.wait_all_seen(240)
+        return s.report(scheduled=stream.scheduled,
+                        order_violations=receiver.order_violations())
+    finally:
+        receiver.stop()
+        s.close()
+
+
+def sc_receiver(chaos: Chaos) -> dict[str, Any]:
+    """The receiver down for two minutes: connection refused 60 s, then 503 for 60 s."""
+    s = Scenario(chaos, "receiver")
+    receiver = Receiver(s.tally).start()
+    try:
+        s.worker("w")
+        s.proxy("proxy")
+        s.wait_ready()
+        n, t0 = 400, now_ms() + 12_000
+        creates = [s.create(f"r-{i}", due, receiver.url, key=f"k{i % 20}", seq=i)
+                   for i, due in enumerate(spread(n, t0, 30_000))]
+        s.extra["codes"] = s.schedule(creates)
+        time.sleep(max(0, (t0 + 5_000 - now_ms()) / 1000))
+        say("receiver: refusing connections for 60 s")
+        receiver.set_mode("refuse")
+        time.sleep(60)
+        say("receiver: answering 503 for 60 s")
+        receiver.set_mode("503")
+        time.sleep(60)
+        receiver.set_mode("ok")
+        back = now_ms()
+        say("receiver: back")
+        s.wait_all_seen(120)
+        seen = s.tally.figures()
+        last = max((min(v) for v in s.tally.seen.values()), default=back)
+        return s.report(scheduled=n, order_violations=receiver.order_violations(),
+                        attempts=receiver.attempts,
+                        drained_s_after_recovery=round((last - back) / 1000, 1),
+                        **{"triggers": seen["triggers"]})
+    finally:
+        receiver.stop()
+        s.close()
+
+
+def sc_proxy(chaos: Chaos) -> dict[str, Any]:
+    """The proxy SIGKILLed mid-delivery; then two proxies through a rebalance."""
+    s = Scenario(chaos, "proxy")
+    receiver = Receiver(s.tally, delay_s=0.05).start()
+    try:
+        s.worker("w")
+        first = s.proxy("proxy-a")
+        s.wait_ready()
+        n, t0 = 800, now_ms() + 12_000
+        creates = [s.create(f"p-{i}", due, receiver.url, key=f"k{i % 40}", seq=i)
+                   for i, due in enumerate(spread(n, t0, 45_000))]
+        s.extra["codes"] = s.schedule(creates)
+        time.sleep(max(0, (t0 + 10_000 - now_ms()) / 1000))
+        say("proxy: SIGKILL proxy a mid-delivery")
+        first.kill()
+        time.sleep(2)
+        say("proxy: start proxies b and c (rebalance)")
+        s.proxy("proxy-b")
+        c = s.proxy("proxy-c")
+        time.sleep(max(0, (t0 + 32_000 - now_ms()) / 1000))
+        say("proxy: stop proxy c gracefully (rebalance)")
+        c.stop()
+        s.wait_all_seen(150)
+        return s.report(scheduled=n, order_violations=receiver.order_violations())
+    finally:
+        receiver.stop()
+        s.close()
+
+
+def sc_skew(chaos: Chaos) -> dict[str, Any]:
+    """A worker whose clock runs 2 s fast: nothing fires more than 2 s early (real time)."""
+    skew = 2_000
+    s = Scenario(chaos, "skew")
+    receiver = Receiver(s.tally).start()
+    try:
+        s.worker("w", TOCSIN_CLOCK_SKEW_MS=str(skew))
+        s.proxy("proxy")
+        s.wait_ready()
+        counter = FireCounter(s.settings, Tally())
+        counter.start()
+        n, t0 = 300, now_ms() + 10_000
+        creates = [s.create(f"s-{i}", due, receiver.url) for i, due in
+                   enumerate(spread(n, t0, 20_000))]
+        s.extra["codes"] = s.schedule(creates)
+        s.wait_all_seen(90)
+        counter.close()
+        fires = counter.tally.seen
+        early = [min(fires[t]) - s.tally.due[t] for t in s.tally.due if t in fires]
+        figures = s.report(scheduled=n, skew_ms=skew)
+        figures["earliest_fire_ms"] = min(early, default=0)  # real receive time - due
+        figures["earliest_delivery_ms"] = figures["min_lateness_ms"]
+        figures["ok_skew"] = min(early, default=0) >= -skew
+        return figures
+    finally:
+        receiver.stop()
+        s.close()
+
+
+def sc_state_dir(chaos: Chaos) -> dict[str, Any]:
+    """``tocsin infra up`` on a read-only and on a full state folder: a clear error, nothing
+    started, nothing changed (real tmpfs mounts when root may mount; else a chmod'ed dir)."""
+    results: dict[str, Any] = {"scenario": "state_dir", "acknowledged": 0, "triggers": 0,
+                               "lost": 0, "duplicated": 0, "max_lateness_ms": 0}
+    base = Path(chaos.env["TOCSIN_STATE_DIR"]) / "fs-probe"
+    cases: list[tuple[str, str, Callable[[Path], None]]] = [
+        ("read-only", "ro,size=64m", lambda p: None),
+        ("small (64 MiB free)", "size=64m", _seed),
+        ("full (ENOSPC)", "size=8m", _fill),
+    ]
+    outcomes = []
+    for label, opts, prep in cases:
+        mnt = base / label.split()[0]
+        mnt.mkdir(parents=True, exist_ok=True)
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)],
+                                 capture_output=True).returncode == 0
+        try:
+            if not mounted:
+                outcomes.append(f"{label}: skipped (cannot mount tmpfs here)")
+                continue
+            prep(mnt)
+            before = _tree_digest(mnt)
+            env = dict(chaos.env, TOCSIN_STATE_DIR=str(mnt / "state"),
+                       TOCSIN_KAFKA_PORT="19192", TOCSIN_KAFKA_CONTROLLER_PORT="19193",
+                       TOCSIN_CASSANDRA_PORT="19142", TOCSIN_CASSANDRA_STORAGE_PORT="17100")
+            if label.startswith("read-only"):
+                env["TOCSIN_STATE_DIR"] = str(mnt)
+            t = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "tocsin.cli", "infra", "up"], env=env,
+                                  cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+            took = time.monotonic() - t
+            msg = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
+            started = any(_port_in_use(p) for p in (19192, 19142))
+            unchanged = _tree_digest(mnt) == before
+            ok = proc.returncode != 0 and not started and unchanged and took < 60
+            outcomes.append(f"{label}: exit {proc.returncode} in {took:.1f}s, "
+                            f"servers started: {started}, state unchanged: {unchanged}, "
+                            f"message: {msg}")
+            results[f"ok_{label.split()[0]}"] = ok
+        finally:
+            if mounted:
+                subprocess.run(["umount", str(mnt)], capture_output=True)
+    results["notes"] = "; ".join(outcomes)
+    return results
+
+
+def _seed(path: Path) -> None:
+    """Existing state that a failed ``up`` must leave exactly as it was."""
+    (path / "state" / "kafka").mkdir(parents=True, exist_ok=True)
+    (path / "state" / "kafka" / "meta.properties").write_text("cluster.id=keep-me\n")
+
+
+def _fill(path: Path) -> None:
+    _seed(path)
+    fd = os.open(path / "ballast", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        for chunk in (1 << 20, 4096, 512):  # until not even 512 bytes fit
+            with contextlib.suppress(OSError):
+                while os.write(fd, b"\0" * chunk) == chunk:
+                    pass
+    finally:
+        os.close(fd)
+
+
+def _tree_digest(path: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(path.rglob("*")):
+        if p.is_file() and p.name != "ballast":
+            h.update(str(p).encode() + p.read_bytes())
+        else:
+            h.update(str(p).encode())
+    return h.hexdigest()
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.3)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+SCENARIOS: dict[str, Callable[[Chaos], dict[str, Any]]] = {
+    "workers": sc_workers,
+    "broker": sc_broker,
+    "cassandra": sc_cassandra,
+    "receiver": sc_receiver,
+    "proxy": sc_proxy,
+    "skew": sc_skew,
+    "state_dir": sc_state_dir,
+}
+
+
+# ----------------------------------------------------------------------------- the stack
+
+
+class Chaos:
+    def __init__(self) -> None:
+        from tocsin.infra import Stack, find_java
+
+        self.env = {**os.environ, **CHAOS_ENV}
+        self.settings = Settings.from_env(self.env)
+        assert self.settings.stack.kafka_port != 9092, "never the main stack"
+        self.stack = Stack(self.settings)
+        self.java = find_java(self.settings.stack)
+        self.log_dir = self.settings.stack.state_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def up(self) -> None:
+        say("starting the chaos stack (Kafka 19092, Cassandra 19042, .state/chaos)")
+        timings = self.stack.up()
+        say(f"stack ready: {timings}")
+
+    def down(self) -> None:
+        say("stopping the chaos stack")
+        self.stack.down()
+
+
+def fmt(r: dict[str, Any]) -> str:
+    keys = ["acknowledged", "triggers", "lost", "duplicated", "max_lateness_ms"]
+    head = " ".join(f"{k}={r.get(k)}" for k in keys)
+    rest = {k: v for k, v in r.items() if k not in (*keys, "scenario")}
+    return f"{r['scenario']:<10} {head} {orjson.dumps(rest, default=str).decode()}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--keep-stack", action="store_true")
+    args = parser.parse_args()
+    names = [n for n in args.only.split(",") if n]
+    unknown = set(names) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {list(SCENARIOS)}")
+    if shutil.which("mvn") is None and not (REPO_ROOT / ".state" / "jars").exists():
+        print("needs Maven or the cached jars in .state/jars", file=sys.stderr)
+        return 1
+    chaos = Chaos()
+    results: list[dict[str, Any]] = []
+    failed: list[str] = []
+    needs_stack = any(n != "state_dir" for n in names)
+
+    def on_term(signum: int, _frame: Any) -> None:
+        raise SystemExit(f"stopped by signal {signum}")  # so every finally: cleans up
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        if needs_stack:
+            chaos.up()
+        for name in names:
+            say(f"=== scenario {name}")
+            t = time.monotonic()
+            try:
+                # The broker or Cassandra may have been left down by a failed scenario.
+                if name != "state_dir":
+                    chaos.stack.up()
+                r = SCENARIOS[name](chaos)
+            except Exception as exc:
+                traceback.print_exc()
+                failed.append(name)
+                r = {"scenario": name, "error": repr(exc), "lost": 0, "duplicated": 0}
+            r["seconds"] = round(time.monotonic() - t)
+            results.append(r)
+            say(fmt(r))
+    finally:
+        if needs_stack and not args.keep_stack:
+            chaos.down()
+    print("\nscenario   figures", flush=True)
+    for r in results:
+        print(fmt(r))
+    lost = sum(int(r.get("lost", 0)) for r in results)
+    dups = sum(int(r.get("duplicated", 0)) for r in results)
+    if failed:
+        print(f"FAILED scenarios: {failed}")
+    print(f"RESULT chaos_lost={lost} triggers")
+    print(f"RESULT chaos_duplicates={dups} triggers")
+    return 1 if lost or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

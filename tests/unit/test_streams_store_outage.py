@@ -1,0 +1,99 @@
+"""The ticker across a Cassandra outage (issue 7): a StoreError from reading the checkpoint,
+a bucket or writing the checkpoint is retried; the ticker neither dies nor skips a minute."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from streams.store import BucketRow
+from streams.ticker import PartitionTicker, TickerConfig
+from tocsin.errors import StoreError
+
+NOW = 1_800_000_030_000  # 30 s into a minute
+
+
+def row(sid: str, due_ms: int) -> BucketRow:
+    return BucketRow(partition=0, minute_ms=due_ms - due_ms % 60_000, shard=0, due_ms=due_ms,
+                     tenant="t", schedule_id=sid, version=1, order_key=sid, payload=b"{}",
+                     payload_type="json", callback='{"type":"http","url":"https://h/cb"}',
+                     misfire_tolerance_s=3600)
+
+
+class FlakyStore:
+    """Every call fails with StoreError while ``down``; counts the failures."""
+
+    def __init__(self, rows: list[BucketRow]) -> None:
+        self.rows = rows
+        self.down = True
+        self.failures = 0
+        self.checkpoints: list[int] = []
+        self.fired: list[str] = []
+
+    def _check(self) -> None:
+        if self.down:
+            self.failures += 1
+            raise StoreError("cassandra read failed: NoHostAvailable")
+
+    async def get_checkpoint(self, partition: int) -> int | None:
+        self._check()
+        return NOW - 20_000
+
+    async def set_checkpoint(self, partition: int, fired_before_ms: int, owner: str, *,
+                             now_ms: int) -> None:
+        self._check()
+        self.checkpoints.append(fired_before_ms)
+
+    async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]:
+        self._check()
+        return [r for r in self.rows if r.minute_ms == minute_ms]
+
+    async def mark_fired(self, tenant: str, schedule_id: str, trigger_id: str, *,
+                         fired_ms: int, due_ms: int, if_version: int | None = None) -> bool:
+        self._check()
+        self.fired.append(schedule_id)
+        return True
+
+    async def mark_missed(self, *args: Any, **kwargs: Any) -> bool:
+        self._check()
+        return True
+
+
+class Sink:
+    def __init__(self) -> None:
+        self.sent: list[bytes | None] = []
+
+    def send(self, topic: str, *, key: bytes | None, value: bytes,
+             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        fut.set_result(None)
+        self.sent.append(key)
+        return fut
+
+
+async def test_ticker_waits_out_a_store_outage_then_fires_and_checkpoints() -> None:
+    store, sink = FlakyStore([row("due-before", NOW - 5_000), row("due-later", NOW + 700)]), Sink()
+    now = [NOW]
+    ticker = PartitionTicker(0, store=store, sink=sink,
+                             config=TickerConfig(fire_topic="fires", owner="test"),
+                             clock_ms=lambda: now[0])
+    ticker.start()
+    await asyncio.sleep(1.5)  # Cassandra down: the checkpoint cannot even be read
+    assert store.failures >= 1 and not sink.sent
+    assert ticker._task is not None and not ticker._task.done()  # alive, waiting
+
+    store.down = False
+    await asyncio.sleep(1.5)
+    assert sink.sent == [b"due-before"]
+
+    store.down = True  # down again mid-run: loaded rows still fire on time
+    now[0] = NOW + 61_000  # the next minute is due to be read, and fails
+    await asyncio.sleep(1.5)
+    assert sink.sent == [b"due-before", b"due-later"]
+    assert ticker._task is not None and not ticker._task.done()
+
+    store.down = False
+    await asyncio.sleep(2.5)
+    assert sorted(store.fired) == ["due-before", "due-later"]
+    assert store.checkpoints and store.checkpoints[-1] > NOW + 700
+    await ticker.stop(timeout_s=2)
