@@ -177,6 +177,8 @@ class Receiver:
     socket is closed: connection refused) or 503. Counts 2xx deliveries by trigger id and
     keeps each order key's delivery sequence."""
 
+    _loop: asyncio.AbstractEventLoop  # created by start()
+
     def __init__(self, tally: Tally, delay_s: float = 0.0) -> None:
         self.tally = tally
         self.delay_s = delay_s
@@ -184,9 +186,8 @@ class Receiver:
         self.mode = "ok"
         self.attempts = 0
         self.refused_window = 0
-        self.by_key: dict[str, list[int]] = defaultdict(list)
+        self.by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
         self._lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
         self._site: Any = None
         self._runner: Any = None
 
@@ -198,6 +199,7 @@ class Receiver:
         from aiohttp import web
 
         ready = threading.Event()
+        self._loop = asyncio.new_event_loop()
 
         def run() -> None:
             asyncio.set_event_loop(self._loop)
@@ -249,6 +251,12 @@ class Receiver:
         at = now_ms()
         with self._lock:
             self.attempts += 1
+        if self.mode == "refuse":
+            # The listening socket is closed (new connections are refused); a kept-alive
+            # connection opened before is dropped without an answer.
+            if request.transport is not None:
+                request.transport.close()
+            return web.Response(status=503)
         if self.mode == "503":
             return web.Response(status=503, text="down for maintenance")
         if self.delay_s:
@@ -257,22 +265,26 @@ class Receiver:
         self.tally.saw(tid, at)
         with contextlib.suppress(Exception):
             doc = orjson.loads(body)
+            due = int(request.headers.get("Tocsin-Due-Ms", "0"))
             with self._lock:
-                self.by_key[str(doc["k"])].append(int(doc["seq"]))
+                self.by_key[str(doc["k"])].append((due, int(doc["seq"])))
         return web.Response(status=200, text="ok")
 
     def order_violations(self) -> int:
-        """Keys whose first deliveries are not in sequence order (redeliveries of an
-        already-delivered sequence number are duplicates, not reorderings)."""
+        """Deliveries that came after a later-due trigger of the same order key had already
+        been delivered (only first deliveries count: a redelivery is a duplicate)."""
         bad = 0
         with self._lock:
-            for seqs in self.by_key.values():
-                first: list[int] = []
-                for s in seqs:
-                    if s not in first:
-                        first.append(s)
-                if first != sorted(first):
-                    bad += 1
+            for deliveries in self.by_key.values():
+                seen: set[int] = set()
+                latest_due = -1
+                for due, seq in deliveries:
+                    if seq in seen:
+                        continue
+                    seen.add(seq)
+                    if due < latest_due:
+                        bad += 1
+                    latest_due = max(latest_due, due)
         return bad
 
 

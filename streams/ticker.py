@@ -154,6 +154,7 @@ class PartitionTicker:
         self.missed = 0
         self._label = str(partition)
         self._store_trouble_logged = 0.0
+        self._store_down = False
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -241,6 +242,7 @@ class PartitionTicker:
                 # retried on the next round (at most a second later); what is already loaded
                 # keeps firing meanwhile, and the unread minute stays unread (the timeline's
                 # loaded horizon and so the checkpoint stay below it), so nothing is skipped.
+                self._store_down = False
                 with self._store_trouble("loading buckets"):
                     await self._load_due_buckets()
                 now = self.clock_ms()
@@ -267,6 +269,7 @@ class PartitionTicker:
         try:
             yield
         except StoreError as exc:
+            self._store_down = True  # _sleep_until_next then retries in a second, not at once
             now = time.monotonic()
             if now - self._store_trouble_logged > 10:
                 self._store_trouble_logged = now
@@ -315,10 +318,9 @@ class PartitionTicker:
 
     async def _sleep_until_next(self, now: int) -> None:
         assert self._next_minute_ms is not None
-        wake_at = min(
-            now + 1_000,  # re-check at least once a second (checkpoint, clock jumps)
-            self._next_minute_ms - self.config.preload_ahead_ms,
-        )
+        wake_at = now + 1_000  # re-check at least once a second (checkpoint, clock jumps)
+        if not self._store_down:  # (a failed bucket read is retried a second later)
+            wake_at = min(wake_at, self._next_minute_ms - self.config.preload_ahead_ms)
         next_due = self.timeline.next_due_ms()
         if next_due is not None:
             wake_at = min(wake_at, next_due)
