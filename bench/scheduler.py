@@ -290,6 +290,26 @@ def store_future_rows(settings: Settings, count: int, start_index: int) -> None:
 
 
 def phase_memory(settings: Settings, env: dict[str, str], log: Path) -> tuple[float, float]:
+    """In a topic prefix and keyspace of its own, so nothing left from the other phases
+    (commands still queued, checkpoints) is in either measurement."""
+    from schema.migrate import migrate
+    from streams.demo import _register_tenant
+    from topics.catalog import catalog, ensure_topics
+
+    run = uuid.uuid4().hex[:6]
+    env = {**env, "TOCSIN_TOPIC_PREFIX": f"benchmem.{run}.",
+           "TOCSIN_CASSANDRA_KEYSPACE": f"benchmem_{run}"}
+    settings = Settings.from_env(env)
+    ensure_topics(settings.kafka, catalog(settings.topics).all())
+    migrate(settings.cassandra)
+    _register_tenant(settings, TENANT)
+    try:
+        return _measure_memory(settings, env, log)
+    finally:
+        cleanup(settings)
+
+
+def _measure_memory(settings: Settings, env: dict[str, str], log: Path) -> tuple[float, float]:
     def measure(label: str) -> float:
         w = Worker(env, log)
         w.start()

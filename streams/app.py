@@ -31,7 +31,7 @@ from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer, RecurringStore
 from streams.store import Store
 from streams.ticker import PartitionTicker, TickerConfig
-from tocsin.errors import StoreError
+from tocsin.errors import KafkaError, StoreError
 from tocsin.health import Health
 from tocsin.health import serve as serve_health
 from tocsin.logs import setup_logging
@@ -244,7 +244,7 @@ class Worker:
                 metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, high - offset - 1))
 
     async def _process_until_stored(self, batch: list[RawCommand]) -> None:
-        """Process a batch, retrying while Cassandra is unavailable (issue 7).
+        """Process a batch, retrying while Cassandra or Kafka is unavailable (issue 7).
 
         Before, a StoreError escaped the agent: Faust restarted the crashed agent and the
         batch's records were acknowledged unprocessed, so their commands got no result at
@@ -256,9 +256,10 @@ class Worker:
             try:
                 await self.processor.process_batch(batch)
                 return
-            except StoreError as exc:
+            except (StoreError, KafkaError) as exc:
+                # (KafkaError: results not acknowledged, e.g. the broker restarting.)
                 log.warning(
-                    "store unavailable; retrying the command batch",
+                    "store or broker unavailable; retrying the command batch",
                     extra={"commands": len(batch), "error": str(exc), "retry_s": delay},
                 )
                 await asyncio.sleep(delay)

@@ -39,7 +39,7 @@ from streams import metrics
 from streams.buckets import minute_ms
 from streams.store import BucketRow
 from streams.timeline import Entry, Timeline
-from tocsin.errors import StoreError
+from tocsin.errors import KafkaError, StoreError
 from topics.codec import encode_trigger, trigger_headers
 from topics.ids import trigger_id as make_trigger_id
 from topics.models import PayloadType, Trigger
@@ -212,7 +212,25 @@ class PartitionTicker:
         self.timeline.remove(row.tenant, row.schedule_id)
         fut = self._dispatch(entry, self.clock_ms())
         if fut is not None:
-            await fut
+            try:
+                await fut
+                return
+            except Exception as exc:
+                # Issue 7 (broker restarted): this used to raise into the command agent, and
+                # Faust's crashed agent then answered no command at all. The ticker already
+                # re-sends the trigger a second later (_retry_later); wait for that instead.
+                failure: BaseException = exc
+        else:
+            failure = KafkaError("ticker stopped before the trigger was acknowledged")
+        # Already in flight (a replayed command) or retried: answer only once it is durable,
+        # since the checkpoint may be past a late trigger's due time and would not re-find it.
+        key = (row.tenant, row.schedule_id, row.due_ms)
+        while True:  # (polled: acknowledged-and-recorded has no event of its own)
+            if key not in self._inflight or self._stopping:
+                break
+            await asyncio.sleep(0.05)
+        if key in self._inflight:
+            raise failure
 
     # -- the loop --------------------------------------------------------------------------
 

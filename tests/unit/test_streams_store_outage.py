@@ -98,3 +98,33 @@ async def test_ticker_waits_out_a_store_outage_then_fires_and_checkpoints() -> N
     assert sorted(store.fired) == ["due-before", "due-later"]
     assert store.checkpoints and store.checkpoints[-1] >= NOW + 700  # past due-before
     await ticker.stop(timeout_s=2)
+
+
+class FailOnceSink(Sink):
+    """The first send fails as a broker restart does (delivery timed out)."""
+
+    def send(self, topic: str, *, key: bytes | None, value: bytes,
+             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if not self.sent:
+            fut.set_exception(RuntimeError("Local: Message timed out"))
+        else:
+            fut.set_result(None)
+        self.sent.append(key)
+        return fut
+
+
+async def test_fire_now_waits_for_the_retry_instead_of_raising() -> None:
+    """A late create's trigger whose first send fails: fire_now returns (so the command is
+    answered) only once the ticker's own retry is acknowledged and recorded."""
+    store, sink = FlakyStore([]), FailOnceSink()
+    store.down = False
+    ticker = PartitionTicker(0, store=store, sink=sink,
+                             config=TickerConfig(fire_topic="fires", owner="test"),
+                             clock_ms=lambda: NOW)
+    ticker.fired_before_ms = NOW
+    ticker._marker = asyncio.create_task(ticker._mark_loop())
+    await asyncio.wait_for(ticker.fire_now(row("late", NOW - 90_000)), timeout=10)
+    assert sink.sent == [b"late", b"late"] and store.fired == ["late"]
+    assert not ticker.is_firing("t", "late")
+    ticker._marker.cancel()
