@@ -224,19 +224,24 @@ def test_worker_stopped_two_minutes_catches_up(
     base = now_ms() + 10_000
     sids = [f"down-{uuid.uuid4().hex[:8]}-{i}" for i in range(120)]
     due = {sid: base + i * 1_000 for i, sid in enumerate(sids)}  # over 2 minutes
-    tight = f"tight-{uuid.uuid4().hex[:8]}"  # 30 s tolerance: must be marked missed
+    # Due 45 s after base with a 20 s tolerance: the first worker is stopped long before it
+    # is due (on a loaded CI machine answering 121 creates can take many seconds), and the
+    # second one starts ~75 s after it: beyond its tolerance, so it must be marked missed.
+    tight = f"tight-{uuid.uuid4().hex[:8]}"
+    tight_due = base + 45_000
     for sid in sids:
         client.send(create(tenant, sid, due[sid]))
-    client.send(create(tenant, tight, base + 5_000, misfire_tolerance_s=30))
+    client.send(create(tenant, tight, tight_due, misfire_tolerance_s=20))
     client.flush()
     assert len(results.wait_for([*sids, tight], 60)) == len(sids) + 1
     w.stop()
+    assert now_ms() < tight_due, "the first worker was still up when the tight one was due"
     time.sleep(max(0.0, (base + 120_000 - now_ms()) / 1000))  # down for two minutes
     worker_factory.make("after")
     want = {trigger_id(tenant, sid, due[sid]) for sid in sids}
     seen = collect_fires(fires, want, timeout_s=120)
     assert want <= set(seen), f"{len(want - set(seen))} not caught up"
-    assert trigger_id(tenant, tight, base + 5_000) not in seen
+    assert trigger_id(tenant, tight, tight_due) not in seen
 
     import asyncio
 
