@@ -35,7 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from streams import metrics
-from streams.materializer import decide_recurring, is_recurring
+from streams.materializer import decide_recurring, is_recurring, repeated_create
 from streams.partitioner import partition_for
 from streams.store import (
     STATE_CANCELLED,
@@ -237,22 +237,9 @@ def _decide_create(
 ) -> Decision:
     callback = callback_to_json(cmd.callback)
     if existing is not None:
-        same = (
-            existing.due_ms == cmd.due_ms
-            and (existing.payload or b"") == cmd.payload
-            and existing.payload_type == str(cmd.payload_type)
-            and existing.callback == callback
-            and existing.order_key == cmd.order_key
-            and existing.misfire_tolerance_s == cmd.misfire_tolerance_s
-        )
-        if same:
-            return Decision(
-                Code.DUPLICATE, f"schedule {cmd.schedule_id!r} already exists unchanged"
-            )
-        raise CommandRejected(
-            Code.CONFLICT,
-            f"schedule {cmd.schedule_id!r} already exists (state {existing.state}) with "
-            "different content; use update, or a new schedule id",
+        return Decision(
+            Code.DUPLICATE,
+            repeated_create(existing, cmd, callback, same_timing=existing.due_ms == cmd.due_ms),
         )
     row = ScheduleRow(
         tenant=cmd.tenant,

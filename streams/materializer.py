@@ -328,22 +328,9 @@ def _create(
     text = recurrence_to_json(cmd.recurrence)
     callback = callback_to_json(cmd.callback)
     if existing is not None:
-        same = (
-            existing.recurrence == text
-            and (existing.payload or b"") == cmd.payload
-            and existing.payload_type == str(cmd.payload_type)
-            and existing.callback == callback
-            and existing.order_key == cmd.order_key
-            and existing.misfire_tolerance_s == cmd.misfire_tolerance_s
-        )
-        if same:
-            return RecurringDecision(
-                Code.DUPLICATE, f"schedule {cmd.schedule_id!r} already exists unchanged"
-            )
-        raise CommandRejected(
-            Code.CONFLICT,
-            f"schedule {cmd.schedule_id!r} already exists (state {existing.state}) with "
-            "different content; use update, or a new schedule id",
+        return RecurringDecision(
+            Code.DUPLICATE,
+            repeated_create(existing, cmd, callback, same_timing=existing.recurrence == text),
         )
     rec = cmd.recurrence
     # Occurrences before the create are not runs that were missed: start from now.
@@ -769,3 +756,24 @@ __all__ = [
     "materialize_key",
     "schedule_runs",
 ]
+
+
+def repeated_create(existing: Any, cmd: Any, callback: str, *, same_timing: bool) -> str:
+    """A create naming an existing schedule: the ``duplicate`` message when its content is
+    identical (an idempotent retry), else raises ``conflict``. ``same_timing`` is the caller's
+    comparison of due time (one-shot) or recurrence (recurring); shared by both kinds."""
+    same = (
+        same_timing
+        and (existing.payload or b"") == cmd.payload
+        and existing.payload_type == str(cmd.payload_type)
+        and existing.callback == callback
+        and existing.order_key == cmd.order_key
+        and existing.misfire_tolerance_s == cmd.misfire_tolerance_s
+    )
+    if same:
+        return f"schedule {cmd.schedule_id!r} already exists unchanged"
+    raise CommandRejected(
+        Code.CONFLICT,
+        f"schedule {cmd.schedule_id!r} already exists (state {existing.state}) with "
+        "different content; use update, or a new schedule id",
+    )
