@@ -17,7 +17,8 @@ import pytest
 from tocsin.settings import REPO_ROOT, Settings
 from topics.signing import new_signing_key
 
-_ports = itertools.count(19500)
+# Worker/API ports for subprocesses; TOCSIN_TEST_PORT_BASE lets two test runs share a machine.
+_ports = itertools.count(int(os.environ.get("TOCSIN_TEST_PORT_BASE", "19500")))
 
 
 class WorkerProcess:
