@@ -113,6 +113,17 @@ class ScheduleRow:
     materialize_key: int | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class FiredMark:
+    """One acknowledged trigger to record as fired (``Store.mark_fired_many``)."""
+
+    tenant: str
+    schedule_id: str
+    trigger_id: str
+    fired_ms: int
+    due_ms: int
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BucketRow:
     """All columns of ``buckets``: everything a fire needs, so firing never reads
@@ -785,6 +796,35 @@ class Store:
         return await self._mark(
             STATE_FIRED, tenant, schedule_id, trigger_id, fired_ms, due_ms, if_version
         )
+
+    async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
+        """``mark_fired`` (unconditional) for many triggers; the outcome of each (None when
+        recorded). Up to ``commit_group_size`` marks share one unlogged batch: a mark's
+        update and event stay one mutation, the group is just one request instead of many
+        (the ticker records every fire, so per-request client CPU is what limits burst and
+        recurring fire rates on a small box)."""
+        ttl = max(1, self.retention_s)
+        size = self.commit_group_size
+        sends = []
+        for start in range(0, len(marks), size):
+            stmts: list[Stmt] = []
+            for m in marks[start : start + size]:
+                params = [ttl, STATE_FIRED, m.fired_ms, m.trigger_id, m.fired_ms]
+                stmts.append(("mark_done", [*params, m.tenant, m.schedule_id]))
+                stmts.append(
+                    self._event_stmt(
+                        m.tenant, m.schedule_id, STATE_FIRED, m.fired_ms, None, m.trigger_id,
+                        m.due_ms,
+                    )
+                )
+            sends.append(self._run_together("mark_fired", stmts))
+        results = await asyncio.gather(*sends, return_exceptions=True)
+        out: list[BaseException | None] = []
+        for index, result in enumerate(results):
+            count = min(size, len(marks) - index * size)
+            error = result if isinstance(result, BaseException) else None
+            out.extend([error] * count)
+        return out
 
     async def mark_missed(
         self,

@@ -31,13 +31,13 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from streams import metrics
 from streams.buckets import minute_ms
-from streams.store import BucketRow
+from streams.store import BucketRow, FiredMark
 from streams.timeline import Entry, Timeline
 from tocsin.errors import KafkaError, StoreError
 from topics.codec import encode_trigger, trigger_headers
@@ -68,6 +68,8 @@ class TickerStore(Protocol):
         due_ms: int,
         if_version: int | None = None,
     ) -> bool: ...
+
+    async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]: ...
 
     async def mark_missed(
         self,
@@ -421,14 +423,11 @@ class PartitionTicker:
                     self._to_mark.popleft()
                     for _ in range(min(len(self._to_mark), self.config.mark_group))
                 ]
-                outcomes = await asyncio.gather(
-                    *(
-                        self.store.mark_fired(
-                            key[0], key[1], trig_id, fired_ms=emitted_ms, due_ms=key[2]
-                        )
+                outcomes = await self.store.mark_fired_many(
+                    [
+                        FiredMark(key[0], key[1], trig_id, emitted_ms, key[2])
                         for key, trig_id, emitted_ms in group
-                    ),
-                    return_exceptions=True,
+                    ]
                 )
                 failed = False
                 for (key, trig_id, emitted_ms), outcome in zip(group, outcomes, strict=True):

@@ -330,6 +330,32 @@ async def test_mark_fired_missed_and_events(store: Store) -> None:
     assert got is not None and (got["state"], got["trigger_id"]) == ("fired", "t-new")
 
 
+async def test_mark_fired_many_groups_marks_and_records_each(cql_session: Any) -> None:
+    from streams.store import FiredMark
+
+    s = Store(CassandraSettings(keyspace=KEYSPACE), retention_s=3600, commit_group_size=4)
+    await s.connect()
+    try:
+        now = now_ms()
+        ids = [f"many-{i}" for i in range(11)]  # 3 groups of 4, 4 and 3 marks
+        for sid in ids:
+            await s.put_schedule(schedule(sid, now), now_ms=now)
+        marks = [FiredMark("acme", sid, f"trig-{sid}", now + i, now) for i, sid in enumerate(ids)]
+        assert await s.mark_fired_many(marks) == [None] * len(ids)
+        for i, sid in enumerate(ids):
+            got = await s.get_schedule("acme", sid)
+            assert got is not None
+            assert (got["state"], got["fired_ms"], got["trigger_id"]) == (
+                "fired", now + i, f"trig-{sid}"
+            )
+            [event] = await s.list_events("acme", sid)
+            assert (event["event"], event["trigger_id"], event["due_ms"]) == (
+                "fired", f"trig-{sid}", now
+            )
+    finally:
+        await s.close()
+
+
 async def test_record_delivery(store: Store) -> None:
     now = now_ms()
     await store.put_schedule(schedule("deliver", now), now_ms=now)

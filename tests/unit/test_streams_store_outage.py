@@ -4,9 +4,10 @@ a bucket or writing the checkpoint is retried; the ticker neither dies nor skips
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
-from streams.store import BucketRow
+from streams.store import BucketRow, FiredMark
 from streams.ticker import PartitionTicker, TickerConfig
 from tocsin.errors import StoreError
 
@@ -53,6 +54,17 @@ class FlakyStore:
         self._check()
         self.fired.append(schedule_id)
         return True
+
+    async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
+        out: list[BaseException | None] = []
+        for m in marks:
+            try:
+                await self.mark_fired(m.tenant, m.schedule_id, m.trigger_id,
+                                      fired_ms=m.fired_ms, due_ms=m.due_ms)
+                out.append(None)
+            except Exception as exc:  # the fake's outage: per-mark outcome like the store
+                out.append(exc)
+        return out
 
     async def mark_missed(self, *args: Any, **kwargs: Any) -> bool:
         self._check()

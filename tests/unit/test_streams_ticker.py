@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from streams.store import BucketRow
+from streams.store import BucketRow, FiredMark
 from streams.ticker import PartitionTicker, TickerConfig
 from streams.timeline import Entry
 
@@ -32,6 +33,17 @@ class FakeStore:
                          fired_ms: int, due_ms: int, if_version: int | None = None) -> bool:
         self.fired.append(schedule_id)
         return True
+
+    async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
+        out: list[BaseException | None] = []
+        for m in marks:
+            try:
+                await self.mark_fired(m.tenant, m.schedule_id, m.trigger_id,
+                                      fired_ms=m.fired_ms, due_ms=m.due_ms)
+                out.append(None)
+            except Exception as exc:  # the fake's outage: per-mark outcome like the store
+                out.append(exc)
+        return out
 
     async def mark_missed(self, tenant: str, schedule_id: str, trigger_id: str, *,
                           missed_ms: int, due_ms: int, detail: str | None = None,
