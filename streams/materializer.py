@@ -141,7 +141,9 @@ def _row_state(
         due_ms=min(due, refresh + horizon_ms),
         materialize_key=materialize_key(
             row.partition,
-            NEVER_MS if until_ms >= NEVER_MS else min(extend_at(until_ms, horizon_ms), refresh),
+            NEVER_MS
+            if until_ms >= NEVER_MS
+            else min(extend_at(until_ms, horizon_ms, row.schedule_id), refresh),
         ),
     )
 
@@ -492,6 +494,10 @@ class MaterializerConfig:
     interval_s: float = 1.0
 
 
+# Seconds of paced catch-up fires one step may take while holding the partition's lock.
+_CATCHUP_STEP_S = 2.0
+
+
 class _Pacer:
     """A token bucket: ``await take()`` at most ``rate`` times per second (burst 1 s)."""
 
@@ -581,16 +587,24 @@ class PartitionMaterializer:
         limit = self.config.parents_per_step
         async with self.lock:
             parents = await self.store.due_parents(self.partition, now_ms, limit)
+            cut = False
             if parents:
                 started = time.perf_counter()
-                await self._extend(parents, now_ms)
+                cut = await self._extend(parents, now_ms)
                 STEP_SECONDS.observe(time.perf_counter() - started)
-        return len(parents) >= limit
+        return cut or len(parents) >= limit
 
-    async def _extend(self, parents: Sequence[ScheduleRow], now_ms: int) -> None:
+    async def _extend(self, parents: Sequence[ScheduleRow], now_ms: int) -> bool:
+        """One step over ``parents``; True if it stopped early to bound the catch-up work
+        done under the lock (the rest stay due and come in the next step)."""
         cfg = self.config
         steps: list[tuple[ScheduleRow, Plan, list[BucketRow]]] = []
         retired: list[tuple[ScheduleRow, str | None]] = []
+        # Past-due runs are fired paced while the lock is held (commands of this partition
+        # wait), so a step takes at most about this many seconds of them.
+        late_budget = max(1, int(cfg.catchup_per_s * _CATCHUP_STEP_S))
+        late_planned = 0
+        cut = False
         for parent in parents:
             if parent.recurrence is None or parent.state != STATE_SCHEDULED:
                 # Nothing to extend any more: take it out of the index.
@@ -610,6 +624,11 @@ class PartitionMaterializer:
                 horizon_ms=cfg.horizon_ms,
                 max_runs=cfg.max_runs_per_step,
             )
+            late_here = sum(1 for r in step.runs if r.due_ms <= now_ms)
+            if steps and late_here and late_planned + late_here > late_budget:
+                cut = True
+                break
+            late_planned += late_here
             rows = [
                 _run_bucket(
                     parent, r.nominal_ms, r.due_ms, r.misfire_tolerance_s, cfg.bucket_shards
@@ -620,7 +639,7 @@ class PartitionMaterializer:
         if retired:
             await self.store.commit(retired, now_ms=now_ms)
         if not steps:
-            return
+            return cut
         # 1. Rows due after now go to the ticker's memory first: its checkpoint then stays
         #    below them until they fired, whether their minute was loaded or not.
         late: list[BucketRow] = []
@@ -666,6 +685,7 @@ class PartitionMaterializer:
         PARENTS_EXTENDED.inc(len(commits))
         RUNS_MATERIALIZED.inc(sum(len(rows) for _, _, rows in steps))
         RUNS_SKIPPED.inc(sum(len(step.skipped) for _, step, _ in steps))
+        return cut
 
 
 # -- history ------------------------------------------------------------------------------

@@ -392,12 +392,20 @@ def plan(
     return Plan(runs=runs, skipped=skipped, until_ms=until, run_count=run_count)
 
 
-def extend_at(until_ms: int, horizon_ms: int) -> int:
+def extend_at(until_ms: int, horizon_ms: int, schedule_id: str = "") -> int:
     """When the materialiser must next extend a schedule whose first unhandled occurrence
-    is at ``until_ms``: half a horizon ahead of it, so there are always runs written."""
+    is at ``until_ms``: half a horizon ahead of it, so there are always runs written,
+    plus up to a quarter horizon earlier by a stable hash of ``schedule_id``. Without the
+    spread, schedules created together (or sharing an expression) all extend in the same
+    second every half horizon: a herd that delayed their fires by seconds."""
     if until_ms >= NEVER_MS:
         return NEVER_MS
-    return max(0, until_ms - horizon_ms // 2)
+    spread = horizon_ms // 4
+    offset = 0
+    if spread > 0 and schedule_id:
+        digest = hashlib.blake2b(schedule_id.encode(), digest_size=8).digest()
+        offset = int.from_bytes(digest, "big") % spread
+    return max(0, until_ms - horizon_ms // 2 - offset)
 
 
 __all__ = [

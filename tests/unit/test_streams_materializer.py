@@ -16,7 +16,7 @@ from streams.materializer import (
     decide_recurring,
     materialize_key,
 )
-from streams.recurring import NEVER_MS
+from streams.recurring import NEVER_MS, extend_at
 from streams.store import BucketRow, ScheduleRow
 from tocsin.errors import CommandRejected
 from topics.codes import Code
@@ -68,7 +68,7 @@ def test_a_create_registers_the_parent_for_immediate_extension() -> None:
     assert d.code == Code.OK and d.change.new_bucket is None and d.change.old_bucket is None
     assert row.recurrence is not None and row.anchor_ms == NOW and row.partition == 3
     assert row.materialized_until_ms == NOW and row.run_count == 0 and row.due_ms == NOW
-    assert row.materialize_key == materialize_key(3, NOW - H // 2)
+    assert row.materialize_key == materialize_key(3, extend_at(NOW, H, "rep"))
     assert 3 * KEY_SPAN <= row.materialize_key <= 3 * KEY_SPAN + NOW
     assert decided(create(EVERY_MINUTE), row).code == Code.DUPLICATE
     with pytest.raises(CommandRejected) as caught:
@@ -202,9 +202,47 @@ async def test_a_step_writes_runs_ahead_fires_missed_ones_and_commits() -> None:
     assert len(store.buckets) == 10 + 15
     a = store.rows["a"]
     assert a.materialized_until_ms == NOW + H and a.run_count == 10
-    assert a.materialize_key == materialize_key(3, NOW + H // 2)
+    assert a.materialize_key == materialize_key(3, extend_at(NOW + H, H, "a"))
     # Nothing is due any more until half a horizon later; a repeat writes the same rows.
     before = dict(store.buckets)
     assert await m.tick(NOW + 1000) is False and store.buckets == before
     await m.tick(NOW + H // 2)
     assert store.rows["a"].materialized_until_ms == NOW + H + H // 2
+
+
+async def test_catch_up_under_the_lock_is_bounded_per_step() -> None:
+    # Five schedules were down five minutes with fire_all: 6 past-due runs each. At 2
+    # catch-up fires/s a step may take 4 of them, so each step handles one schedule and
+    # says there is more; the lock is free between steps (commands get through), and in the
+    # end every missed run fired exactly once.
+    rec = Recurrence(cron=normalize_cron("* * * * *"), misfire="fire_all")  # type: ignore[arg-type]
+    behind = [
+        replace(
+            decided(create(rec, f"p{i}"), None).change.row,
+            materialized_until_ms=NOW - 300_000,
+            anchor_ms=NOW - 3_600_000,
+        )
+        for i in range(5)
+    ]
+    store, ticker = FakeStore(behind), FakeTicker()
+    m = PartitionMaterializer(
+        3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H, catchup_per_s=2)
+    )
+
+    class Instant:
+        async def take(self) -> None:
+            return None
+
+    m._pacer = Instant()  # type: ignore[assignment]
+    steps = []
+    while True:
+        before = len(ticker.fired)
+        more = await m.tick(NOW)
+        assert not m.lock.locked()
+        steps.append(len(ticker.fired) - before)
+        if not more:
+            break
+    assert steps[:5] == [6, 6, 6, 6, 6] and sum(steps) == 30
+    assert sorted(r.schedule_id for r in ticker.fired) == sorted(
+        f"p{i}@{NOW - k * 60_000}" for i in range(5) for k in range(6)
+    )

@@ -328,6 +328,12 @@ def test_plan_materialises_the_horizon_and_points_at_the_next_occurrence() -> No
     again = plan_for(cron("* * * * *"), until=NOW)
     assert again == step  # recomputation gives identical rows
     assert extend_at(step.until_ms, 600_000) == NOW + 300_000
+    # Schedules sharing an expression extend at different moments (no herd), each within
+    # [until - 3/4 horizon, until - 1/2 horizon], always the same for one schedule.
+    spread = {extend_at(step.until_ms, 600_000, f"s{i}") for i in range(200)}
+    assert len(spread) > 150
+    assert all(NOW + 150_000 <= at <= NOW + 300_000 for at in spread)
+    assert extend_at(step.until_ms, 600_000, "s1") == extend_at(step.until_ms, 600_000, "s1")
 
 
 @pytest.mark.parametrize(
