@@ -45,6 +45,7 @@ from cassandra.query import (
     PreparedStatement,
     dict_factory,
 )
+from prometheus_client import Counter
 
 from streams.buckets import BucketKey, shard_of, ttl_s
 from streams.buckets import minute_ms as minute_of
@@ -199,6 +200,13 @@ _EVENT_COLUMNS = ("tenant", "schedule_id", "at_ms", "event", "trigger_id", "due_
 _TENANT_COLUMNS = ("tenant", "active", "created_ms", "config", "signing_secret", "updated_ms")
 _API_KEY_COLUMNS = ("key_id", "tenant", "salt", "hash", "created_ms", "revoked")
 _DAY_MS = 86_400_000
+
+# Requests and statements sent, by operation: the client CPU of this process scales with
+# them (see BENCHMARKS.md), so they are the first thing to look at when a worker is busy.
+STORE_REQUESTS = Counter("tocsin_store_requests_total", "Cassandra requests sent", ["op"])
+STORE_STATEMENTS = Counter(
+    "tocsin_store_statements_total", "Cassandra statements sent (batch members count)", ["op"]
+)
 
 
 def _unset_none(values: Sequence[Any]) -> list[Any]:
@@ -469,6 +477,10 @@ class Store:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(settle, result, error)
 
+        STORE_REQUESTS.labels(name).inc()
+        STORE_STATEMENTS.labels(name).inc(
+            len(statement) if isinstance(statement, BatchStatement) else 1
+        )
         async with self._semaphore:
             try:
                 future = session.execute_async(statement)
