@@ -87,7 +87,8 @@ async def test_ticker_waits_out_a_store_outage_then_fires_and_checkpoints() -> N
     store, sink = FlakyStore([row("due-before", NOW - 5_000), row("due-later", NOW + 700)]), Sink()
     now = [NOW]
     ticker = PartitionTicker(0, store=store, sink=sink,
-                             config=TickerConfig(fire_topic="fires", owner="test"),
+                             config=TickerConfig(fire_topic="fires", owner="test",
+                                                 mark_linger_s=0.0),
                              clock_ms=lambda: now[0])
     ticker.start()
     await asyncio.sleep(1.5)  # Cassandra down: the checkpoint cannot even be read
@@ -132,7 +133,8 @@ async def test_fire_now_waits_for_the_retry_instead_of_raising() -> None:
     store, sink = FlakyStore([]), FailOnceSink()
     store.down = False
     ticker = PartitionTicker(0, store=store, sink=sink,
-                             config=TickerConfig(fire_topic="fires", owner="test"),
+                             config=TickerConfig(fire_topic="fires", owner="test",
+                                                 mark_linger_s=0.0),
                              clock_ms=lambda: NOW)
     ticker.fired_before_ms = NOW
     ticker._marker = asyncio.create_task(ticker._mark_loop())

@@ -18,6 +18,7 @@ class FakeStore:
         self.fired: list[str] = []
         self.missed: list[str] = []
         self.checkpoints: list[int] = []
+        self.mark_requests: list[int] = []
 
     async def get_checkpoint(self, partition: int) -> int | None:
         return None
@@ -35,6 +36,7 @@ class FakeStore:
         return True
 
     async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
+        self.mark_requests.append(len(marks))
         out: list[BaseException | None] = []
         for m in marks:
             try:
@@ -72,10 +74,10 @@ def row(sid: str, due_ms: int, tolerance_s: int = 60) -> BucketRow:
                      misfire_tolerance_s=tolerance_s)
 
 
-def make(now: list[int]) -> tuple[PartitionTicker, FakeStore, FakeSink]:
+def make(now: list[int], linger_s: float = 0.0) -> tuple[PartitionTicker, FakeStore, FakeSink]:
     store, sink = FakeStore(), FakeSink()
-    ticker = PartitionTicker(0, store=store, sink=sink,
-                             config=TickerConfig(fire_topic="fires", owner="test"),
+    config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=linger_s)
+    ticker = PartitionTicker(0, store=store, sink=sink, config=config,
                              clock_ms=lambda: now[0])
     ticker.fired_before_ms = 0
     return ticker, store, sink
@@ -100,6 +102,23 @@ async def test_checkpoint_never_passes_an_unacknowledged_trigger() -> None:
     sink.sent[0][1].set_result((0, 0))
     await settle()
     assert sorted(store.fired) == ["early", "late"]
+    assert ticker.checkpoint_candidate(now[0]) == now[0] + 1
+    marker.cancel()
+
+
+async def test_fired_marks_trickling_in_are_recorded_in_one_request() -> None:
+    now = [100_000]
+    ticker, store, sink = make(now, linger_s=0.05)
+    marker = asyncio.create_task(ticker._mark_loop())
+    for i in range(3):  # acknowledged one by one, like jittered runs through a minute
+        r = row(f"r{i}", 90_000 + i)
+        ticker._dispatch(Entry(r.due_ms, r.tenant, r.schedule_id, r.version, r), now[0])
+        sink.sent[-1][1].set_result((0, i))
+        await settle()
+    assert store.fired == []  # still lingering: not checkpointable yet
+    assert ticker.checkpoint_candidate(now[0]) == 90_000
+    await asyncio.sleep(0.1)
+    assert store.mark_requests == [3] and store.fired == ["r0", "r1", "r2"]
     assert ticker.checkpoint_candidate(now[0]) == now[0] + 1
     marker.cancel()
 
