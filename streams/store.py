@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import heapq
 import re
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -34,10 +33,8 @@ from cassandra import (
     RequestValidationException,
 )
 from cassandra import protocol as cql_protocol
-from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+from cassandra.cluster import Cluster, NoHostAvailable
 from cassandra.connection import ConnectionException
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import (
     UNSET_VALUE,
     BatchStatement,
@@ -48,6 +45,7 @@ from cassandra.query import (
 
 from streams.buckets import BucketKey, shard_of, ttl_s
 from streams.buckets import minute_ms as minute_of
+from tocsin.cassandra import make_cluster
 from tocsin.errors import StoreError
 from tocsin.settings import CassandraSettings
 
@@ -256,34 +254,17 @@ class Store:
     # -- lifecycle -------------------------------------------------------------------------
 
     def _build_cluster(self) -> Cluster:
-        s = self.settings
-        profile = ExecutionProfile(
-            # Token-aware routing sends each prepared statement straight to a replica.
-            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=s.local_dc)),
-            request_timeout=s.request_timeout_s,
-            consistency_level=ConsistencyLevel.LOCAL_QUORUM,
-            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
-            row_factory=dict_factory,
+        cluster: Cluster = make_cluster(
+            self.settings,
+            protocol_version=self._protocol_version,
+            profile={
+                "consistency_level": ConsistencyLevel.LOCAL_QUORUM,
+                "serial_consistency_level": ConsistencyLevel.LOCAL_SERIAL,
+                "row_factory": dict_factory,
+            },
+            connect_timeout=self.settings.request_timeout_s,
         )
-        kwargs: dict[str, Any] = {
-            "contact_points": list(s.contact_points),
-            "port": s.port,
-            "execution_profiles": {EXEC_PROFILE_DEFAULT: profile},
-            "connect_timeout": s.request_timeout_s,
-        }
-        if self._protocol_version is not None:
-            kwargs["protocol_version"] = self._protocol_version
-        if s.username is not None:
-            kwargs["auth_provider"] = PlainTextAuthProvider(
-                username=s.username, password=s.password or ""
-            )
-        if s.ssl_ca_location is not None:
-            context = ssl.create_default_context(cafile=s.ssl_ca_location)
-            # The chain is verified against the CA; host names are not, because contact
-            # points and peers discovered through gossip are usually bare IPs.
-            context.check_hostname = False
-            kwargs["ssl_context"] = context
-        return Cluster(**kwargs)
+        return cluster
 
     async def connect(self) -> None:
         """Connect and prepare every statement (blocking driver calls run in a thread)."""
