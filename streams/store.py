@@ -43,6 +43,7 @@ from cassandra.query import (
     dict_factory,
 )
 
+from streams.binding import Deployment
 from streams.buckets import BucketKey, shard_of, ttl_s
 from streams.buckets import minute_ms as minute_of
 from tocsin.cassandra import make_cluster
@@ -741,6 +742,35 @@ class Store:
         trigger id) but never past triggers that somebody's Kafka producer did not ack,
         since each owner only writes what its own acks cover."""
         await self._run("set_checkpoint", (partition, fired_before_ms, now_ms, owner))
+
+    async def bind_deployment(
+        self, deployment: Deployment, *, owner: str, now_ms: int
+    ) -> Deployment:
+        """Bind the keyspace to ``deployment`` unless it is bound already; the deployment
+        it is bound to now (streams.binding decides what a mismatch means). Prepared here,
+        not in ``connect``: only workers and ``tocsin setup`` need the 004 table."""
+        if "bind_deployment" not in self._stmts:
+            await self.prepare_statements(
+                {
+                    # IF NOT EXISTS: of workers starting together, exactly one binds. (A
+                    # driver retry of our own applied insert reads back our own row.)
+                    "bind_deployment": "INSERT INTO {keyspace}.deployment (name, "
+                    "topic_prefix, command_partitions, bound_ms, bound_by) "
+                    "VALUES ('scheduler', ?, ?, ?, ?) IF NOT EXISTS",
+                }
+            )
+        rows = await self._run(
+            "bind_deployment",
+            (deployment.topic_prefix, deployment.command_partitions, now_ms, owner),
+        )
+        row = rows[0] if rows else {}
+        if row.get("[applied]"):
+            return deployment
+        # Not applied: the LWT answers with the row that is there.
+        return Deployment(
+            topic_prefix=str(row.get("topic_prefix")),
+            command_partitions=int(row.get("command_partitions") or 0),
+        )
 
     async def mark_fired(
         self,
