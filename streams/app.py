@@ -26,6 +26,7 @@ import orjson
 from faust.types import TP
 
 from streams import metrics
+from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
 from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer, RecurringStore
@@ -331,7 +332,11 @@ def _observe_bucket_query(seconds: float, rows: int) -> None:
 
 
 def run_worker(settings: Settings) -> None:
-    """Run a worker until SIGTERM/SIGINT (blocking)."""
+    """Run a worker until SIGTERM/SIGINT (blocking); ConfigError at once if the keyspace
+    belongs to another deployment (streams.binding)."""
+    # Before joining the consumer group: on another deployment's keyspace this worker
+    # would tick that deployment's bucket partitions and move its checkpoints.
+    check_keyspace(settings, owner=f"{socket.gethostname()}:{os.getpid()}")
     worker = Worker(settings)
     serve_health(
         worker.health, settings.scheduler.metrics_port, addr=settings.scheduler.metrics_addr

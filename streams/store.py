@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import heapq
 import re
-import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
@@ -34,10 +33,8 @@ from cassandra import (
     RequestValidationException,
 )
 from cassandra import protocol as cql_protocol
-from cassandra.auth import PlainTextAuthProvider
-from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile, NoHostAvailable
+from cassandra.cluster import Cluster, NoHostAvailable
 from cassandra.connection import ConnectionException
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 from cassandra.query import (
     UNSET_VALUE,
     BatchStatement,
@@ -47,8 +44,10 @@ from cassandra.query import (
 )
 from prometheus_client import Counter
 
+from streams.binding import Deployment
 from streams.buckets import BucketKey, shard_of, ttl_s
 from streams.buckets import minute_ms as minute_of
+from tocsin.cassandra import make_cluster
 from tocsin.errors import StoreError
 from tocsin.settings import CassandraSettings
 
@@ -275,34 +274,17 @@ class Store:
     # -- lifecycle -------------------------------------------------------------------------
 
     def _build_cluster(self) -> Cluster:
-        s = self.settings
-        profile = ExecutionProfile(
-            # Token-aware routing sends each prepared statement straight to a replica.
-            load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=s.local_dc)),
-            request_timeout=s.request_timeout_s,
-            consistency_level=ConsistencyLevel.LOCAL_QUORUM,
-            serial_consistency_level=ConsistencyLevel.LOCAL_SERIAL,
-            row_factory=dict_factory,
+        cluster: Cluster = make_cluster(
+            self.settings,
+            protocol_version=self._protocol_version,
+            profile={
+                "consistency_level": ConsistencyLevel.LOCAL_QUORUM,
+                "serial_consistency_level": ConsistencyLevel.LOCAL_SERIAL,
+                "row_factory": dict_factory,
+            },
+            connect_timeout=self.settings.request_timeout_s,
         )
-        kwargs: dict[str, Any] = {
-            "contact_points": list(s.contact_points),
-            "port": s.port,
-            "execution_profiles": {EXEC_PROFILE_DEFAULT: profile},
-            "connect_timeout": s.request_timeout_s,
-        }
-        if self._protocol_version is not None:
-            kwargs["protocol_version"] = self._protocol_version
-        if s.username is not None:
-            kwargs["auth_provider"] = PlainTextAuthProvider(
-                username=s.username, password=s.password or ""
-            )
-        if s.ssl_ca_location is not None:
-            context = ssl.create_default_context(cafile=s.ssl_ca_location)
-            # The chain is verified against the CA; host names are not, because contact
-            # points and peers discovered through gossip are usually bare IPs.
-            context.check_hostname = False
-            kwargs["ssl_context"] = context
-        return Cluster(**kwargs)
+        return cluster
 
     async def connect(self) -> None:
         """Connect and prepare every statement (blocking driver calls run in a thread)."""
@@ -783,6 +765,35 @@ class Store:
         trigger id) but never past triggers that somebody's Kafka producer did not ack,
         since each owner only writes what its own acks cover."""
         await self._run("set_checkpoint", (partition, fired_before_ms, now_ms, owner))
+
+    async def bind_deployment(
+        self, deployment: Deployment, *, owner: str, now_ms: int
+    ) -> Deployment:
+        """Bind the keyspace to ``deployment`` unless it is bound already; the deployment
+        it is bound to now (streams.binding decides what a mismatch means). Prepared here,
+        not in ``connect``: only workers and ``tocsin setup`` need the 004 table."""
+        if "bind_deployment" not in self._stmts:
+            await self.prepare_statements(
+                {
+                    # IF NOT EXISTS: of workers starting together, exactly one binds. (A
+                    # driver retry of our own applied insert reads back our own row.)
+                    "bind_deployment": "INSERT INTO {keyspace}.deployment (name, "
+                    "topic_prefix, command_partitions, bound_ms, bound_by) "
+                    "VALUES ('scheduler', ?, ?, ?, ?) IF NOT EXISTS",
+                }
+            )
+        rows = await self._run(
+            "bind_deployment",
+            (deployment.topic_prefix, deployment.command_partitions, now_ms, owner),
+        )
+        row = rows[0] if rows else {}
+        if row.get("[applied]"):
+            return deployment
+        # Not applied: the LWT answers with the row that is there.
+        return Deployment(
+            topic_prefix=str(row.get("topic_prefix")),
+            command_partitions=int(row.get("command_partitions") or 0),
+        )
 
     async def mark_fired(
         self,

@@ -8,29 +8,45 @@ from typing import Any
 from tocsin.settings import CassandraSettings
 
 
-def make_cluster(settings: CassandraSettings, **overrides: Any) -> Any:
-    """A Cluster for these settings; the caller connects and shuts it down."""
+def make_cluster(
+    settings: CassandraSettings,
+    *,
+    protocol_version: int | None = 5,
+    profile: dict[str, Any] | None = None,
+    **overrides: Any,
+) -> Any:
+    """A Cluster for these settings; the caller connects and shuts it down.
+
+    ``protocol_version``: Cassandra 5 speaks v5; None lets the driver negotiate (older
+    servers). ``profile``: more options of the default execution profile (consistency,
+    row factory...). ``overrides``: other Cluster arguments (e.g. ``connect_timeout``)."""
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
 
-    profile = ExecutionProfile(
-        load_balancing_policy=TokenAwarePolicy(DCAwareRoundRobinPolicy(local_dc=settings.local_dc)),
-        request_timeout=settings.request_timeout_s,
-    )
+    profile_options: dict[str, Any] = {
+        # Token-aware routing sends each prepared statement straight to a replica.
+        "load_balancing_policy": TokenAwarePolicy(
+            DCAwareRoundRobinPolicy(local_dc=settings.local_dc)
+        ),
+        "request_timeout": settings.request_timeout_s,
+        **(profile or {}),
+    }
     kwargs: dict[str, Any] = {
         "contact_points": list(settings.contact_points),
         "port": settings.port,
-        "protocol_version": 5,
-        "execution_profiles": {EXEC_PROFILE_DEFAULT: profile},
+        "execution_profiles": {EXEC_PROFILE_DEFAULT: ExecutionProfile(**profile_options)},
         "connect_timeout": 5,
     }
+    if protocol_version is not None:
+        kwargs["protocol_version"] = protocol_version
     if settings.username:
         kwargs["auth_provider"] = PlainTextAuthProvider(settings.username, settings.password or "")
     if settings.ssl_ca_location:
         ctx = ssl.create_default_context(cafile=settings.ssl_ca_location)
-        # The driver connects by IP and passes no server name, so the certificate is
-        # verified against the CA but not against a host name.
+        # The driver connects by IP (contact points and peers discovered through gossip)
+        # and passes no server name, so the certificate is verified against the CA but not
+        # against a host name.
         ctx.check_hostname = False
         kwargs["ssl_context"] = ctx
     kwargs.update(overrides)

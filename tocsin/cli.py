@@ -104,8 +104,18 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
+    from streams.binding import check_keyspace
+
     cmd_topics(args, settings)
-    return cmd_db(args, settings)
+    code = cmd_db(args, settings)
+    # Bind the keyspace to this prefix (or fail here, before any worker rolls out, if it
+    # belongs to another deployment: streams.binding).
+    check_keyspace(settings, owner="tocsin setup")
+    print(
+        f"keyspace {settings.cassandra.keyspace}: deployment {settings.topics.prefix!r} "
+        f"({settings.topics.command_partitions} commands partitions)"
+    )
+    return code
 
 
 # ----------------------------------------------------------------------------- main
@@ -128,7 +138,9 @@ def build_parser() -> argparse.ArgumentParser:
     db.add_argument("action", choices=["migrate"])
     db.set_defaults(func=cmd_db)
 
-    setup = sub.add_parser("setup", help="topics create + db migrate")
+    setup = sub.add_parser(
+        "setup", help="topics create + db migrate + bind the keyspace to this prefix"
+    )
     setup.set_defaults(func=cmd_setup)
 
     from proxy.cli import register as register_proxy

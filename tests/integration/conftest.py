@@ -1,8 +1,18 @@
-"""Fixtures that run real scheduler workers (``tocsin worker`` subprocesses) on the stack."""
+"""Fixtures that run real scheduler workers (``tocsin worker`` subprocesses) on the stack.
+
+Worker ownership (which worker fires a partition) is decided by the consumer group of a
+topic prefix, and what a worker fires is decided by the keyspace (buckets and fire
+checkpoints are keyed by partition number only). So a worker that outlives a test - the
+API's session worker - gets a deployment of its own (``isolated_stack``: prefix, consumer
+group and keyspace), and so does every test that stops or kills workers and needs to know
+that nothing else fires its triggers (``own_stack``). The run's shared deployment
+(``real_stack``) only ever has the workers of the test that is running.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import signal
@@ -10,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,13 +84,12 @@ def _env_for(settings: Settings, metrics_port: int, web_port: int) -> dict[str, 
     return env
 
 
-@pytest.fixture(scope="session")
-def tenant(real_stack: Settings) -> str:
-    """A registered tenant for this run."""
+def register_tenants(settings: Settings) -> str:
+    """Register the test tenants ("acme" active, "sleepy" inactive) in this keyspace."""
     from streams.store import Store
 
     async def register() -> None:
-        store = Store(real_stack.cassandra)
+        store = Store(settings.cassandra)
         await store.connect()
         try:
             await store.put_tenant("acme", active=True, created_ms=time.time_ns() // 10**6,
@@ -95,18 +105,79 @@ def tenant(real_stack: Settings) -> str:
     return "acme"
 
 
+@pytest.fixture(scope="session")
+def tenant(real_stack: Settings) -> str:
+    """A registered tenant for this run (the same name in every isolated keyspace)."""
+    return register_tenants(real_stack)
+
+
+@contextlib.contextmanager
+def isolated_stack(real_stack: Settings, name: str) -> Iterator[Settings]:
+    """A deployment of its own inside this run: topic prefix ``<run prefix><name>.`` (so
+    its own consumer group, ``<prefix>scheduler``) and keyspace ``<run keyspace>_<name>``,
+    migrated, with the test tenants. Both go away at the end.
+
+    A prefix alone is not isolation: a worker of another prefix on the same keyspace reads
+    the same bucket partitions and moves the same fire checkpoints, so it fires this
+    deployment's triggers onto its own fires topic (and the worker refuses such a keyspace,
+    see streams.binding)."""
+    from confluent_kafka.admin import AdminClient
+
+    from schema.migrate import migrate
+    from tocsin.cassandra import make_cluster
+    from topics.catalog import catalog, ensure_topics
+
+    settings = replace(
+        real_stack,
+        topics=replace(real_stack.topics, prefix=f"{real_stack.topics.prefix}{name}."),
+        cassandra=replace(real_stack.cassandra,
+                          keyspace=f"{real_stack.cassandra.keyspace}_{name}"),
+    )
+    ensure_topics(settings.kafka, catalog(settings.topics).all())
+    migrate(settings.cassandra)
+    register_tenants(settings)
+    try:
+        yield settings
+    finally:
+        admin = AdminClient(settings.kafka.librdkafka())
+        names = [n for n in admin.list_topics(timeout=10).topics
+                 if n.startswith(settings.topics.prefix)]
+        for fut in (admin.delete_topics(names, operation_timeout=30).values() if names else ()):
+            with contextlib.suppress(Exception):  # (the session's cleanup catches leftovers)
+                fut.result(timeout=30)
+        cluster = make_cluster(settings.cassandra)
+        try:
+            cluster.connect().execute(
+                f"DROP KEYSPACE IF EXISTS {settings.cassandra.keyspace}", timeout=60)
+        finally:
+            cluster.shutdown()
+
+
+_own = itertools.count(1)
+
+
+@pytest.fixture
+def own_stack(real_stack: Settings) -> Iterator[Settings]:
+    """A deployment of this test's own, for tests that stop or kill workers: no worker of
+    any other test can own its partitions or fire its triggers."""
+    with isolated_stack(real_stack, f"own{next(_own)}") as settings:
+        yield settings
+
+
 @pytest.fixture
 def worker_factory(real_stack: Settings, tenant: str, tmp_path: Path) -> Iterator[
     type[object]
 ]:
-    """Start workers with ``make()``; all are stopped at the end of the test."""
+    """Start workers with ``make()`` (on ``real_stack`` or the ``settings`` given, e.g.
+    ``own_stack``); all are stopped at the end of the test."""
     started: list[WorkerProcess] = []
 
     class Factory:
         @staticmethod
-        def make(name: str = "w") -> WorkerProcess:
-            env = _env_for(real_stack, next(_ports), next(_ports))
-            worker = WorkerProcess(real_stack, env, tmp_path / f"{name}-{len(started)}.log")
+        def make(name: str = "w", settings: Settings | None = None) -> WorkerProcess:
+            s = settings or real_stack
+            env = _env_for(s, next(_ports), next(_ports))
+            worker = WorkerProcess(s, env, tmp_path / f"{name}-{len(started)}.log")
             started.append(worker)
             return worker.start()
 
@@ -115,7 +186,9 @@ def worker_factory(real_stack: Settings, tenant: str, tmp_path: Path) -> Iterato
         w.stop()
 
 
-# ---- the REST API on the real stack (issue 5): one worker + one `tocsin api` per session ----
+# ---- the REST API on the real stack (issue 5): one worker + one `tocsin api` per session,
+# on a deployment of their own ("api"), so this long-lived worker never joins the consumer
+# group or reads the keyspace of the tests that start, stop and kill workers.
 
 
 class ApiServer:
@@ -154,15 +227,21 @@ class ApiServer:
 
 
 @pytest.fixture(scope="session")
-def api_server(real_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPathFactory
+def api_stack(real_stack: Settings) -> Iterator[Settings]:
+    with isolated_stack(real_stack, "api") as settings:
+        yield settings
+
+
+@pytest.fixture(scope="session")
+def api_server(api_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPathFactory
                ) -> Iterator[ApiServer]:
     import socket
     import urllib.request
 
     logs = tmp_path_factory.mktemp("api")
-    env = _env_for(real_stack, next(_ports), next(_ports))
+    env = _env_for(api_stack, next(_ports), next(_ports))
     env["TOCSIN_TENANT_CACHE_TTL_S"] = "1"
-    worker = WorkerProcess(real_stack, env, logs / "worker.log").start()
+    worker = WorkerProcess(api_stack, env, logs / "worker.log").start()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -191,7 +270,7 @@ def api_server(real_stack: Settings, tenant: str, tmp_path_factory: pytest.TempP
         from streams.client import CommandClient, ResultWatcher
         from topics.models import CreateCommand, HttpCallback
 
-        client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+        client, results = CommandClient(api_stack), ResultWatcher(api_stack)
         sid = f"api-probe-{os.urandom(4).hex()}"
         client.send(CreateCommand(tenant=tenant, schedule_id=sid,
                                   due_ms=time.time_ns() // 10**6 + 3_600_000,
@@ -201,7 +280,7 @@ def api_server(real_stack: Settings, tenant: str, tmp_path_factory: pytest.TempP
         got = results.wait_for([sid], timeout_s=90)
         results.close()
         assert sid in got, "worker did not answer:\n" + worker.log_tail()
-        yield ApiServer(real_stack, base, admin)
+        yield ApiServer(api_stack, base, admin)
     finally:
         if api.poll() is None:
             os.killpg(api.pid, signal.SIGTERM)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,20 +14,22 @@ import orjson
 from proxy.app import ProxyApp
 from streams.client import CommandClient, ResultWatcher
 from streams.store import Store
-from tests.integration.conftest import WorkerProcess, _env_for, _ports
+from tests.integration.conftest import WorkerProcess, _env_for, _ports, isolated_stack
 from tests.integration.test_proxy_delivery import Receiver, fast_settings
 from tocsin.settings import Settings
-from topics.catalog import catalog, ensure_topics
 from topics.models import CreateCommand, HttpCallback, PayloadType
 
 
 def test_schedules_are_delivered_and_outcomes_recorded(
     real_stack: Settings, tenant: str, tmp_path: Path
 ) -> None:
-    # A topic prefix of its own, so the proxy reads only this test's triggers.
-    settings = replace(real_stack, topics=replace(real_stack.topics,
-                                                  prefix=f"{real_stack.topics.prefix}e2e."))
-    ensure_topics(settings.kafka, catalog(settings.topics).all())
+    # A deployment of its own (prefix and keyspace), so the proxy reads only this test's
+    # triggers and no other worker ticks its keyspace.
+    with isolated_stack(real_stack, "e2e") as settings:
+        _deliver_and_record(settings, tenant, tmp_path)
+
+
+def _deliver_and_record(settings: Settings, tenant: str, tmp_path: Path) -> None:
     worker = WorkerProcess(settings, _env_for(settings, next(_ports), next(_ports)),
                            tmp_path / "worker.log").start()
 

@@ -1,0 +1,126 @@
+"""One keyspace, one deployment: a worker refuses a keyspace bound to another topic prefix.
+
+Ownership of a commands partition comes from the consumer group of a topic prefix, but what
+the owner fires comes from the keyspace, where buckets and fire checkpoints are keyed by
+partition number only. Workers of two prefixes on one keyspace therefore both tick bucket
+partition p. Each fires the other deployment's triggers onto its own fires topic, and - worse
+- each moves the shared checkpoint past rows it never saw (a row written into a minute the
+ticker had already loaded reaches only its own worker's ticker, by ``offer``), so when the
+other deployment's worker next starts it catches up from a checkpoint beyond triggers nobody
+fired: they are lost, neither fired nor recorded as missed. The same holds for one prefix
+whose commands topic was recreated with another partition count (buckets sit at
+``murmur2(id) % P``).
+
+So the keyspace records the deployment it belongs to (the ``deployment`` table, migration
+004): the first worker (or ``tocsin setup``) binds it, and a worker of any other deployment
+stops at start with a ConfigError. ``binding_conflict`` is the pure rule; ``bind_keyspace``
+its thin edge.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import Protocol
+
+from tocsin.errors import ConfigError, StoreError
+from tocsin.settings import Settings
+
+log = logging.getLogger("tocsin.binding")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Deployment:
+    """What a keyspace's buckets and checkpoints are laid out for."""
+
+    topic_prefix: str
+    command_partitions: int
+
+
+def deployment_of(settings: Settings) -> Deployment:
+    return Deployment(
+        topic_prefix=settings.topics.prefix,
+        command_partitions=settings.topics.command_partitions,
+    )
+
+
+def binding_conflict(bound: Deployment, mine: Deployment, keyspace: str) -> str | None:
+    """Why ``mine`` must not run on ``keyspace``, bound to ``bound`` (None: it may)."""
+    if bound.topic_prefix != mine.topic_prefix:
+        return (
+            f"keyspace {keyspace!r} belongs to topic prefix {bound.topic_prefix!r}, not "
+            f"{mine.topic_prefix!r}: workers of two prefixes on one keyspace tick the same "
+            "bucket partitions and checkpoints and lose each other's triggers; give this "
+            "deployment a keyspace of its own (TOCSIN_CASSANDRA_KEYSPACE), see "
+            "docs/operations.md"
+        )
+    if bound.command_partitions != mine.command_partitions:
+        return (
+            f"keyspace {keyspace!r} holds buckets for {bound.command_partitions} commands "
+            f"partitions, not {mine.command_partitions} (TOCSIN_COMMAND_PARTITIONS): every "
+            "stored schedule would sit in another partition's buckets; see "
+            "docs/operations.md, 'Adding partitions safely'"
+        )
+    return None
+
+
+class BindingStore(Protocol):
+    async def connect(self) -> None: ...
+
+    async def bind_deployment(
+        self, deployment: Deployment, *, owner: str, now_ms: int
+    ) -> Deployment: ...
+
+
+async def bind_keyspace(
+    store: BindingStore,
+    mine: Deployment,
+    keyspace: str,
+    *,
+    owner: str,
+    now_ms: int,
+    retry_s: float = 2.0,
+) -> None:
+    """Bind the keyspace to ``mine`` if it is unbound; ConfigError if it belongs to another
+    deployment. A store that is unavailable is waited for (like the ticker does, issue 7):
+    a worker started before Cassandra is up starts once it is."""
+    while True:
+        try:
+            await store.connect()
+            bound = await store.bind_deployment(mine, owner=owner, now_ms=now_ms)
+            break
+        except StoreError as exc:
+            if not exc.retriable:
+                raise
+            log.warning(
+                "store unavailable while checking the keyspace binding; retrying",
+                extra={"error": str(exc), "retry_s": retry_s},
+            )
+        await asyncio.sleep(retry_s)
+    conflict = binding_conflict(bound, mine, keyspace)
+    if conflict is not None:
+        raise ConfigError(conflict)
+
+
+def check_keyspace(settings: Settings, *, owner: str) -> None:
+    """Blocking ``bind_keyspace`` with a store of its own, for a process about to start (a
+    worker before Faust runs, ``tocsin setup``); raises ConfigError on a mismatch."""
+    import time
+
+    from streams.store import Store
+
+    async def run() -> None:
+        store = Store(settings.cassandra)
+        try:
+            await bind_keyspace(
+                store,
+                deployment_of(settings),
+                settings.cassandra.keyspace,
+                owner=owner,
+                now_ms=time.time_ns() // 1_000_000,
+            )
+        finally:
+            await store.close()
+
+    asyncio.run(run())
