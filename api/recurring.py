@@ -6,8 +6,9 @@ A recurring schedule is listed *once per listing*, at its first nominal run time
 window ``[from, to)``: "what runs in this window" includes it when it has a run there.
 Runs are computed from its current recurrence, from when that recurrence was set (its
 create, or the update that last changed it) until it was cancelled or ran out (``end``,
-``max_runs``). Its individual runs are not listed; ``GET /v1/schedules/{id}/runs`` is their
-history. See docs/api.md ("Listing").
+``max_runs``); runs of an earlier rule come from the run history (``api.recurring_io``).
+Its individual runs are not listed; ``GET /v1/schedules/{id}/runs`` is their history. See
+docs/api.md ("Listing").
 """
 
 from __future__ import annotations
@@ -48,6 +49,13 @@ def _anchor(row: Mapping[str, Any]) -> int:
 
 def _until(row: Mapping[str, Any]) -> int:
     return int(row.get("materialized_until_ms") or 0)
+
+
+def rule_changed_ms(row: Mapping[str, Any]) -> int | None:
+    """When an update last replaced the recurrence (its runs before that followed an
+    earlier rule), or None if the rule is the create's."""
+    anchor, created = row.get("anchor_ms"), row.get("created_ms")
+    return int(anchor) if anchor is not None and created is not None and anchor > created else None
 
 
 def runs_out(row: Mapping[str, Any]) -> bool:
@@ -333,6 +341,7 @@ __all__ = [
     "parent_view",
     "recurrence_of",
     "recurrence_view",
+    "rule_changed_ms",
     "run_row_view",
     "run_view",
     "runs_out",

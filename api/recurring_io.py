@@ -15,6 +15,23 @@ from streams.recurring import NEVER_MS, parse_run_id
 
 # One listing page reads the newest run of at most this many finished parents at once.
 _CONCURRENCY = 64
+_STATEMENTS = {
+    # The oldest written run of a parent in a window (recurring_runs is newest first).
+    "api_first_run_between": "SELECT nominal_ms FROM {keyspace}.recurring_runs "
+    "WHERE tenant = ? AND schedule_id = ? AND nominal_ms >= ? AND nominal_ms < ? "
+    "ORDER BY nominal_ms ASC LIMIT 1",
+}
+
+
+async def first_written_run(
+    store: Any, tenant: str, schedule_id: str, from_ms: int, to_ms: int
+) -> int | None:
+    """Nominal time of the oldest run written for a parent in ``[from_ms, to_ms)``."""
+    if not getattr(store, "_api_recurring_prepared", False):
+        await store.prepare_statements(_STATEMENTS)
+        store._api_recurring_prepared = True
+    rows = await store._run("api_first_run_between", (tenant, schedule_id, from_ms, to_ms))
+    return int(rows[0]["nominal_ms"]) if rows else None
 
 
 async def newest_run(store: Any, tenant: str, schedule_id: str) -> tuple[int, int] | None:
@@ -90,10 +107,16 @@ async def parents_in_window(
             return None
         async with sem:
             status, nxt, last_nominal = await parent_state(store, row, now_ms=now_ms)
-        if statuses is not None and status not in statuses:
-            return None
-        at = recurring.window_run(row, recurring.recurrence_of(row), from_ms=from_ms,
-                                  to_ms=to_ms, last_nominal_ms=last_nominal)
+            if statuses is not None and status not in statuses:
+                return None
+            at = recurring.window_run(row, recurring.recurrence_of(row), from_ms=from_ms,
+                                      to_ms=to_ms, last_nominal_ms=last_nominal)
+            changed = recurring.rule_changed_ms(row)
+            if changed is not None and from_ms < changed:
+                # Runs of an earlier rule (before the update that changed it): the history.
+                old = await first_written_run(store, row["tenant"], row["schedule_id"],
+                                              from_ms, min(to_ms, changed))
+                at = old if at is None or (old is not None and old < at) else at
         if at is None:
             return None
         key = (at, str(row["schedule_id"]))
