@@ -220,8 +220,10 @@ def add_routes(app: web.Application, key: Any, cron_time_zone: str = "UTC") -> N
                 translated = gocron.translate(cron)
             except gocron.GoCronError as exc:
                 raise ApiError(400, "invalid_cron", str(exc)) from None
+            # go-scheduler matches the server clock minute by minute: a local time that DST
+            # repeats matches twice, one it skips never (docs/api.md).
             timing: dict[str, Any] = {"recurrence": {
-                "cron": translated.cron, "time_zone": cron_time_zone,
+                "cron": translated.cron, "time_zone": cron_time_zone, "ambiguous": "twice",
                 **({"day_match": "all"} if translated.day_match == "all" else {})}}
         elif isinstance(when, bool) or not isinstance(when, int):
             raise ApiError(400, "invalid_field", "scheduleTime must be unix seconds")

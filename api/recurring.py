@@ -14,13 +14,14 @@ docs/api.md ("Listing").
 from __future__ import annotations
 
 import base64
+import functools
 import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import orjson
 
-from streams.recurring import NEVER_MS, first_run, jitter_ms, next_runs, occurrences, run_id
+from streams.recurring import NEVER_MS, jitter_ms, next_runs, occurrences, run_id, series_start
 from topics.codec import recurrence_from_json
 from topics.ids import format_iso_ms, trigger_id
 from topics.models import Recurrence
@@ -40,7 +41,34 @@ def is_parent(row: Mapping[str, Any]) -> bool:
 
 
 def recurrence_of(row: Mapping[str, Any]) -> Recurrence:
-    return recurrence_from_json(row["recurrence"])
+    return _parse(str(row["recurrence"]))
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse(text: str) -> Recurrence:
+    # A listing evaluates every parent of a tenant on every page; many share a rule.
+    return recurrence_from_json(text)
+
+
+def _first_at(rec: Recurrence, lo_ms: int, anchor_ms: int) -> int:
+    """The first occurrence at or after ``lo_ms`` (already past the series start)."""
+    if rec.cron is not None:
+        return _first_cron(rec, lo_ms)
+    return next(occurrences(rec, lo_ms, anchor_ms=anchor_ms), NEVER_MS)
+
+
+@functools.lru_cache(maxsize=65_536)
+def _first_cron(rec: Recurrence, lo_ms: int) -> int:
+    # A cron's occurrences do not depend on its anchor once lo is past the series start,
+    # so schedules sharing a rule share this within a listing page (same window, same now):
+    # building croniter's parser dominates the cost of a listing.
+    return next(occurrences(rec, lo_ms, anchor_ms=lo_ms), NEVER_MS)
+
+
+def _begin(rec: Recurrence, anchor_ms: int, at_ms: int) -> int:
+    """Where to look for runs at or after ``at_ms``: runs start at the first occurrence at
+    or after both the series start and the moment the rule was set (``first_run``)."""
+    return max(at_ms, series_start(rec, anchor_ms), anchor_ms)
 
 
 def _anchor(row: Mapping[str, Any]) -> int:
@@ -116,16 +144,17 @@ def upcoming(
     written run."""
     if n <= 0 or str(row.get("state") or SCHEDULED) != SCHEDULED:
         return []
-    at = now_ms if after_ms is None else max(now_ms, after_ms)
     anchor = _anchor(row)
-    at = max(at, first_run(rec, anchor))
+    at = _begin(rec, anchor, now_ms if after_ms is None else max(now_ms, after_ms))
     tenant, sid = str(row["tenant"]), str(row["schedule_id"])
     if runs_out(row):
         last = -1 if last_nominal_ms is None else last_nominal_ms
         ahead = itertools.takewhile(lambda t: t <= last, occurrences(rec, at, anchor_ms=anchor))
         nominals = list(itertools.islice(ahead, n))
     else:
-        nominals = next_runs(rec, at, n, anchor_ms=anchor, counted=_counted_before(row, rec, at))
+        # Counting runs only matters for max_runs (it costs an enumeration).
+        counted = 0 if rec.max_runs is None else _counted_before(row, rec, at)
+        nominals = next_runs(rec, at, n, anchor_ms=anchor, counted=counted)
     out = []
     for nominal in nominals:
         rid = run_id(sid, nominal)
@@ -140,6 +169,11 @@ def next_run(
 ) -> int | None:
     """Nominal time of the next run after ``now_ms`` of a scheduled parent, or None
     (``last_nominal_ms`` as for ``upcoming``)."""
+    if str(row.get("state") or SCHEDULED) != SCHEDULED:
+        return None
+    if rec.max_runs is None and not runs_out(row):
+        at = _first_at(rec, _begin(rec, _anchor(row), now_ms), _anchor(row))
+        return at if at < NEVER_MS else None
     found = upcoming(row, rec, now_ms=now_ms, n=1, last_nominal_ms=last_nominal_ms)
     return int(found[0]["nominal_ms"]) if found else None
 
@@ -160,7 +194,7 @@ def window_run(
     run.
     """
     anchor = _anchor(row)
-    lo = max(from_ms, first_run(rec, anchor))
+    lo = _begin(rec, anchor, from_ms)
     hi = to_ms
     if str(row.get("state")) == CANCELLED and row.get("updated_ms") is not None:
         hi = min(hi, int(row["updated_ms"]) + 1)
@@ -170,7 +204,7 @@ def window_run(
         hi = min(hi, last_nominal_ms + 1)
     if lo >= hi:
         return None
-    at = next(occurrences(rec, lo, anchor_ms=anchor), NEVER_MS)
+    at = _first_at(rec, lo, anchor)
     if at >= hi:
         return None
     until = _until(row)

@@ -219,6 +219,10 @@ def test_goscheduler_cron_round_trip(api_server: Any) -> None:
                                body={**cron, "cronExpression": "0 9 1-7 * 1"})
     assert st == 201, body
     monday = body["data"]["schedule"]["scheduleId"]
+    st, native = api_server.call("GET", f"/v1/schedules/{monday}", key=key)
+    assert st == 200 and native["recurrence"] == {
+        "cron": "0 9 1-7 * 1", "day_match": "all", "time_zone": "UTC", "ambiguous": "twice",
+        "nonexistent": "skip", "jitter_s": 0, "misfire": "fire_latest"}, native
     st, body = api_server.call("GET", f"/goscheduler/schedules/{monday}/runs?when=future&size=4",
                                key=key)
     for run in body["data"]["schedules"]:

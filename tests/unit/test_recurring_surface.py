@@ -430,3 +430,15 @@ def test_default_tolerance_absorbs_a_failover_under_skip() -> None:
     assert fired(10) and fired(30) and fired(60)
     # Late beyond the minute (a Cassandra outage): skip drops it, as asked.
     assert not fired(61)
+
+
+def test_the_facade_refuses_an_unknown_cron_time_zone_at_startup() -> None:
+    from aiohttp import web
+
+    from api import goscheduler
+    from tocsin.errors import ConfigError
+
+    key: web.AppKey[Any] = web.AppKey("svc", object)
+    with pytest.raises(ConfigError, match="TOCSIN_GOSCHEDULER_CRON_TIME_ZONE"):
+        goscheduler.add_routes(web.Application(), key, "Mars/Olympus_Mons")
+    goscheduler.add_routes(web.Application(), key, "Asia/Kolkata")
