@@ -15,6 +15,7 @@ from aiohttp import web
 
 from api import gocron, recurring, recurring_io, views
 from api.views import ApiError
+from streams.recurring import parse_run_id
 from streams.tenants import TenantConfig
 from tocsin.errors import CommandRejected, ConfigError
 from topics.validation import check_time_zone
@@ -260,8 +261,20 @@ def add_routes(app: web.Application, key: Any, cron_time_zone: str = "UTC") -> N
         if recurring.is_parent(row):
             status, _, _ = await recurring_io.parent_state(svc.store, row, now_ms=now_ms())
             return go_cron_schedule(row, status)
-        if row.get("due_ms") is None:  # a run that fired: its own row has no due time
-            raise ApiError(404, "not_found", f"no schedule {row['schedule_id']!r}")
+        if row.get("due_ms") is None:
+            # A cron's run (<cron id>@<nominal ms>) that fired: its row holds the outcome,
+            # its cron the payload and callback.
+            parsed = parse_run_id(str(row["schedule_id"]))
+            if parsed is None:
+                raise ApiError(404, "not_found", f"no schedule {row['schedule_id']!r}")
+            cron, _ = await svc.get_schedule(row["tenant"], parsed[0])
+            events = await svc.store.list_events(row["tenant"], row["schedule_id"])
+            run = recurring.run_row_view(row, events, parent_id=parsed[0],
+                                         nominal_ms=parsed[1])
+            return go_run({"run_id": run["schedule_id"], "state": run["status"],
+                           "due_ms": run["due_ms"] or parsed[1],
+                           "delivery": (run["delivery"] or {}).get("outcome"),
+                           "trigger_id": run["trigger_id"]}, cron)
         return go_schedule(row)
 
     async def get(request: web.Request) -> web.Response:

@@ -221,7 +221,7 @@ def test_goscheduler_cron_round_trip(api_server: Any) -> None:
     monday = body["data"]["schedule"]["scheduleId"]
     st, native = api_server.call("GET", f"/v1/schedules/{monday}", key=key)
     assert st == 200 and native["recurrence"] == {
-        "cron": "0 9 1-7 * 1", "day_match": "all", "time_zone": "UTC", "ambiguous": "twice",
+        "cron": "0 0 9 1-7 * 1", "day_match": "all", "time_zone": "UTC", "ambiguous": "twice",
         "nonexistent": "skip", "jitter_s": 0, "misfire": "fire_latest"}, native
     st, body = api_server.call("GET", f"/goscheduler/schedules/{monday}/runs?when=future&size=4",
                                key=key)
@@ -245,6 +245,11 @@ def test_goscheduler_cron_round_trip(api_server: Any) -> None:
 
     runs = until(past, 150, "the cron's first run")
     assert runs[0]["status"] == "SUCCESS" and runs[0]["scheduleId"].startswith(sid + "@")
+    st, body = api_server.call("GET", f"/goscheduler/schedules/{runs[0]['scheduleId']}",
+                               key=key)
+    assert st == 200 and body["data"]["schedule"]["status"] == "SUCCESS", body
+    assert body["data"]["schedule"]["scheduleTime"] == runs[0]["scheduleTime"]
+    assert body["data"]["schedule"]["payload"] == '{"kind": "cron"}'
     st, body = api_server.call("DELETE", f"/goscheduler/schedules/{sid}", key=key)
     assert st == 200 and body["data"]["schedule"]["status"] == "DELETED"
     st, body = api_server.call(
