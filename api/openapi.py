@@ -31,6 +31,15 @@ _MODE = [
     {"name": "timeout_s", "in": "query", "schema": {"type": "number", "maximum": 60},
      "description": "how long a sync request waits for the result (default 10)"},
 ]
+
+
+def _run_counts(default: int) -> list[dict[str, Any]]:
+    return [{"name": name, "in": "query",
+             "schema": {"type": "integer", "minimum": 0, "maximum": 1000, "default": default},
+             "description": f"how many {what} runs (recurring schedules)"}
+            for name, what in (("past", "past"), ("next", "next"))]
+
+
 _WINDOW: dict[str, Any] = {"type": "object", "required": ["from", "to"],
            "properties": {"from": _ref("Time"), "to": _ref("Time")}}
 
@@ -78,19 +87,71 @@ def openapi_document() -> dict[str, Any]:
                                             "timeout_s": {"type": "number"},
                                             "topic": {"type": "string"},
                                             "key": {"type": ["string", "null"]}}},
+                "Recurrence": {
+                    "type": "object", "additionalProperties": False,
+                    "description": "a recurring schedule: exactly one of cron and every_s "
+                                   "(docs/wire-contract.md#recurring-schedules)",
+                    "oneOf": [{"required": ["cron"]}, {"required": ["every_s"]}],
+                    "properties": {
+                        "cron": {"type": "string", "description": "5 fields, 6 with seconds "
+                                 "first, or @yearly @monthly @weekly @daily @hourly"},
+                        "every_s": {"type": "integer", "minimum": 1, "maximum": 316224000},
+                        "start": _ref("Time"), "end": _ref("Time"),
+                        "max_runs": {"type": "integer", "minimum": 1},
+                        "time_zone": {"type": "string", "default": "UTC",
+                                      "description": "IANA zone of the cron fields"},
+                        "nonexistent": {"enum": ["skip", "shift_forward"], "default": "skip",
+                                        "description": "a local time a DST change skips"},
+                        "ambiguous": {"enum": ["once", "twice"], "default": "once",
+                                      "description": "a local time a DST change repeats"},
+                        "jitter_s": {"type": "integer", "minimum": 0, "maximum": 86400,
+                                     "default": 0,
+                                     "description": "fire each run in [nominal, +jitter_s)"},
+                        "misfire": {"enum": ["fire_all", "fire_latest", "skip"],
+                                    "default": "fire_latest"},
+                        "day_match": {"enum": ["any", "all"], "default": "any",
+                                      "description": "both day fields restricted: either "
+                                                     "matches (any, Vixie) or both (all)"}}},
                 "CreateSchedule": {
-                    "type": "object", "required": ["due", "callback"],
+                    "type": "object", "required": ["callback"],
                     "additionalProperties": False,
+                    "description": "exactly one of due (one-shot) and recurrence",
+                    "oneOf": [{"required": ["due"]}, {"required": ["recurrence"]}],
                     "properties": {"schedule_id": {"type": "string"}, "due": _ref("Time"),
+                                   "recurrence": _ref("Recurrence"),
                                    "payload": {}, "payload_b64": {"type": "string"},
                                    "callback": _ref("Callback"),
                                    "order_key": {"type": "string"},
-                                   "misfire_tolerance_s": {"type": "integer"}}},
+                                   "misfire_tolerance_s": {
+                                       "type": "integer",
+                                       "description": "default 3600, 60 for recurring"}}},
                 "UpdateSchedule": {
                     "type": "object", "additionalProperties": False,
-                    "properties": {"due": _ref("Time"), "payload": {},
-                                   "payload_b64": {"type": "string"},
+                    "description": "due for a one-shot schedule, recurrence (replaces the "
+                                   "whole object) for a recurring one",
+                    "properties": {"due": _ref("Time"), "recurrence": _ref("Recurrence"),
+                                   "payload": {}, "payload_b64": {"type": "string"},
                                    "callback": _ref("Callback")}},
+                "Run": {
+                    "type": "object",
+                    "description": "a run of a recurring schedule; past runs carry status "
+                                   "(scheduled, fired, missed), fired_ms and delivery",
+                    "properties": {"run_id": {"type": "string",
+                                              "description": "<schedule_id>@<nominal_ms>"},
+                                   "nominal": {"type": "string"},
+                                   "nominal_ms": {"type": "integer"},
+                                   "due": {"type": "string"}, "due_ms": {"type": "integer"},
+                                   "trigger_id": {"type": "string"},
+                                   "status": {"enum": ["scheduled", "fired", "missed"]},
+                                   "fired_ms": {"type": ["integer", "null"]},
+                                   "delivery": {"type": ["string", "null"]}}},
+                "Runs": {
+                    "type": "object",
+                    "properties": {"schedule_id": {"type": "string"},
+                                   "recurrence": _ref("Recurrence"),
+                                   "runs_written": {"type": ["integer", "null"]},
+                                   "past": {"type": "array", "items": _ref("Run")},
+                                   "next": {"type": "array", "items": _ref("Run")}}},
                 "CommandResult": {
                     "type": "object",
                     "properties": {"schedule_id": {"type": "string"},
@@ -108,14 +169,29 @@ def openapi_document() -> dict[str, Any]:
                                            "location": {"type": "string"}}},
                 "Schedule": {
                     "type": "object",
+                    "description": "a one-shot schedule, or with recurring: true a recurring "
+                                   "one (due = its next run; in a listing, its first run in "
+                                   "the window), or with recurring_run: true one of its runs",
                     "properties": {"schedule_id": {"type": "string"},
                                    "tenant": {"type": "string"},
                                    "status": {"enum": ["scheduled", "fired", "missed",
-                                                       "cancelled"]},
-                                   "due": {"type": "string"}, "due_ms": {"type": "integer"},
+                                                       "cancelled", "completed"]},
+                                   "due": {"type": ["string", "null"]},
+                                   "due_ms": {"type": ["integer", "null"]},
                                    "delivery": {"type": ["object", "null"]},
                                    "callback": _ref("Callback"), "payload": {},
                                    "payload_b64": {"type": "string"},
+                                   "recurring": {"type": "boolean"},
+                                   "recurrence": _ref("Recurrence"),
+                                   "next_run": {"type": ["string", "null"]},
+                                   "next_run_ms": {"type": ["integer", "null"]},
+                                   "runs_written": {"type": ["integer", "null"]},
+                                   "runs": {"type": "object", "properties": {
+                                       "past": {"type": "array", "items": _ref("Run")},
+                                       "next": {"type": "array", "items": _ref("Run")}}},
+                                   "recurring_run": {"type": "boolean"},
+                                   "parent_schedule_id": {"type": "string"},
+                                   "nominal_ms": {"type": "integer"},
                                    "history": {"type": "array", "items": {"type": "object"}}}},
                 "TenantConfig": {
                     "type": "object", "additionalProperties": False,
@@ -147,7 +223,8 @@ def openapi_document() -> dict[str, Any]:
                 "post": _op("create a schedule", {
                     "201": _json(_ref("CommandResult"), "created"), **schedule_ok,
                     **_RESULT_ERRORS}, body=_ref("CreateSchedule"), params=_MODE),
-                "get": _op("list the tenant's schedules in a due-time window", {
+                "get": _op("list the tenant's schedules in a due-time window (recurring "
+                           "ones once each, at their first run in the window)", {
                     "200": _json({"type": "object", "properties": {
                         "schedules": {"type": "array", "items": _ref("Schedule")},
                         "next_cursor": {"type": ["string", "null"]}}}, "a page"),
@@ -161,15 +238,25 @@ def openapi_document() -> dict[str, Any]:
                     {"name": "cursor", "in": "query", "schema": {"type": "string"}}]),
             },
             "/v1/schedules/{schedule_id}": {
-                "get": _op("a schedule with status and history",
+                "get": _op("a schedule with status and history (recurring: with its "
+                           "newest past and next runs)",
                            {"200": _json(_ref("Schedule"), "the schedule"), **_ERRORS},
-                           params=[_SID]),
-                "patch": _op("update due, payload or callback",
+                           params=[_SID, *_run_counts(5)]),
+                "patch": _op("update due (one-shot) or recurrence (recurring), payload or "
+                             "callback",
                              {**schedule_ok, **_RESULT_ERRORS}, body=_ref("UpdateSchedule"),
                              params=[_SID, *_MODE]),
                 "delete": _op("cancel", {**schedule_ok, **_RESULT_ERRORS},
                               params=[_SID, *_MODE]),
             },
+            "/v1/schedules/{schedule_id}/runs": {
+                "get": _op("a recurring schedule's past runs (newest first, with status "
+                           "and delivery) and next runs; 404 not_recurring for a one-shot",
+                           {"200": _json(_ref("Runs"), "runs"), **_ERRORS},
+                           params=[_SID, *_run_counts(10), {
+                               "name": "before", "in": "query", "schema": _ref("Time"),
+                               "description": "past runs with a nominal time before this "
+                                              "(paging; default now)"}])},
             "/v1/schedules/{schedule_id}/reschedule": {
                 "post": _op("move the due time", {**schedule_ok, **_RESULT_ERRORS},
                             body={"type": "object", "required": ["due"],

@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from api import goscheduler, views
+from api import goscheduler, recurring, recurring_io, views
 from api.openapi import openapi_document
-from api.service import Principal, Service
+from api.service import Principal, Service, now_ms
 from api.views import ApiError
 from streams.tenants import TenantConfig
 from tocsin.errors import TocsinError
@@ -207,7 +207,34 @@ async def get_schedule(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     sid = service.check_schedule_id(request.match_info["schedule_id"])
     row, events = await service.get_schedule(tenant, sid)
+    if recurring.is_parent(row) or row.get("due_ms") is None:
+        # A recurring schedule, or one of its runs (api/recurring_io.py).
+        return json_response(await recurring_io.schedule_json(
+            service.store, row, events, now_ms=now_ms(), past=_count(request, "past", 5),
+            upcoming=_count(request, "next", 5)))
     return json_response(views.schedule_view(row, events))
+
+
+def _count(request: web.Request, name: str, default: int) -> int:
+    return views.parse_limit(request.query.get(name), default=default, name=name, minimum=0)
+
+
+async def schedule_runs(request: web.Request) -> web.Response:
+    """A recurring schedule's past runs (newest first) and next runs."""
+    who = await principal(request)
+    tenant = who.require_tenant()
+    service = request.app[SERVICE]
+    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    before = request.query.get("before")
+    got = await recurring_io.runs(
+        service.store, tenant, sid, now_ms=now_ms(), past=_count(request, "past", 10),
+        upcoming=_count(request, "next", 10),
+        before_ms=views.parse_time(before, "before") if before else None)
+    if got is None:
+        await service.get_schedule(tenant, sid)  # 404 when there is no such schedule at all
+        raise ApiError(404, "not_recurring", f"schedule {sid!r} is not a recurring schedule; "
+                                             "its fire history is in GET /v1/schedules/{id}")
+    return json_response(recurring_io.runs_json(got))
 
 
 async def list_schedules(request: web.Request) -> web.Response:
@@ -215,12 +242,15 @@ async def list_schedules(request: web.Request) -> web.Response:
     tenant = who.require_tenant()
     q = request.query
     lo, hi = views.parse_window(q)
-    rows, cursor = await request.app[SERVICE].list_schedules(
+    service = request.app[SERVICE]
+    page, cursor = await recurring_io.list_page(
+        service.store, service.list_schedules, lambda r: views.schedule_view(r, brief=True),
         tenant, from_ms=lo, to_ms=hi, statuses=views.parse_statuses(q.get("status")),
         limit=views.parse_limit(q.get("limit")), after=views.decode_cursor(q.get("cursor")),
+        now_ms=now_ms(),
     )
     return json_response({
-        "schedules": [views.schedule_view(r, brief=True) for r in rows],
+        "schedules": page,
         "next_cursor": views.encode_cursor(*cursor) if cursor else None,
     })
 
@@ -347,6 +377,7 @@ def build_app(settings: Settings, service: Service | None = None) -> web.Applica
     r.add_post("/v1/schedules", create_schedule)
     r.add_get("/v1/schedules", list_schedules)
     r.add_get("/v1/schedules/{schedule_id}", get_schedule)
+    r.add_get("/v1/schedules/{schedule_id}/runs", schedule_runs)
     r.add_patch("/v1/schedules/{schedule_id}", update_schedule)
     r.add_delete("/v1/schedules/{schedule_id}", cancel_schedule)
     r.add_post("/v1/schedules/{schedule_id}/reschedule", reschedule)
@@ -359,7 +390,7 @@ def build_app(settings: Settings, service: Service | None = None) -> web.Applica
     r.add_post("/v1/tenants/{tenant}/keys", create_key)
     r.add_get("/v1/tenants/{tenant}/keys", list_keys)
     r.add_delete("/v1/tenants/{tenant}/keys/{key_id}", revoke_key)
-    goscheduler.add_routes(app, SERVICE)
+    goscheduler.add_routes(app, SERVICE, settings.api.goscheduler_cron_time_zone)
     return app
 
 

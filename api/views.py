@@ -16,11 +16,13 @@ from topics.ids import MAX_EPOCH_MS, format_iso_ms, parse_iso_ms, trigger_id
 # Fields the API sets itself; a body carrying them is refused with a clear message.
 RESERVED_BODY_FIELDS = ("type", "tenant", "request_id")
 CREATE_BODY_FIELDS = frozenset(
-    {"schedule_id", "due", "payload", "payload_b64", "callback", "order_key",
+    {"schedule_id", "due", "recurrence", "payload", "payload_b64", "callback", "order_key",
      "misfire_tolerance_s"}
 )
-UPDATE_BODY_FIELDS = frozenset({"due", "payload", "payload_b64", "callback"})
-STATUSES = ("scheduled", "fired", "missed", "cancelled", "delivered", "dead_lettered")
+UPDATE_BODY_FIELDS = frozenset({"due", "recurrence", "payload", "payload_b64", "callback"})
+# "completed": a recurring schedule with no runs left (api.recurring).
+STATUSES = ("scheduled", "fired", "missed", "cancelled", "delivered", "dead_lettered",
+            "completed")
 MAX_WINDOW_MS = 366 * 86_400_000
 
 
@@ -154,11 +156,13 @@ def parse_statuses(value: str | None) -> frozenset[str] | None:
     return wanted
 
 
-def parse_limit(value: str | None, *, default: int = 100, maximum: int = 1000) -> int:
+def parse_limit(value: str | None, *, default: int = 100, maximum: int = 1000,
+                name: str = "limit", minimum: int = 1) -> int:
     if value is None or value == "":
         return default
-    if not value.isdigit() or not 1 <= int(value) <= maximum:
-        raise ApiError(400, "invalid_parameter", f"limit must be an integer in 1..{maximum}")
+    if not value.isdigit() or not minimum <= int(value) <= maximum:
+        raise ApiError(400, "invalid_parameter",
+                       f"{name} must be an integer in {minimum}..{maximum}")
     return int(value)
 
 

@@ -135,6 +135,8 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
         if row is None:
             print(f"no schedule {args.schedule_id!r} for tenant {args.tenant!r}")
             return EXIT_NOT_FOUND
+        if row.get("recurrence") is not None or row.get("due_ms") is None:
+            return _recurring_get(args, settings, row, events)
         view = {
             "tenant": row["tenant"],
             "schedule_id": row["schedule_id"],
@@ -156,29 +158,32 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
 
     from streams.client import CommandClient, ResultWatcher
-    from topics.ids import parse_iso_ms
-    from topics.models import CancelCommand, CreateCommand, HttpCallback, KafkaCallback, PayloadType
+    from tocsin.errors import CommandRejected
+    from topics.models import CancelCommand
 
     rid = uuid.uuid4().hex
     command: Any
     if args.action == "create":
-        due_ms = int(args.due) if args.due.isdigit() else parse_iso_ms(args.due)
-        callback: Any = (
-            HttpCallback(url=args.url)
-            if args.url
-            else KafkaCallback(topic=args.topic or "tocsin.callbacks", key=None)
-        )
-        payload = orjson.dumps(orjson.loads(args.payload)) if args.payload else b""
-        command = CreateCommand(
-            tenant=args.tenant,
-            schedule_id=args.schedule_id,
-            request_id=rid,
-            due_ms=due_ms,
-            payload=payload,
-            payload_type=PayloadType.JSON if args.payload else PayloadType.BYTES,
-            callback=callback,
-            misfire_tolerance_s=settings.scheduler.default_misfire_tolerance_s,
-        )
+        try:
+            command = _create_command(args, settings, rid)
+        except _Usage as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return EXIT_USAGE
+        except CommandRejected as exc:
+            # The decoder every worker runs: the answer a worker would give, without sending.
+            _emit(
+                args,
+                [
+                    {
+                        "schedule_id": args.schedule_id,
+                        "status": "rejected",
+                        "code": str(exc.code),
+                        "message": exc.message,
+                    }
+                ],
+                ["schedule_id", "status", "code", "message"],
+            )
+            return EXIT_REJECTED
     else:
         command = CancelCommand(tenant=args.tenant, schedule_id=args.schedule_id, request_id=rid)
     tenant_row = asyncio.run(_with_store(settings, lambda s: s.get_tenant(args.tenant)))
@@ -204,7 +209,123 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
         ],
         ["schedule_id", "status", "code", "message"],
     )
-    return EXIT_OK if str(result.status) == "accepted" else EXIT_REJECTED
+    accepted = str(result.status) == "accepted"
+    recurring = args.action == "create" and getattr(command, "recurrence", None) is not None
+    if accepted and recurring and not getattr(args, "json", False):
+        print(f"next runs: tocsin schedule runs {args.tenant} {args.schedule_id}")
+    return EXIT_OK if accepted else EXIT_REJECTED
+
+
+class _Usage(Exception):
+    """A command line that cannot make a command (exit code 2)."""
+
+
+def _create_command(args: argparse.Namespace, settings: Settings, request_id: str) -> Any:
+    """The create command of ``tocsin schedule create``, decoded by the wire contract's own
+    decoder (so a bad cron or zone gets the code a worker would answer)."""
+    import time
+
+    from topics.validation import Limits, decode_command
+
+    timings = [name for name in ("due", "cron", "every_s") if getattr(args, name, None)]
+    if len(timings) != 1:
+        raise _Usage("give exactly one of --due (one-shot), --cron or --every-s (recurring)")
+    if bool(args.url) == bool(args.topic):
+        raise _Usage("give exactly one of --url (HTTP callback) and --topic (Kafka callback)")
+    recurring_flags = {
+        "time_zone": args.time_zone,
+        "start": args.start,
+        "end": args.end,
+        "max_runs": args.max_runs,
+        "jitter_s": args.jitter_s,
+        "misfire": args.misfire,
+        "nonexistent": args.dst_gap,
+        "ambiguous": args.dst_overlap,
+        "day_match": args.day_match,
+    }
+    given = {k: v for k, v in recurring_flags.items() if v is not None}
+    body: dict[str, Any] = {
+        "type": "create",
+        "tenant": args.tenant,
+        "schedule_id": args.schedule_id,
+        "request_id": request_id,
+        "callback": {"type": "http", "url": args.url}
+        if args.url
+        else {"type": "kafka", "topic": args.topic},
+    }
+    if args.due:
+        if given:
+            flags = ", ".join("--" + _FLAG_OF.get(k, k).replace("_", "-") for k in given)
+            raise _Usage(f"{flags} only apply to recurring schedules (--cron or --every-s)")
+        body["due"] = int(args.due) if args.due.isdigit() else args.due
+    else:
+        rec: dict[str, Any] = {"cron": args.cron} if args.cron else {"every_s": args.every_s}
+        for name in ("start", "end"):
+            if name in given:
+                value = given.pop(name)
+                given[name] = int(value) if value.isdigit() else value
+        body["recurrence"] = {**rec, **given}
+    if args.payload is not None:
+        try:
+            body["payload"] = orjson.loads(args.payload)
+        except orjson.JSONDecodeError as exc:
+            raise _Usage(f"--payload is not JSON: {exc}") from None
+    if args.misfire_tolerance_s is not None:
+        body["misfire_tolerance_s"] = args.misfire_tolerance_s
+    elif args.due:
+        body["misfire_tolerance_s"] = settings.scheduler.default_misfire_tolerance_s
+    limits = Limits(
+        max_payload_bytes=settings.scheduler.max_payload_bytes,
+        default_misfire_tolerance_s=settings.scheduler.default_misfire_tolerance_s,
+    )
+    return decode_command(
+        orjson.dumps(body),
+        key=args.schedule_id.encode(),
+        now_ms=time.time_ns() // 1_000_000,
+        limits=limits,
+    )
+
+
+# Recurrence field -> the flag that sets it, where the names differ.
+_FLAG_OF = {"time_zone": "tz", "nonexistent": "dst_gap", "ambiguous": "dst_overlap"}
+
+
+def _recurring_get(
+    args: argparse.Namespace, settings: Settings, row: dict[str, Any], events: list[Any]
+) -> int:
+    """``tocsin schedule get`` of a recurring schedule (or of one of its runs)."""
+    import time
+
+    from api.recurring_io import schedule_json
+    from api.views import ApiError
+    from tocsin.cli import EXIT_NOT_FOUND, EXIT_OK
+
+    async def view(store: Any) -> dict[str, Any]:
+        return await schedule_json(
+            store, row, events, now_ms=time.time_ns() // 1_000_000, past=5, upcoming=5
+        )
+
+    try:
+        out = asyncio.run(_with_store(settings, view))
+    except ApiError:
+        print(f"no schedule {args.schedule_id!r} for tenant {args.tenant!r}")
+        return EXIT_NOT_FOUND
+    if getattr(args, "json", False):
+        print(orjson.dumps(out, option=orjson.OPT_INDENT_2).decode())
+        return EXIT_OK
+    skip = ("history", "runs", "payload", "payload_b64", "callback", "recurrence")
+    for key, value in out.items():
+        if key not in skip:
+            print(f"{key:16s} {'' if value is None else value}")
+    if "recurrence" in out:
+        print(f"{'recurrence':16s} {orjson.dumps(out['recurrence']).decode()}")
+        for run in out["runs"]["next"]:
+            print(f"  next  {run['nominal']}  due {run['due']}")
+        for run in out["runs"]["past"]:
+            print(f"  past  {run['nominal']}  {run['status']:9s} {run.get('delivery') or ''}")
+    for e in out.get("history", []):
+        print(f"  {e['at']}  {e['event']:14s} {e.get('detail') or ''}")
+    return EXIT_OK
 
 
 def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
@@ -218,26 +339,46 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
 
+    import time
+
+    from api.recurring_io import parents_in_window
+
+    one_statuses = None if statuses is None else statuses - {"completed"}
+
     async def collect(store: Any) -> list[dict[str, Any]]:
-        out: list[dict[str, Any]] = []
+        out: list[tuple[tuple[int, str], dict[str, Any]]] = []
         after = None
-        while len(out) < args.limit:
+        while len(out) < args.limit and one_statuses != frozenset():
             page = await store.read_index(args.tenant, from_ms=lo, to_ms=hi, after=after, limit=500)
             if not page:
                 break
             rows = await store.get_schedules(args.tenant, [sid for _, sid in page])
             for due, sid in page:
                 row = rows.get(sid)
-                if row is not None and int(row["due_ms"]) == due and matches(row, statuses):
-                    out.append(row)
+                if row is not None and int(row["due_ms"]) == due and matches(row, one_statuses):
+                    out.append(((due, sid), schedule_view(row, brief=True)))
             after = page[-1]
-        return out[: args.limit]
+        # Recurring schedules: once each, at their first run in the window (docs/api.md).
+        out.extend(
+            await parents_in_window(
+                store,
+                args.tenant,
+                from_ms=lo,
+                to_ms=hi,
+                statuses=statuses,
+                after=None,
+                now_ms=time.time_ns() // 1_000_000,
+            )
+        )
+        out.sort(key=lambda item: item[0])
+        return [view for _, view in out[: args.limit]]
 
-    rows = asyncio.run(_with_store(settings, collect))
-    views = [schedule_view(r, brief=True) for r in rows]
+    views = asyncio.run(_with_store(settings, collect))
     for v in views:
         v["delivery"] = (v["delivery"] or {}).get("outcome", "")
-    _emit(args, views, ["schedule_id", "status", "due", "delivery"])
+        v["next_run"] = v.get("next_run") or ""
+        v["recurring"] = "yes" if v.get("recurring") else ""
+    _emit(args, views, ["schedule_id", "status", "due", "delivery", "recurring", "next_run"])
     return EXIT_OK
 
 
@@ -246,14 +387,14 @@ def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
     past runs (newest first, with fire and delivery state) and its next runs."""
     import time
 
-    from streams.materializer import schedule_runs
+    from api.recurring_io import runs
     from tocsin.cli import EXIT_NOT_FOUND, EXIT_OK
     from topics.ids import format_iso_ms
 
     view = asyncio.run(
         _with_store(
             settings,
-            lambda store: schedule_runs(
+            lambda store: runs(
                 store,
                 args.tenant,
                 args.schedule_id,
@@ -333,10 +474,55 @@ def register(sub: Any) -> None:
     schedule.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )
-    schedule.add_argument("--due", default="", help="ISO-8601 UTC or epoch ms (create)")
+    schedule.add_argument("--due", default="", help="ISO-8601 with offset or epoch ms (create)")
     schedule.add_argument("--url", help="HTTP callback URL (create)")
     schedule.add_argument("--topic", help="Kafka callback topic (create)")
     schedule.add_argument("--payload", help="JSON payload (create)")
+    schedule.add_argument(
+        "--misfire-tolerance-s",
+        type=int,
+        help="create: how late a run may still fire (default 3600 one-shot, 60 recurring)",
+    )
+    rec = schedule.add_argument_group(
+        "recurring schedules (create; docs/wire-contract.md#recurring-schedules)"
+    )
+    rec.add_argument("--cron", help="cron: 5 fields, 6 with seconds first, or @daily etc.")
+    rec.add_argument("--every-s", type=int, dest="every_s", help="a fixed rate in seconds")
+    rec.add_argument("--tz", dest="time_zone", help="IANA zone of the cron fields (UTC)")
+    rec.add_argument("--start", help="first instant a run may have (ISO-8601 or epoch ms)")
+    rec.add_argument("--end", help="last instant a run may have (ISO-8601 or epoch ms)")
+    rec.add_argument("--max-runs", type=int, help="at most this many runs")
+    rec.add_argument(
+        "--jitter-s",
+        "--window-s",
+        type=int,
+        dest="jitter_s",
+        help="flexible window: fire each run within [nominal, nominal + N s)",
+    )
+    rec.add_argument(
+        "--misfire",
+        choices=["fire_all", "fire_latest", "skip"],
+        help="runs later than the misfire tolerance (fire_latest)",
+    )
+    rec.add_argument(
+        "--dst-gap",
+        "--nonexistent",
+        dest="dst_gap",
+        choices=["skip", "shift_forward"],
+        help="a local time a DST change skips (skip)",
+    )
+    rec.add_argument(
+        "--dst-overlap",
+        "--ambiguous",
+        dest="dst_overlap",
+        choices=["once", "twice"],
+        help="a local time a DST change repeats (once)",
+    )
+    rec.add_argument(
+        "--day-match",
+        choices=["any", "all"],
+        help="both day fields restricted: either matches (any) or both must (all)",
+    )
     schedule.add_argument("--timeout-s", type=float, default=30.0)
     schedule.add_argument("--next", type=int, default=10, help="runs: how many future runs")
     schedule.add_argument("--past", type=int, default=10, help="runs: how many past runs")

@@ -37,6 +37,7 @@ from urllib.parse import urlsplit
 from streams import metrics
 from streams.materializer import decide_recurring, is_recurring, repeated_create
 from streams.partitioner import partition_for
+from streams.recurring import NEVER_MS, first_run
 from streams.store import (
     STATE_CANCELLED,
     STATE_FIRED,
@@ -51,6 +52,7 @@ from streams.ticker import PartitionTicker, TriggerSink
 from tocsin.errors import CommandRejected
 from topics.codec import callback_to_json, encode_result
 from topics.codes import ACCEPTED_CODES, Code
+from topics.ids import format_iso_ms
 from topics.models import (
     CancelCommand,
     Command,
@@ -59,6 +61,7 @@ from topics.models import (
     CreateCommand,
     HttpCallback,
     KafkaCallback,
+    Recurrence,
     ResultStatus,
     UpdateCommand,
 )
@@ -482,6 +485,8 @@ class CommandProcessor:
                 raise CommandRejected(
                     Code.BEYOND_HORIZON, f"due is more than max_horizon_s={horizon} ahead of now"
                 )
+            if command.recurrence is not None and horizon is not None:
+                check_recurring_horizon(command.recurrence, horizon, now)
             if command.callback is not None:
                 self._check_callback(command.callback, config)
         return config
@@ -534,6 +539,9 @@ class CommandProcessor:
             put, drop = index_changes(changes)
             if put or drop:
                 await self.store.write_index(put, drop, now_ms=now)
+            recurring = recurring_index_changes(changes)
+            if recurring:
+                await self.store.write_recurring_index(recurring)
             await self.store.apply_schedule_changes(changes)
         for msg, d in decisions:
             if d.change is not None and d.change.row.recurrence is not None:
@@ -593,6 +601,35 @@ class CommandProcessor:
         )
 
 
+def recurring_index_changes(
+    changes: Sequence[ScheduleChange],
+) -> list[tuple[str, str, int, bool]]:
+    """Entries of recurring_by_tenant for these changes (pure): (tenant, schedule_id,
+    created_ms, finished) for each recurring parent created or cancelled."""
+    out = []
+    for change in changes:
+        row = change.row
+        if row.recurrence is not None and change.event in ("created", "cancelled"):
+            out.append((row.tenant, row.schedule_id, row.created_ms, change.event == "cancelled"))
+    return out
+
+
+def check_recurring_horizon(rec: Recurrence, horizon_s: int, now_ms: int) -> None:
+    """A tenant's ``max_horizon_s`` for a recurring schedule (pure): its first run, as of
+    ``now_ms``, must lie within the horizon, exactly like a one-shot's due time, so a sparse
+    rule or a far ``start`` cannot park a schedule beyond it (``beyond_horizon``). Later
+    runs are not checked: each is written at most TOCSIN_RECURRING_HORIZON_S ahead of its
+    time. A recurrence without any run is left to the decision (``invalid_field``)."""
+    first = first_run(rec, now_ms)
+    limit = now_ms + horizon_s * 1000
+    if limit < first < NEVER_MS:
+        raise CommandRejected(
+            Code.BEYOND_HORIZON,
+            f"the first run ({format_iso_ms(first)}) is more than max_horizon_s={horizon_s} "
+            "ahead of now; a recurring schedule must first run within the tenant's horizon",
+        )
+
+
 def index_changes(
     changes: Sequence[ScheduleChange],
 ) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
@@ -617,6 +654,8 @@ __all__ = [
     "Decision",
     "RawCommand",
     "TenantCache",
+    "check_recurring_horizon",
     "decide",
     "index_changes",
+    "recurring_index_changes",
 ]

@@ -19,7 +19,9 @@ zone; each matching wall time is then mapped to UTC here:
   at its first occurrence (``ambiguous=once``) or at both (``twice``).
 
 Day of month and day of week combine as in Vixie cron: when both are restricted (neither
-starts with ``*``) a day matching either runs, otherwise both must match.
+starts with ``*``) a day matching either runs, otherwise both must match; with
+``day_match=all`` both must always match (go-scheduler's reading: ``0 9 1-7 * mon`` is the
+first Monday of the month).
 
 Rate (``every_s``): runs at ``start + k * every_s`` for k >= 0, elapsed time in UTC, so time
 zones and DST do not apply. Without ``start`` the series starts one interval after the
@@ -44,7 +46,7 @@ from zoneinfo import ZoneInfo
 from croniter import CroniterBadDateError, croniter
 
 from topics.ids import MAX_EPOCH_MS
-from topics.models import Ambiguous, Misfire, Nonexistent, Recurrence
+from topics.models import Ambiguous, DayMatch, Misfire, Nonexistent, Recurrence
 
 HOUR_MS = 3_600_000
 DAY_MS = 24 * HOUR_MS
@@ -122,6 +124,13 @@ def series_start(rec: Recurrence, anchor_ms: int) -> int:
     return anchor_ms
 
 
+def first_run(rec: Recurrence, applied_ms: int) -> int:
+    """Nominal time of the first run of a recurrence set (by a create or an update) at
+    ``applied_ms``: occurrences before that moment are not runs. ``NEVER_MS`` if none."""
+    begin = max(series_start(rec, applied_ms), applied_ms)
+    return next(occurrences(rec, begin, anchor_ms=applied_ms), NEVER_MS)
+
+
 def occurrences(rec: Recurrence, from_ms: int, *, anchor_ms: int) -> Iterator[int]:
     """Nominal instants (UTC epoch ms) >= ``from_ms`` in increasing order, without
     duplicates, up to ``end`` (inclusive); ``max_runs`` is the caller's business."""
@@ -180,8 +189,13 @@ def _cron_chunk(key: Recurrence, lo: int) -> tuple[int, ...]:
 def _cron_occurrences(rec: Recurrence, lo: int, end: int) -> Iterator[int]:
     tz = zone(rec.time_zone)
     fields = rec.cron.split(" ") if rec.cron else []
-    # Vixie cron: both day fields restricted -> either matches; otherwise both must.
-    day_or = not fields[3].startswith("*") and not fields[5].startswith("*")
+    # Vixie cron: both day fields restricted -> either matches; otherwise both must (and
+    # always both with day_match all).
+    day_or = (
+        rec.day_match is DayMatch.ANY
+        and not fields[3].startswith("*")
+        and not fields[5].startswith("*")
+    )
     # croniter wants the seconds field last.
     expr = " ".join([*fields[1:], fields[0]])
     fixed = rec.time_zone in ("UTC", "Etc/UTC")
@@ -413,6 +427,7 @@ __all__ = [
     "Plan",
     "PlannedRun",
     "extend_at",
+    "first_run",
     "jitter_ms",
     "next_runs",
     "occurrences",

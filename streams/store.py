@@ -371,6 +371,12 @@ class Store:
             "read_index_after": f"SELECT due_ms, schedule_id FROM "
             f"{ks}.schedules_by_tenant_day WHERE tenant = ? AND day = ? "
             "AND (due_ms, schedule_id) > (?, ?) AND due_ms < ? LIMIT ?",
+            # 004: the tenant's recurring schedules (listing, go-scheduler crons).
+            "put_recurring": insert(
+                "recurring_by_tenant", ("tenant", "schedule_id", "created_ms"), ttl=True
+            ),
+            "list_recurring": f"SELECT schedule_id FROM {ks}.recurring_by_tenant "
+            "WHERE tenant = ?",
         }
         prepared: dict[str, PreparedStatement] = {}
         for name, text in cql.items():
@@ -1049,6 +1055,31 @@ class Store:
             out.extend((int(r["due_ms"]), r["schedule_id"]) for r in rows)
             day += 1
         return out
+
+
+    # -- the tenant's recurring schedules (recurring_by_tenant, 004) ------------------------
+
+    async def write_recurring_index(self, entries: Sequence[tuple[str, str, int, bool]]) -> None:
+        """(tenant, schedule_id, created_ms, finished) entries: live ones without a TTL,
+        finished (cancelled) ones expiring with the parent row (the retention)."""
+        groups: dict[str, list[Stmt]] = {}
+        for tenant, sid, created_ms, finished in entries:
+            ttl = max(1, self.retention_s) if finished else 0  # TTL 0: never expires
+            groups.setdefault(tenant, []).append(
+                ("put_recurring", [tenant, sid, created_ms, ttl])
+            )
+        await _gather_all(
+            [
+                self._run_together("write_recurring_index", stmts[i : i + 50])
+                for stmts in groups.values()
+                for i in range(0, len(stmts), 50)
+            ]
+        )
+
+    async def list_recurring(self, tenant: str) -> list[str]:
+        """Ids of the tenant's recurring schedules (their rows may have expired), by id."""
+        rows = await self._run("list_recurring", (tenant,))
+        return [r["schedule_id"] for r in rows]
 
 
 def _delete_bucket_stmt(key: BucketKey) -> Stmt:

@@ -170,6 +170,9 @@ class ApiSettings:
     max_body_bytes: int = 256 * 1024
     # Tenants and API keys are cached this long, so changes apply without a restart.
     tenant_cache_ttl_s: float = 5.0
+    # The IANA zone in which the go-scheduler facade reads cronExpression (go-scheduler
+    # uses its server's local zone; set this to what those servers ran in).
+    goscheduler_cron_time_zone: str = "UTC"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +263,7 @@ class Settings:
                 request_timeout_s=_float(e, "API_REQUEST_TIMEOUT_S", 10.0),
                 max_body_bytes=_int(e, "API_MAX_BODY_BYTES", 256 * 1024),
                 tenant_cache_ttl_s=_float(e, "TENANT_CACHE_TTL_S", 5.0),
+                goscheduler_cron_time_zone=_get(e, "GOSCHEDULER_CRON_TIME_ZONE", "UTC"),
             ),
             log_level=_get(e, "LOG_LEVEL", "INFO"),
             log_format=_get(e, "LOG_FORMAT", "json"),

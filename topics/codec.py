@@ -24,6 +24,7 @@ from topics.models import (
     CommandResult,
     CommandType,
     CreateCommand,
+    DayMatch,
     HttpCallback,
     PayloadType,
     Recurrence,
@@ -180,6 +181,10 @@ def recurrence_to_dict(recurrence: Recurrence) -> dict[str, Any]:
         jitter_s=recurrence.jitter_s,
         misfire=str(recurrence.misfire),
     )
+    # Only when not the default, so recurrences stored before day_match existed still
+    # compare equal to the same recurrence decoded today (duplicate creates, updates).
+    if recurrence.day_match is not DayMatch.ANY:
+        out["day_match"] = str(recurrence.day_match)
     return out
 
 

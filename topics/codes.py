@@ -86,7 +86,10 @@ DOCS: dict[Code, str] = {
     Code.CALLBACK_NOT_ALLOWED: (
         "The callback host or Kafka topic is not in the tenant's allowed list, or is internal."
     ),
-    Code.BEYOND_HORIZON: "`due` is further ahead than the tenant's maximum horizon.",
+    Code.BEYOND_HORIZON: (
+        "`due`, or a recurring schedule's first run, is further ahead than the tenant's "
+        "maximum horizon."
+    ),
 }
 
 ACCEPTED_CODES: frozenset[Code] = frozenset({Code.OK, Code.DUPLICATE})

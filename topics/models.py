@@ -74,6 +74,13 @@ class Ambiguous(StrEnum):
     TWICE = "twice"  # both occurrences
 
 
+class DayMatch(StrEnum):
+    """How a cron's day-of-month and day-of-week combine when both are restricted."""
+
+    ANY = "any"  # Vixie cron: a day matching either field runs
+    ALL = "all"  # a day must match both (go-scheduler, "the first Monday": 1-7 and mon)
+
+
 class Misfire(StrEnum):
     """What happens to runs that could not fire within ``misfire_tolerance_s`` (downtime)."""
 
@@ -102,6 +109,7 @@ class Recurrence:
     ambiguous: Ambiguous = Ambiguous.ONCE
     jitter_s: int = 0
     misfire: Misfire = Misfire.FIRE_LATEST
+    day_match: DayMatch = DayMatch.ANY
 
     def __post_init__(self) -> None:
         if (self.cron is None) == (self.every_s is None):

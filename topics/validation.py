@@ -38,6 +38,7 @@ from topics.models import (
     Command,
     CommandType,
     CreateCommand,
+    DayMatch,
     HttpCallback,
     HttpMethod,
     KafkaCallback,
@@ -162,6 +163,7 @@ RECURRENCE_FIELDS = Fields(
         "ambiguous",
         "jitter_s",
         "misfire",
+        "day_match",
     ),
 )
 CALLBACK_FIELDS: dict[str, Fields] = {
@@ -627,12 +629,12 @@ def _cron_field(
     return values
 
 
-def normalize_cron(value: object) -> str:
+def normalize_cron(value: object, *, day_match: DayMatch = DayMatch.ANY) -> str:
     """Six space-separated fields, seconds first, lower case; macros expanded.
 
     Accepts standard five-field cron (a seconds field of ``0`` is added), six fields with
     seconds first, and the macros of ``CRON_MACROS``. Rejects an expression that can never
-    match (``0 0 30 2 *``).
+    match (``0 0 30 2 *``; with ``day_match`` all also ``0 0 30 2 mon``).
     """
     if not isinstance(value, str):
         raise CommandRejected(
@@ -660,8 +662,13 @@ def normalize_cron(value: object) -> str:
         # Sunday may be written 7; croniter (seconds field) only takes 0-6.
         parts[5] = ",".join(str(d) for d in sorted({d % 7 for d in sets[5]}))
     days, months = sets[3], sets[4]
-    # Vixie: both day fields restricted (neither starting with '*') means either matches.
-    either = not parts[3].startswith("*") and not parts[5].startswith("*")
+    # Vixie: both day fields restricted (neither starting with '*') means either matches,
+    # unless the recurrence asks for both (day_match all).
+    either = (
+        day_match is DayMatch.ANY
+        and not parts[3].startswith("*")
+        and not parts[5].startswith("*")
+    )
     if not either and not any(d <= _MONTH_DAYS[m - 1] for d in days for m in months):
         raise CommandRejected(
             Code.INVALID_FIELD, f"recurrence.cron {_show(value)} never matches a real date"
@@ -733,7 +740,12 @@ def parse_recurrence(value: object, *, now_ms: int) -> Recurrence:
         raise CommandRejected(
             Code.INVALID_FIELD, "recurrence needs exactly one of cron and every_s"
         )
-    cron = normalize_cron(value["cron"]) if "cron" in value else None
+    day_match = DayMatch(_choice(value, "day_match", "any", _DAY_MATCH))
+    if day_match is DayMatch.ALL and "cron" not in value:
+        raise CommandRejected(
+            Code.INVALID_FIELD, "recurrence.day_match applies to cron expressions only"
+        )
+    cron = normalize_cron(value["cron"], day_match=day_match) if "cron" in value else None
     every_s = _bounded(value, "every_s", 1, MAX_EVERY_S)
     start_ms = parse_due(value["start"], "recurrence.start") if "start" in value else None
     end_ms = parse_due(value["end"], "recurrence.end") if "end" in value else None
@@ -757,12 +769,14 @@ def parse_recurrence(value: object, *, now_ms: int) -> Recurrence:
         ambiguous=Ambiguous(_choice(value, "ambiguous", "once", _AMBIGUOUS)),
         jitter_s=_bounded(value, "jitter_s", 0, MAX_JITTER_S) or 0,
         misfire=Misfire(_choice(value, "misfire", "fire_latest", _MISFIRE)),
+        day_match=day_match,
     )
 
 
 _NONEXISTENT = frozenset(m.value for m in Nonexistent)
 _AMBIGUOUS = frozenset(m.value for m in Ambiguous)
 _MISFIRE = frozenset(m.value for m in Misfire)
+_DAY_MATCH = frozenset(m.value for m in DayMatch)
 
 
 def _command_type(obj: dict[str, Any]) -> CommandType:

@@ -175,6 +175,9 @@ class FakeStore:
     async def write_index(self, put: Any, drop: Any, *, now_ms: int) -> None:
         return None
 
+    async def write_recurring_index(self, entries: Any) -> None:
+        return None
+
     async def apply_schedule_changes(self, changes: Any) -> None:
         return None
 
