@@ -730,8 +730,17 @@ async def schedule_runs(
         anchor = parent.anchor_ms or parent.created_ms
         until = parent.materialized_until_ms or 0
         counted = parent.run_count or 0
-        if until > now_ms:
-            counted -= sum(1 for _ in _occurrences_between(rec, now_ms, until, anchor))
+        if until >= NEVER_MS:
+            # Every run was written (max_runs reached): the expression may go on forever,
+            # so count the runs before now from the start instead (at most run_count).
+            counted = len(
+                _occurrences_between(
+                    rec, series_start(rec, anchor), now_ms, anchor, limit=max(0, counted)
+                )
+            )
+        elif until > now_ms:
+            # Runs materialised after now were counted but have not happened yet.
+            counted -= len(_occurrences_between(rec, now_ms, until, anchor, limit=max(0, counted)))
         for nominal in next_runs(rec, now_ms, upcoming, anchor_ms=anchor, counted=max(0, counted)):
             rid = run_id(schedule_id, nominal)
             due = nominal + jitter_ms(tenant, rid, rec.jitter_s)
@@ -756,10 +765,12 @@ async def schedule_runs(
     }
 
 
-def _occurrences_between(rec: Recurrence, lo: int, hi: int, anchor: int) -> list[int]:
-    out = []
+def _occurrences_between(
+    rec: Recurrence, lo: int, hi: int, anchor: int, *, limit: int
+) -> list[int]:
+    out: list[int] = []
     for at in occurrences(rec, lo, anchor_ms=anchor):
-        if at >= hi:
+        if at >= hi or len(out) >= limit:
             break
         out.append(at)
     return out

@@ -3,6 +3,7 @@ against in-memory fakes."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from typing import Any
 
@@ -246,3 +247,35 @@ async def test_catch_up_under_the_lock_is_bounded_per_step() -> None:
     assert sorted(r.schedule_id for r in ticker.fired) == sorted(
         f"p{i}@{NOW - k * 60_000}" for i in range(5) for k in range(6)
     )
+
+
+async def test_runs_of_a_schedule_whose_max_runs_are_all_written_answer_at_once() -> None:
+    # Rate 2 s, max_runs 3, all three written (until = NEVER): the next-runs view must not
+    # walk the (endless) expression to find what was counted but not run yet.
+    from streams.materializer import schedule_runs
+    from topics.codec import recurrence_to_json
+
+    rec = Recurrence(every_s=2, max_runs=3)
+    parent = replace(
+        decided(create(rec, "three"), None).change.row,
+        materialized_until_ms=NEVER_MS,
+        run_count=3,
+        recurrence=recurrence_to_json(rec),
+    )
+
+    class Store:
+        async def get_schedule(self, tenant: str, sid: str) -> dict[str, Any] | None:
+            return {f: getattr(parent, f) for f in parent.__dataclass_fields__}
+
+        async def prepare_statements(self, cql: Any) -> None:
+            return None
+
+        async def _run(self, name: str, params: Any) -> list[dict[str, Any]]:
+            return []  # no history rows
+
+    got = await asyncio.wait_for(
+        schedule_runs(Store(), "t", "three", now_ms=NOW + 3_000, past=0, upcoming=5), 5
+    )
+    assert got is not None
+    # Runs at NOW+2 s (past), NOW+4 s and NOW+6 s (written, not run yet): two still to come.
+    assert [r["nominal_ms"] for r in got["next"]] == [NOW + 4_000, NOW + 6_000]
