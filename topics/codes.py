@@ -40,6 +40,7 @@ class Code(StrEnum):
     BAD_SIGNATURE = "bad_signature"
     CALLBACK_NOT_ALLOWED = "callback_not_allowed"
     BEYOND_HORIZON = "beyond_horizon"
+    SIGNING_KEY_RETIRED = "signing_key_retired"
 
     @property
     def doc(self) -> str:
@@ -87,6 +88,10 @@ DOCS: dict[Code, str] = {
         "The callback host or Kafka topic is not in the tenant's allowed list, or is internal."
     ),
     Code.BEYOND_HORIZON: "`due` is further ahead than the tenant's maximum horizon.",
+    Code.SIGNING_KEY_RETIRED: (
+        "The command is signed with a signing key of the tenant that was rotated out and "
+        "retired; sign with the tenant's current key."
+    ),
 }
 
 ACCEPTED_CODES: frozenset[Code] = frozenset({Code.OK, Code.DUPLICATE})
@@ -107,5 +112,6 @@ STATEFUL_CODES: frozenset[Code] = frozenset(
         Code.BAD_SIGNATURE,
         Code.CALLBACK_NOT_ALLOWED,
         Code.BEYOND_HORIZON,
+        Code.SIGNING_KEY_RETIRED,
     }
 )

@@ -49,7 +49,8 @@ class FlakyStore:
         return [r for r in self.rows if r.minute_ms == minute_ms]
 
     async def mark_fired(self, tenant: str, schedule_id: str, trigger_id: str, *,
-                         fired_ms: int, due_ms: int, if_version: int | None = None) -> bool:
+                         fired_ms: int, due_ms: int, if_version: int | None = None,
+                         retention_s: int | None = None) -> bool:
         self._check()
         self.fired.append(schedule_id)
         return True

@@ -17,6 +17,7 @@ class FakeStore:
         self.fired: list[str] = []
         self.missed: list[str] = []
         self.checkpoints: list[int] = []
+        self.retention: list[int | None] = []
 
     async def get_checkpoint(self, partition: int) -> int | None:
         return None
@@ -29,14 +30,18 @@ class FakeStore:
         return []
 
     async def mark_fired(self, tenant: str, schedule_id: str, trigger_id: str, *,
-                         fired_ms: int, due_ms: int, if_version: int | None = None) -> bool:
+                         fired_ms: int, due_ms: int, if_version: int | None = None,
+                         retention_s: int | None = None) -> bool:
         self.fired.append(schedule_id)
+        self.retention.append(retention_s)
         return True
 
     async def mark_missed(self, tenant: str, schedule_id: str, trigger_id: str, *,
                           missed_ms: int, due_ms: int, detail: str | None = None,
-                          if_version: int | None = None) -> bool:
+                          if_version: int | None = None,
+                          retention_s: int | None = None) -> bool:
         self.missed.append(schedule_id)
+        self.retention.append(retention_s)
         return True
 
 
