@@ -17,7 +17,7 @@ class FakeStore:
         self.fired: list[str] = []
         self.missed: list[str] = []
         self.checkpoints: list[int] = []
-        self.retention: list[int | None] = []
+        self.retention: dict[str, int | None] = {}  # schedule id -> retention_s
 
     async def get_checkpoint(self, partition: int) -> int | None:
         return None
@@ -33,7 +33,7 @@ class FakeStore:
                          fired_ms: int, due_ms: int, if_version: int | None = None,
                          retention_s: int | None = None) -> bool:
         self.fired.append(schedule_id)
-        self.retention.append(retention_s)
+        self.retention[schedule_id] = retention_s
         return True
 
     async def mark_missed(self, tenant: str, schedule_id: str, trigger_id: str, *,
@@ -41,7 +41,7 @@ class FakeStore:
                           if_version: int | None = None,
                           retention_s: int | None = None) -> bool:
         self.missed.append(schedule_id)
-        self.retention.append(retention_s)
+        self.retention[schedule_id] = retention_s
         return True
 
 
