@@ -231,10 +231,14 @@ class TokenBucket:
             return True
         return False
 
+    def available(self, now_s: float) -> float:
+        """Tokens there at ``now_s`` (without taking any)."""
+        elapsed = max(0.0, now_s - self.stamp)
+        return min(self.burst, self.tokens + elapsed * self.rate)
+
     def wait_s(self, now_s: float, n: float = 1.0) -> float:
         """Seconds from ``now_s`` until ``n`` tokens are there (0 if they are already)."""
-        elapsed = max(0.0, now_s - self.stamp)
-        tokens = min(self.burst, self.tokens + elapsed * self.rate)
+        tokens = self.available(now_s)
         if tokens >= n:
             return 0.0
         return (n - tokens) / self.rate if self.rate > 0 else float("inf")

@@ -387,6 +387,7 @@ class PartitionTicker:
         beyond their misfire tolerance are recorded as missed instead). All of a due second
         is moved before it is emitted, so the emission can interleave its tenants."""
         cold: set[str] = set()
+        seen: set[str] = set()
         while True:
             due = self.timeline.pop_due(now, limit=self.config.emit_slice)
             for entry in due:
@@ -394,8 +395,10 @@ class PartitionTicker:
                     self._dispatch(entry, now)  # records it as missed
                     continue
                 self.pacer.push(entry, now)
-                if self.tenants is not None and self.tenants.peek(entry.tenant) is None:
-                    cold.add(entry.tenant)
+                if entry.tenant not in seen:
+                    seen.add(entry.tenant)
+                    if self.tenants is not None and self.tenants.peek(entry.tenant) is None:
+                        cold.add(entry.tenant)
             if len(due) < self.config.emit_slice or self._stopping:
                 break
             await asyncio.sleep(0)  # a burst second: move it in slices, letting others run
