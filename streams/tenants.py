@@ -9,7 +9,11 @@ bits (nothing to brute-force), unlike a password.
 Quotas (``QuotaBook``): a token bucket per (tenant, commands partition) in each worker, each
 refilled at ``create_quota_per_s / partitions``. Commands spread over partitions by murmur2
 of the schedule id, so the buckets add up to the tenant's quota across the cluster whatever
-the number of workers, and a rebalance moves a partition's share with it.
+the number of workers, and a rebalance moves a partition's share with it. Fire quotas work
+the same way in the ticker (``streams.pacing``).
+
+Signing keys (current, and the previous one during a rotation) are read with
+``topics.signing.SigningKeys``; rotation lives in ``streams.tenant_admin``.
 """
 
 from __future__ import annotations

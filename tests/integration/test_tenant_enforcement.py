@@ -359,6 +359,16 @@ def test_signing_key_rotation_old_key_valid_until_retired(te: Stack) -> None:
     row = te.store_call(lambda s: s.get_tenant(tenant))
     assert row["signing_secret"] == new and row["previous_signing_secret"] == old
 
+    # A tenant from before signing keys gets its first one the same way.
+    legacy = uid("legacy")
+    te.store_call(lambda s: s.put_tenant(legacy, active=True, created_ms=now_ms(),
+                                         config="{}"))
+    first = rotate_cli(te.settings, legacy)
+    assert first["signing_key"] and not first["previous_key"]
+    row = te.store_call(lambda s: s.get_tenant(legacy))
+    assert row["signing_secret"] == first["signing_key"]
+    assert row["previous_signing_secret"] is None
+
 
 def test_signing_key_rotation_through_the_admin_api(api_server: Any) -> None:
     st, t = api_server.call("POST", "/v1/tenants", key=api_server.admin_key,
