@@ -130,6 +130,8 @@ class TickerConfig:
     offer_window_ms: int = 120_000
     # Commands partitions: a tenant's fire quota is split evenly over them (streams.pacing).
     partitions: int = 1
+    # How long emission waits to read the config of a tenant it has not seen yet.
+    tenant_read_timeout_ms: int = 500
 
 
 @dataclass
@@ -404,8 +406,13 @@ class PartitionTicker:
             await asyncio.sleep(0)  # a burst second: move it in slices, letting others run
         if cold:
             # A tenant this worker has not read yet (e.g. after a rebalance): read its fire
-            # quota before its first fire rather than emitting unpaced meanwhile.
-            await asyncio.gather(*(self._tenant_config(t) for t in cold))
+            # quota before its first fire rather than emitting unpaced meanwhile - briefly:
+            # with Cassandra down, loaded triggers must keep firing (unpaced, then).
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(self._tenant_config(t) for t in cold)),
+                    timeout=self.config.tenant_read_timeout_ms / 1000,
+                )
 
     def _emit_ready(self, now: int, limit: int | None = None) -> int:
         """Emit what the fair queue lets out now; returns how many."""

@@ -157,3 +157,23 @@ async def test_tenant_retention_is_passed_to_the_fire_and_miss_records() -> None
         assert store.retention == {"a": 77, "b": None, "old": 77}  # None: the global retention
     finally:
         marker.cancel()
+
+
+async def test_an_unreadable_tenant_does_not_stop_emission() -> None:
+    """Cassandra down and a tenant never read: its triggers still go (unpaced)."""
+    now = [T]
+
+    class Down(FakeTenants):
+        async def config(self, tenant: str) -> TenantConfig:
+            await asyncio.sleep(3600)  # a read that hangs until the driver's timeout
+            raise AssertionError("unreachable")
+
+    store, sink = FakeStore(), FakeSink()
+    ticker = PartitionTicker(
+        0, store=store, sink=sink, tenants=Down({}), clock_ms=lambda: now[0],
+        config=TickerConfig(fire_topic="fires", owner="test", tenant_read_timeout_ms=20),
+    )
+    ticker.fired_before_ms = 0
+    load(ticker, [row("aaa", f"a{i}") for i in range(3)])
+    await asyncio.wait_for(tick(ticker, T), 5)
+    assert len(sink.sent) == 3
