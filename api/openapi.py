@@ -86,7 +86,12 @@ def openapi_document() -> dict[str, Any]:
                                             "headers": {"type": "object"},
                                             "timeout_s": {"type": "number"},
                                             "topic": {"type": "string"},
-                                            "key": {"type": ["string", "null"]}}},
+                                            "key": {"type": ["string", "null"]},
+                                            "retry": _ref("Retry")}},
+                "Retry": {"type": "object", "additionalProperties": False,
+                          "description": "delivery retry limits; null keeps the proxy's",
+                          "properties": {"max_retry_age_s": {"type": ["number", "null"]},
+                                         "retries_6xx": {"type": ["integer", "null"]}}},
                 "Recurrence": {
                     "type": "object", "additionalProperties": False,
                     "description": "a recurring schedule: exactly one of cron and every_s "
@@ -201,7 +206,7 @@ def openapi_document() -> dict[str, Any]:
                         "max_payload_bytes": {"type": ["integer", "null"]},
                         "max_horizon_s": {"type": ["integer", "null"]},
                         "retention_s": {"type": ["integer", "null"]},
-                        "retry_policy": {"type": "object"},
+                        "retry_policy": _ref("Retry"),
                         "allowed_callback_hosts": {"type": "array",
                                                    "items": {"type": "string"}},
                         "allowed_kafka_topics": {"type": "array",
@@ -210,6 +215,12 @@ def openapi_document() -> dict[str, Any]:
                            "properties": {"tenant": {"type": "string"},
                                           "active": {"type": "boolean"},
                                           "signed_commands": {"type": "boolean"},
+                                          "signing_key": {"type": "object", "properties": {
+                                              "rotated_ms": {"type": ["integer", "null"]},
+                                              "previous_key": {
+                                                  "enum": ["valid", "retired", None]},
+                                              "previous_expires_ms": {
+                                                  "type": ["integer", "null"]}}},
                                           "config": _ref("TenantConfig")}},
             },
         },
@@ -296,6 +307,18 @@ def openapi_document() -> dict[str, Any]:
                 "get": _op("list key ids", {"200": _json({"type": "object"}, "keys"),
                                             **_ERRORS}, params=[_TENANT], admin=True),
             },
+            "/v1/tenants/{tenant}/signing-key": {
+                "post": _op("rotate the signing key: a new current key (returned once); the "
+                            "previous one verifies until retired or previous_valid_s passes",
+                            {"201": _json({"type": "object"}, "the new key"), **_ERRORS,
+                             "409": _ERR},
+                            body={"type": "object", "properties": {
+                                "previous_valid_s": {"type": "integer", "minimum": 0}}},
+                            params=[_TENANT], admin=True)},
+            "/v1/tenants/{tenant}/signing-key/previous": {
+                "delete": _op("retire the previous signing key now",
+                              {"200": _json({"type": "object"}, "retired"), **_ERRORS,
+                               "409": _ERR}, params=[_TENANT], admin=True)},
             "/v1/tenants/{tenant}/keys/{key_id}": {
                 "delete": _op("revoke a key", {"200": _json({"type": "object"}, "revoked"),
                                                **_ERRORS},

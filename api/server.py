@@ -8,6 +8,7 @@ the go-scheduler facade under ``/goscheduler`` (api/goscheduler.py). Errors are 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from api import goscheduler, recurring, recurring_io, views
 from api.openapi import openapi_document
 from api.service import Principal, Service, now_ms
 from api.views import ApiError
+from streams import tenant_admin
 from streams.tenants import TenantConfig
 from tocsin.errors import TocsinError
 from tocsin.settings import Settings
@@ -280,7 +282,8 @@ async def bulk_refire(request: web.Request) -> web.Response:
 
 
 def _tenant_json(row: dict[str, Any]) -> dict[str, Any]:
-    return views.tenant_view(row, TenantConfig.from_json(row.get("config")).to_dict())
+    return views.tenant_view(row, TenantConfig.from_json(row.get("config")).to_dict(),
+                             tenant_admin.signing_status(row, time.time_ns() // 1_000_000))
 
 
 async def register_tenant(request: web.Request) -> web.Response:
@@ -356,6 +359,46 @@ async def revoke_key(request: web.Request) -> web.Response:
     return json_response({"revoked": request.match_info["key_id"]})
 
 
+async def rotate_signing_key(request: web.Request) -> web.Response:
+    """A new current signing key (returned once); the previous one stays valid until it is
+    retired, or for ``previous_valid_s`` seconds."""
+    (await principal(request)).require_admin()
+    body = await read_json(request) if request.can_read_body else {}
+    unknown = sorted(set(body) - {"previous_valid_s"})
+    if unknown:
+        raise ApiError(400, "invalid_field", f"unknown field {unknown[0]!r}")
+    valid_s = body.get("previous_valid_s")
+    if valid_s is not None and (
+        isinstance(valid_s, bool) or not isinstance(valid_s, int) or valid_s < 0
+    ):
+        raise ApiError(400, "invalid_field", "previous_valid_s must be an integer >= 0")
+    service, name = request.app[SERVICE], request.match_info["tenant"]
+    try:
+        done = await tenant_admin.rotate_signing_key(
+            service.store, name, previous_valid_s=valid_s)
+    except tenant_admin.TenantNotFound as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+    except tenant_admin.RotationConflict as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    service.tenants.invalidate(name)  # this API signs with the new key at once
+    return json_response(done, 201)
+
+
+async def retire_previous_signing_key(request: web.Request) -> web.Response:
+    (await principal(request)).require_admin()
+    service, name = request.app[SERVICE], request.match_info["tenant"]
+    try:
+        done = await tenant_admin.retire_previous_signing_key(service.store, name)
+    except tenant_admin.TenantNotFound as exc:
+        raise ApiError(404, "not_found", str(exc)) from None
+    except ValueError as exc:
+        raise ApiError(409, "no_previous_key", str(exc)) from None
+    except tenant_admin.RotationConflict as exc:
+        raise ApiError(409, "conflict", str(exc)) from None
+    service.tenants.invalidate(name)
+    return json_response(done)
+
+
 # -- app -------------------------------------------------------------------------------------
 
 
@@ -390,6 +433,8 @@ def build_app(settings: Settings, service: Service | None = None) -> web.Applica
     r.add_post("/v1/tenants/{tenant}/keys", create_key)
     r.add_get("/v1/tenants/{tenant}/keys", list_keys)
     r.add_delete("/v1/tenants/{tenant}/keys/{key_id}", revoke_key)
+    r.add_post("/v1/tenants/{tenant}/signing-key", rotate_signing_key)
+    r.add_delete("/v1/tenants/{tenant}/signing-key/previous", retire_previous_signing_key)
     goscheduler.add_routes(app, SERVICE, settings.api.goscheduler_cron_time_zone)
     return app
 

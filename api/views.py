@@ -52,6 +52,7 @@ _HTTP: dict[str, int] = {
     Code.UNKNOWN_TENANT: 403,
     Code.INACTIVE_TENANT: 403,
     Code.BAD_SIGNATURE: 403,
+    Code.SIGNING_KEY_RETIRED: 403,
     Code.CALLBACK_NOT_ALLOWED: 422,
     Code.BEYOND_HORIZON: 422,
     Code.DUE_IN_PAST: 422,
@@ -255,12 +256,16 @@ def schedule_view(
     return view
 
 
-def tenant_view(row: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+def tenant_view(
+    row: dict[str, Any], config: dict[str, Any], signing: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """``signing``: the state of its signing keys (streams.tenant_admin.signing_status)."""
     return {
         "tenant": row["tenant"],
         "active": bool(row.get("active")),
         "created_ms": row.get("created_ms"),
         "updated_ms": row.get("updated_ms"),
         "signed_commands": bool(row.get("signing_secret")),
+        "signing_key": signing,
         "config": config,
     }

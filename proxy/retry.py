@@ -29,6 +29,11 @@ connect failure         (connect timeout, refused, DNS, reset before a response)
 Any non-timeout result resets the consecutive-timeout count. ``max_retry_age_s`` bounds
 every retried class, timeouts included.
 
+Per callback: a trigger's callback may carry ``retry`` (``topics.models.DeliveryRetry``),
+either given explicitly in the command or stamped from the tenant's default retry policy
+when the command was accepted; its non-null fields replace the process-wide
+``max_retry_age_s`` / ``retries_6xx`` for that message (``for_callback``).
+
 The module is pure: no I/O, no clock, no global random state. Callers pass ``now`` and a
 ``rand`` callable returning floats in [0, 1), so decisions are reproducible in tests.
 """
@@ -40,6 +45,8 @@ from dataclasses import dataclass, replace
 from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Literal
+
+from topics.models import DeliveryRetry
 
 # ---- attempt results ---------------------------------------------------------------------
 
@@ -131,6 +138,17 @@ class RetryPolicy:
             raise ValueError("jitter must be in [0, 1]")
         if self.retries_6xx < 0 or self.poison_timeouts < 1 or self.max_retry_age_s < 0:
             raise ValueError("retries_6xx >= 0, poison_timeouts >= 1, max_retry_age_s >= 0")
+
+    def for_callback(self, retry: DeliveryRetry | None) -> RetryPolicy:
+        """This policy with a callback's own limits (None fields keep this policy's)."""
+        if retry is None:
+            return self
+        changes: dict[str, float | int] = {}
+        if retry.max_retry_age_s is not None:
+            changes["max_retry_age_s"] = retry.max_retry_age_s
+        if retry.retries_6xx is not None:
+            changes["retries_6xx"] = retry.retries_6xx
+        return replace(self, **changes) if changes else self  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -50,6 +50,7 @@ from proxy.retry import (
 from proxy.settings import ProxySettings
 from proxy.ssrf import GuardedResolver, blocked_reason, literal_refusal
 from proxy.state import SharedState
+from topics.models import DeliveryRetry
 
 log = logging.getLogger("tocsin.proxy")
 
@@ -78,6 +79,7 @@ class Writer:
         self._state = state
         self._s = settings
         self._policy: RetryPolicy = settings.retry_policy()
+        self._policies: dict[DeliveryRetry, RetryPolicy] = {}
         self._metrics = metrics
         self._outbox = outbox
         self._dlq_topic = dead_letter_topic
@@ -341,11 +343,24 @@ class Writer:
         self._metrics.attempt(sclass)
         now = time.monotonic()
         decision, env.attempt_state = decide(
-            self._policy, env.attempt_state, result,
+            self._policy_of(env), env.attempt_state, result,
             now_s=now, now_epoch_s=time.time(), rand=self._rand,
         )
         self._carry_out(env, decision, sclass, now)
         self._pump()
+
+    def _policy_of(self, env: Envelope) -> RetryPolicy:
+        """The process-wide policy, with the trigger's callback ``retry`` (its own, or its
+        tenant's default stamped at accept time) applied; built once per distinct one."""
+        retry = env.trigger.callback.retry if env.trigger is not None else None
+        if retry is None:
+            return self._policy
+        policy = self._policies.get(retry)
+        if policy is None:
+            if len(self._policies) > 1024:  # (a handful in practice; never grow unbounded)
+                self._policies.clear()
+            policy = self._policies[retry] = self._policy.for_callback(retry)
+        return policy
 
     async def _send(self, env: Envelope) -> AttemptResult:
         if env.invalid is not None:

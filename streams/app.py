@@ -91,6 +91,7 @@ class Worker:
             preload_ahead_ms=int(sched.preload_ahead_s * 1000),
             default_misfire_tolerance_s=sched.default_misfire_tolerance_s,
             initial_lookback_ms=sched.default_misfire_tolerance_s * 1000,
+            partitions=self.catalog.commands.partitions,
         )
         self.processor = CommandProcessor(
             store=self.store,
@@ -210,6 +211,8 @@ class Worker:
                     sink=self.emitter,
                     config=self.ticker_config,
                     clock_ms=self.clock_ms,
+                    # The command agent's cache: fire quotas and retention, same TTL.
+                    tenants=self.processor.tenants,
                 )
                 self.tickers[partition] = ticker
                 ticker.start()
@@ -268,6 +271,7 @@ class Worker:
 
     async def _record_delivery(self, outcome: dict[str, Any]) -> None:
         try:
+            config = await self.processor.tenants.config(outcome["tenant"])
             await self.store.record_delivery(
                 outcome["tenant"],
                 outcome["schedule_id"],
@@ -278,6 +282,7 @@ class Worker:
                 trigger_id=outcome.get("trigger_id"),
                 due_ms=outcome.get("due_ms"),
                 detail=outcome.get("reason"),
+                retention_s=config.retention_s,
             )
             metrics.DELIVERIES.labels(outcome["outcome"]).inc()
         except (KeyError, TypeError, ValueError) as exc:

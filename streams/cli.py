@@ -50,6 +50,7 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
                         "fire_quota_per_min": args.fire_quota,
                         "max_payload_bytes": args.max_payload_bytes,
                         "max_horizon_s": args.max_horizon_s,
+                        "retention_s": args.retention_s,
                         "allowed_callback_hosts": args.allow_host or None,
                         "allowed_kafka_topics": args.allow_topic or None,
                     }.items()
@@ -75,6 +76,8 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
             print(f"  api key      {created['api_key']}")
             print(f"  signing key  {created['signing_key']}")
         return EXIT_OK
+    if args.action == "rotate-key":
+        return _rotate_key(args, settings)
     if args.action == "add":
 
         async def add(store: Any) -> None:
@@ -110,6 +113,57 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
             }
         )
     _emit(args, out, ["tenant", "active", "signed", "create_quota_per_s", "allowed_hosts"])
+    return EXIT_OK
+
+
+def _rotate_key(args: argparse.Namespace, settings: Settings) -> int:
+    from streams.tenant_admin import (
+        RotationConflict,
+        TenantNotFound,
+        retire_previous_signing_key,
+        rotate_signing_key,
+    )
+    from tocsin.cli import EXIT_FAIL, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
+
+    if args.retire_previous and args.previous_valid_s is not None:
+        print("error: --retire-previous and --previous-valid-s exclude each other", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.retire_previous:
+            done = asyncio.run(
+                _with_store(settings, lambda s: retire_previous_signing_key(s, args.name))
+            )
+        else:
+            done = asyncio.run(
+                _with_store(
+                    settings,
+                    lambda s: rotate_signing_key(
+                        s, args.name, previous_valid_s=args.previous_valid_s
+                    ),
+                )
+            )
+    except TenantNotFound as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_NOT_FOUND
+    except (ValueError, RotationConflict) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    if getattr(args, "json", False):
+        print(orjson.dumps(done, option=orjson.OPT_INDENT_2).decode())
+    elif args.retire_previous:
+        print(
+            f"tenant {args.name}: previous signing key retired (within "
+            "TOCSIN_TENANT_CACHE_TTL_S on every worker)"
+        )
+    else:
+        expires = done["previous_expires_ms"]
+        until = "until `--retire-previous`" if expires is None else f"until epoch ms {expires}"
+        print(f"tenant {args.name}: new signing key (store it now, it is not shown again):")
+        print(f"  signing key  {done['signing_key']}")
+        if done["previous_key"]:
+            print(f"  the previous key stays valid {until}")
+        if done["retired_earlier_previous"]:
+            print("  the key rotated out before it is retired now")
     return EXIT_OK
 
 
@@ -446,16 +500,29 @@ def register(sub: Any) -> None:
 
     tenant = sub.add_parser(
         "tenant",
-        help="register and list tenants",
+        help="register and list tenants, rotate signing keys",
         description="register: a tenant with a signing key and an API key (printed once); "
-        "add: a legacy tenant without keys (unsigned commands); list.",
+        "add: a tenant with a signing key and no API key; list; rotate-key: issue a new "
+        "signing key, the previous one staying valid until --retire-previous (or for "
+        "--previous-valid-s seconds).",
     )
-    tenant.add_argument("action", choices=["register", "add", "list"])
+    tenant.add_argument("action", choices=["register", "add", "list", "rotate-key"])
     tenant.add_argument("name", nargs="?")
     tenant.add_argument("--create-quota", type=float, help="commands/s (0 = unlimited)")
-    tenant.add_argument("--fire-quota", type=int, help="fires/min (advisory)")
+    tenant.add_argument("--fire-quota", type=int, help="fires/min (0 = unlimited)")
     tenant.add_argument("--max-payload-bytes", type=int)
     tenant.add_argument("--max-horizon-s", type=int)
+    tenant.add_argument("--retention-s", type=int, help="keep fired schedules this long")
+    tenant.add_argument(
+        "--previous-valid-s",
+        type=int,
+        help="rotate-key: the previous key stays valid this long (default: until retired)",
+    )
+    tenant.add_argument(
+        "--retire-previous",
+        action="store_true",
+        help="rotate-key: retire the previous key now (no new key is issued)",
+    )
     tenant.add_argument("--allow-host", action="append", help="allowed callback host")
     tenant.add_argument("--allow-topic", action="append", help="allowed Kafka callback topic")
     tenant.add_argument(

@@ -20,12 +20,17 @@ from topics.codec import decode_result, decode_trigger, encode_command
 from topics.models import Command, CommandResult, Trigger
 from topics.signing import sign_headers
 
+# How long CommandClient trusts a signing key it read: each read opens a Cassandra
+# connection, so not per command; a rotation reaches it within this time.
+SIGNING_KEY_REFRESH_S = 60.0
+
 
 class CommandClient:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.topics = catalog(settings.topics)
-        self._signing_keys: dict[str, str | None] = {}
+        # tenant -> (read at, monotonic s; its current signing key)
+        self._signing_keys: dict[str, tuple[float, str | None]] = {}
         self.producer = Producer(
             {
                 **settings.kafka.librdkafka(),
@@ -38,9 +43,10 @@ class CommandClient:
 
     def send(self, command: Command, *, signing_key: str | None = None) -> None:
         """Produce a command signed with the tenant's key (topics.signing): ``signing_key``
-        if given, else the key read once from the store - this client is an operator's
-        tool (CLI, demo, tests, benchmarks) with access to Cassandra; services sign with the
-        key they were given at registration."""
+        if given, else the tenant's current key read from the store (again after
+        ``SIGNING_KEY_REFRESH_S``, so a rotation is picked up while the previous key is still
+        valid) - this client is an operator's tool (CLI, demo, tests, benchmarks) with
+        access to Cassandra; services sign with the key they were given."""
         key, value = command.schedule_id.encode(), encode_command(command)
         secret = signing_key or self.signing_key_of(command.tenant)
         headers = (
@@ -51,7 +57,10 @@ class CommandClient:
         self.send_raw(key, value, headers=headers)
 
     def signing_key_of(self, tenant: str) -> str | None:
-        if tenant not in self._signing_keys:
+        """The tenant's current signing key (cached for ``SIGNING_KEY_REFRESH_S``)."""
+        cached = self._signing_keys.get(tenant)
+        now = time.monotonic()
+        if cached is None or now - cached[0] >= SIGNING_KEY_REFRESH_S:
             from tocsin.cassandra import make_cluster
 
             cluster = make_cluster(self.settings.cassandra)
@@ -67,8 +76,9 @@ class CommandClient:
                 )
             finally:
                 cluster.shutdown()
-            self._signing_keys[tenant] = row.signing_secret if row is not None else None
-        return self._signing_keys[tenant]
+            cached = (now, row.signing_secret if row is not None else None)
+            self._signing_keys[tenant] = cached
+        return cached[1]
 
     def send_raw(self, key: bytes | None, value: bytes, *, headers: Any = None) -> None:
         while True:

@@ -47,10 +47,10 @@ from streams.store import (
     ScheduleChange,
     ScheduleRow,
 )
-from streams.tenants import QuotaBook, TenantConfig, host_allowed, topic_allowed
+from streams.tenants import QuotaBook, TenantConfig, host_allowed, stamp_retry, topic_allowed
 from streams.ticker import PartitionTicker, TriggerSink
 from tocsin.errors import CommandRejected
-from topics.codec import callback_to_json, encode_result
+from topics.codec import callback_from_json, callback_to_json, encode_result
 from topics.codes import ACCEPTED_CODES, Code
 from topics.ids import format_iso_ms
 from topics.models import (
@@ -65,7 +65,7 @@ from topics.models import (
     ResultStatus,
     UpdateCommand,
 )
-from topics.signing import header_map, verify
+from topics.signing import SigningKeys, check_signature, header_map
 from topics.validation import Limits, check_not_past, decode_command, salvage_ids
 
 log = logging.getLogger("tocsin.commands")
@@ -109,6 +109,26 @@ class TenantCache:
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
         self._cache: dict[str, tuple[float, dict[str, Any] | None, TenantConfig]] = {}
+        self._refreshing: dict[str, asyncio.Task[Any]] = {}
+
+    def peek(self, tenant: str) -> TenantConfig | None:
+        """The cached config without waiting (for the ticker, which decides synchronously):
+        None when the tenant was never read. An expired or missing entry is refreshed in
+        the background, so the answer is at most one TTL plus one read old."""
+        hit = self._cache.get(tenant)
+        if (hit is None or hit[0] <= time.monotonic()) and tenant not in self._refreshing:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing to refresh
+                task = asyncio.get_running_loop().create_task(self._refresh(tenant))
+                self._refreshing[tenant] = task
+        return hit[2] if hit is not None else None
+
+    async def _refresh(self, tenant: str) -> None:
+        try:
+            await self._entry(tenant)
+        except Exception as exc:  # (a store outage: the stale entry serves meanwhile)
+            log.debug("tenant refresh failed", extra={"tenant": tenant, "error": repr(exc)})
+        finally:
+            self._refreshing.pop(tenant, None)
 
     async def get(self, tenant: str) -> dict[str, Any] | None:
         return (await self._entry(tenant))[1]
@@ -368,6 +388,7 @@ class CommandProcessor:
                 and existing.applied_offset is not None
                 and msg.offset <= existing.applied_offset
             )
+            command = with_default_retry(command, policies[command.tenant], existing)
             quota = policies[command.tenant].create_quota_per_s
             if not replay and not self.quotas.allow(
                 command.tenant, msg.partition, quota, time.monotonic()
@@ -398,7 +419,7 @@ class CommandProcessor:
                 current[key] = decision.change.row
             decisions.append((msg, decision))
 
-        await self._persist(decisions, now)
+        await self._persist(decisions, now, policies)
         results = [
             self._result(msg, *outcome, now) for msg, outcome in zip(batch, outcomes, strict=True)
         ]
@@ -452,24 +473,26 @@ class CommandProcessor:
     ) -> TenantConfig:
         """Signature and the tenant's own limits (issue 5); the tenant row is cached."""
         tenant = await self.tenants.get(command.tenant)
-        secret = tenant.get("signing_secret") if tenant else None
-        if not secret and self.require_signed:
+        keys = SigningKeys.of_row(tenant)
+        if keys.current is None and self.require_signed:
             raise CommandRejected(
                 Code.BAD_SIGNATURE,
                 f"tenant {command.tenant!r} has no signing key, so none of its commands can "
-                "be verified; give it one (`tocsin tenant register`) or, for a trusted "
+                "be verified; give it one (`tocsin tenant rotate-key`) or, for a trusted "
                 "network only, set TOCSIN_REQUIRE_SIGNED_COMMANDS=false",
             )
-        if secret:
-            why = verify(
-                secret,
+        if keys.current is not None:
+            # The current key, or the previous one during a rotation (topics.signing).
+            failed = check_signature(
+                keys,
                 header_map(msg.headers),
                 key=msg.key,
                 value=msg.value or b"",
                 record_ms=msg.timestamp_ms,
+                now_ms=now,
             )
-            if why is not None:
-                raise CommandRejected(Code.BAD_SIGNATURE, why)
+            if failed is not None:
+                raise CommandRejected(*failed)
         config = await self.tenants.config(command.tenant)
         if isinstance(command, CreateCommand | UpdateCommand):
             limit = config.max_payload_bytes
@@ -524,7 +547,12 @@ class CommandProcessor:
             for sid, row in rows.items()
         }
 
-    async def _persist(self, decisions: list[tuple[RawCommand, Decision]], now: int) -> None:
+    async def _persist(
+        self,
+        decisions: list[tuple[RawCommand, Decision]],
+        now: int,
+        policies: Mapping[str, TenantConfig],
+    ) -> None:
         for msg, d in decisions:
             ticker = self.tickers.get(msg.partition)
             if ticker is not None and d.withdraw_version is not None and d.change is not None:
@@ -532,13 +560,22 @@ class CommandProcessor:
             for tenant, run, version in d.withdraw_runs:
                 if ticker is not None:
                     ticker.withdraw(tenant, run, version)
-        changes = [d.change for _, d in decisions if d.change is not None]
+        changes = [
+            with_retention(d.change, policies.get(d.change.row.tenant))
+            for _, d in decisions
+            if d.change is not None
+        ]
         if changes:
             # The listing index first: a crash before the schedule row replays the command,
-            # which rewrites it (see the 002 migration).
-            put, drop = index_changes(changes)
-            if put or drop:
-                await self.store.write_index(put, drop, now_ms=now)
+            # which rewrites it (see the 002 migration). Kept as long as the schedule rows,
+            # so one call per distinct tenant retention (usually one).
+            by_retention: dict[int | None, list[ScheduleChange]] = {}
+            for change in changes:
+                by_retention.setdefault(change.retention_s, []).append(change)
+            for retention, group in by_retention.items():
+                put, drop = index_changes(group)
+                if put or drop:
+                    await self.store.write_index(put, drop, now_ms=now, retention_s=retention)
             recurring = recurring_index_changes(changes)
             if recurring:
                 await self.store.write_recurring_index(recurring)
@@ -628,6 +665,37 @@ def check_recurring_horizon(rec: Recurrence, horizon_s: int, now_ms: int) -> Non
             f"the first run ({format_iso_ms(first)}) is more than max_horizon_s={horizon_s} "
             "ahead of now; a recurring schedule must first run within the tenant's horizon",
         )
+def with_default_retry(
+    command: Command, config: TenantConfig, existing: ScheduleRow | None
+) -> Command:
+    """``command`` with the tenant's default retry policy stamped into a callback that has
+    no ``retry`` of its own (pure; see streams.tenants.stamp_retry).
+
+    A create naming an existing schedule is only compared (duplicate or conflict): it gets
+    the retry the schedule was stored with instead, so repeating a create after the tenant
+    changed its default is still a ``duplicate``."""
+    if not isinstance(command, CreateCommand | UpdateCommand):
+        return command
+    callback = command.callback
+    if callback is None or callback.retry is not None:
+        return command
+    if isinstance(command, CreateCommand) and existing is not None and existing.callback:
+        try:
+            stored = callback_from_json(existing.callback)
+        except CommandRejected:
+            stored = None
+        if stored is not None and type(stored) is type(callback):
+            return replace(command, callback=replace(callback, retry=stored.retry))
+    stamped = stamp_retry(callback, config.retry_policy)
+    return command if stamped is callback else replace(command, callback=stamped)
+
+
+def with_retention(change: ScheduleChange, config: TenantConfig | None) -> ScheduleChange:
+    """The change kept as long as its tenant's ``retention_s`` says (pure). Recurring
+    parents keep the global retention: their materialiser refreshes their TTL with it."""
+    if config is None or config.retention_s is None or change.row.recurrence is not None:
+        return change
+    return replace(change, retention_s=config.retention_s)
 
 
 def index_changes(
@@ -658,4 +726,6 @@ __all__ = [
     "decide",
     "index_changes",
     "recurring_index_changes",
+    "with_default_retry",
+    "with_retention",
 ]

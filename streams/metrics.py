@@ -43,3 +43,13 @@ CHECKPOINT_LAG = Gauge(
 CONSUMER_LAG = Gauge("tocsin_consumer_lag_messages", "Commands not yet processed", ["partition"])
 OWNED_PARTITIONS = Gauge("tocsin_owned_partitions", "Commands partitions this worker fires")
 DELIVERIES = Counter("tocsin_deliveries_recorded_total", "Delivery outcomes recorded", ["outcome"])
+FIRES_THROTTLED = Counter(
+    "tocsin_fires_throttled_total",
+    "Triggers whose emission was deferred by their tenant's fire quota (fires/min)",
+    ["tenant"],
+)
+FIRES_DEFERRED = Gauge(
+    "tocsin_fires_deferred",
+    "Due triggers waiting in the fair queue (their tenant's fire quota, or their turn)",
+    ["partition"],
+)

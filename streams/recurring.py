@@ -38,7 +38,7 @@ import functools
 import hashlib
 import heapq
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from importlib import resources
 from zoneinfo import ZoneInfo
@@ -167,11 +167,10 @@ _CHUNK_RUNS = 16
 
 
 def _cron_key(rec: Recurrence) -> Recurrence:
-    return Recurrence(
-        cron=rec.cron,
-        time_zone=rec.time_zone,
-        nonexistent=rec.nonexistent,
-        ambiguous=rec.ambiguous,
+    # Only the fields the instants do not depend on are reset, so a field added to
+    # Recurrence later is part of the key unless it is listed here.
+    return replace(
+        rec, start_ms=None, end_ms=None, max_runs=None, jitter_s=0, misfire=Misfire.FIRE_LATEST
     )
 
 

@@ -122,6 +122,7 @@ class FiredMark:
     trigger_id: str
     fired_ms: int
     due_ms: int
+    retention_s: int | None = None  # the tenant's retention (None: the global one)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -188,6 +189,9 @@ class ScheduleChange:
     # statements on the schedule's own partition key committed with its row (step 2).
     run_deletes: tuple[BucketKey, ...] = ()
     commit_with: tuple[tuple[str, list[Any]], ...] = ()
+    # The tenant's retention (TenantConfig.retention_s) for the schedule row and its event;
+    # None: the store's global one. Bucket rows always keep the global retention.
+    retention_s: int | None = None
 
 
 # A prepared statement's name and its bind values.
@@ -196,9 +200,23 @@ Stmt = tuple[str, list[Any]]
 _SCHEDULE_COLUMNS = tuple(f.name for f in fields(ScheduleRow))
 _BUCKET_COLUMNS = tuple(f.name for f in fields(BucketRow))
 _EVENT_COLUMNS = ("tenant", "schedule_id", "at_ms", "event", "trigger_id", "due_ms", "detail")
-_TENANT_COLUMNS = ("tenant", "active", "created_ms", "config", "signing_secret", "updated_ms")
+_TENANT_COLUMNS = (
+    "tenant",
+    "active",
+    "created_ms",
+    "config",
+    "signing_secret",
+    "updated_ms",
+    # 004: signing-key rotation (topics.signing.SigningKeys)
+    "previous_signing_secret",
+    "previous_signing_expires_ms",
+    "retired_signing_secret",
+    "signing_rotated_ms",
+)
 _API_KEY_COLUMNS = ("key_id", "tenant", "salt", "hash", "created_ms", "revoked")
 _DAY_MS = 86_400_000
+# Lightweight transactions: never retried blindly by the driver.
+_CONDITIONAL = frozenset({"mark_done_if", "rotate_signing_key", "retire_previous_key"})
 
 # Requests and statements sent, by operation: the client CPU of this process scales with
 # them (see BENCHMARKS.md), so they are the first thing to look at when a worker is busy.
@@ -351,6 +369,14 @@ class Store:
             "put_tenant": insert("tenants", _TENANT_COLUMNS, ttl=False),
             "get_tenant": f"SELECT {', '.join(_TENANT_COLUMNS)} FROM {ks}.tenants WHERE tenant = ?",
             "list_tenants": f"SELECT {', '.join(_TENANT_COLUMNS)} FROM {ks}.tenants",
+            # Conditional on the key being rotated, so two concurrent rotations cannot both
+            # win (one key would be lost without ever being retired).
+            "rotate_signing_key": f"UPDATE {ks}.tenants SET signing_secret = ?, "
+            "previous_signing_secret = ?, previous_signing_expires_ms = ?, "
+            "retired_signing_secret = ?, signing_rotated_ms = ?, updated_ms = ? "
+            "WHERE tenant = ? IF signing_secret = ?",
+            "retire_previous_key": f"UPDATE {ks}.tenants SET previous_signing_expires_ms = ?, "
+            "updated_ms = ? WHERE tenant = ? IF previous_signing_secret = ?",
             # 002: API keys and the per-tenant listing index (issue 5).
             "put_api_key": insert("api_keys", _API_KEY_COLUMNS, ttl=False),
             "get_api_key": f"SELECT {', '.join(_API_KEY_COLUMNS)} FROM {ks}.api_keys "
@@ -383,7 +409,7 @@ class Store:
             stmt = self._session.prepare(text)
             # Every statement here writes fixed values under a full key, so replaying it is
             # harmless and the driver may retry it on timeouts - except the conditional one.
-            stmt.is_idempotent = name != "mark_done_if"
+            stmt.is_idempotent = name not in _CONDITIONAL
             prepared[name] = stmt
         return prepared
 
@@ -516,19 +542,31 @@ class Store:
         )
         return {row["schedule_id"]: row for rows in parts for row in rows}
 
-    def schedule_ttl_s(self, row: ScheduleRow, now_ms: int) -> int:
-        """A scheduled row lives until due + retention; a finished one retention from now."""
+    def keep_s(self, retention_s: int | None) -> int:
+        """A tenant's retention (seconds) or, for None, the global one."""
+        return max(1, self.retention_s if retention_s is None else retention_s)
+
+    def schedule_ttl_s(
+        self, row: ScheduleRow, now_ms: int, retention_s: int | None = None
+    ) -> int:
+        """A scheduled row lives until due + retention; a finished one retention from now.
+        ``retention_s``: the tenant's retention (None: the global one)."""
+        keep = self.keep_s(retention_s)
         if row.state == STATE_SCHEDULED:
-            return ttl_s(row.due_ms, now_ms, self.retention_s)
-        return max(1, self.retention_s)
+            return ttl_s(row.due_ms, now_ms, keep)
+        return keep
 
-    async def put_schedule(self, row: ScheduleRow, *, now_ms: int) -> None:
+    async def put_schedule(
+        self, row: ScheduleRow, *, now_ms: int, retention_s: int | None = None
+    ) -> None:
         """Upsert every non-None column of ``row`` with the TTL of ``schedule_ttl_s``."""
-        await self._run(*self._put_schedule_stmt(row, now_ms))
+        await self._run(*self._put_schedule_stmt(row, now_ms, retention_s))
 
-    def _put_schedule_stmt(self, row: ScheduleRow, now_ms: int) -> Stmt:
+    def _put_schedule_stmt(
+        self, row: ScheduleRow, now_ms: int, retention_s: int | None = None
+    ) -> Stmt:
         values = _unset_none([getattr(row, c) for c in _SCHEDULE_COLUMNS])
-        return ("put_schedule", [*values, self.schedule_ttl_s(row, now_ms)])
+        return ("put_schedule", [*values, self.schedule_ttl_s(row, now_ms, retention_s)])
 
     def _put_bucket_stmt(self, row: BucketRow, now_ms: int) -> Stmt:
         values = _unset_none([getattr(row, c) for c in _BUCKET_COLUMNS])
@@ -543,9 +581,10 @@ class Store:
         detail: str | None,
         trigger_id: str | None,
         due_ms: int | None,
+        retention_s: int | None = None,
     ) -> Stmt:
         values = _unset_none([tenant, schedule_id, at_ms, event, trigger_id, due_ms, detail])
-        return ("record_event", [*values, max(1, self.retention_s)])
+        return ("record_event", [*values, self.keep_s(retention_s)])
 
     # -- buckets ---------------------------------------------------------------------------
 
@@ -730,7 +769,7 @@ class Store:
         commits = []
         for change in wave:
             row = change.row
-            stmts = [self._put_schedule_stmt(row, change.now_ms)]
+            stmts = [self._put_schedule_stmt(row, change.now_ms, change.retention_s)]
             if change.event is not None:
                 stmts.append(
                     self._event_stmt(
@@ -741,6 +780,7 @@ class Store:
                         change.event_detail,
                         None,
                         row.due_ms,
+                        change.retention_s,
                     )
                 )
             stmts.extend(change.commit_with)
@@ -810,8 +850,10 @@ class Store:
         fired_ms: int,
         due_ms: int,
         if_version: int | None = None,
+        retention_s: int | None = None,
     ) -> bool:
-        """Set state 'fired' (+ fired_ms, trigger_id) and append a 'fired' event.
+        """Set state 'fired' (+ fired_ms, trigger_id) and append a 'fired' event, both kept
+        ``retention_s`` (the tenant's retention; None: the global one).
 
         Plain UPDATE by default (no Paxos, so it keeps up with burst fire rates). Race: a
         reschedule accepted while this fire is in flight is overwritten to 'fired' although
@@ -823,7 +865,8 @@ class Store:
         row is written either way, since the fire did happen).
         """
         return await self._mark(
-            STATE_FIRED, tenant, schedule_id, trigger_id, fired_ms, due_ms, if_version
+            STATE_FIRED, tenant, schedule_id, trigger_id, fired_ms, due_ms, if_version,
+            retention_s=retention_s,
         )
 
     async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
@@ -832,18 +875,18 @@ class Store:
         update and event stay one mutation, the group is just one request instead of many
         (the ticker records every fire, so per-request client CPU is what limits burst and
         recurring fire rates on a small box)."""
-        ttl = max(1, self.retention_s)
         size = self.commit_group_size
         sends = []
         for start in range(0, len(marks), size):
             stmts: list[Stmt] = []
             for m in marks[start : start + size]:
+                ttl = self.keep_s(m.retention_s)
                 params = [ttl, STATE_FIRED, m.fired_ms, m.trigger_id, m.fired_ms]
                 stmts.append(("mark_done", [*params, m.tenant, m.schedule_id]))
                 stmts.append(
                     self._event_stmt(
                         m.tenant, m.schedule_id, STATE_FIRED, m.fired_ms, None, m.trigger_id,
-                        m.due_ms,
+                        m.due_ms, m.retention_s,
                     )
                 )
             sends.append(self._run_together("mark_fired", stmts))
@@ -865,11 +908,14 @@ class Store:
         due_ms: int,
         detail: str | None = None,
         if_version: int | None = None,
+        retention_s: int | None = None,
     ) -> bool:
         """Set state 'missed' (beyond misfire tolerance) and append a 'missed' event. Same
-        race and ``if_version`` semantics as ``mark_fired``; fired_ms stays empty."""
+        race, ``if_version`` and ``retention_s`` semantics as ``mark_fired``; fired_ms stays
+        empty."""
         return await self._mark(
-            STATE_MISSED, tenant, schedule_id, trigger_id, missed_ms, due_ms, if_version, detail
+            STATE_MISSED, tenant, schedule_id, trigger_id, missed_ms, due_ms, if_version, detail,
+            retention_s=retention_s,
         )
 
     async def _mark(
@@ -882,11 +928,15 @@ class Store:
         due_ms: int,
         if_version: int | None,
         detail: str | None = None,
+        *,
+        retention_s: int | None = None,
     ) -> bool:
-        ttl = max(1, self.retention_s)
+        ttl = self.keep_s(retention_s)
         fired_ms = at_ms if state == STATE_FIRED else UNSET_VALUE
         params: list[Any] = [ttl, state, fired_ms, trigger_id, at_ms, tenant, schedule_id]
-        event = self._event_stmt(tenant, schedule_id, state, at_ms, detail, trigger_id, due_ms)
+        event = self._event_stmt(
+            tenant, schedule_id, state, at_ms, detail, trigger_id, due_ms, retention_s
+        )
         if if_version is None:
             # Same partition key in both tables: one request, one mutation.
             await self._run_together("mark_" + state, [("mark_done", params), event])
@@ -909,13 +959,14 @@ class Store:
         trigger_id: str | None = None,
         due_ms: int | None = None,
         detail: str | None = None,
+        retention_s: int | None = None,
     ) -> None:
         """Store the delivery outcome reported by the proxy and append an event named after
-        it ('delivered' | 'dead_lettered')."""
+        it ('delivered' | 'dead_lettered'), kept ``retention_s`` (None: the global one)."""
         update: Stmt = (
             "record_delivery",
             [
-                max(1, self.retention_s),
+                self.keep_s(retention_s),
                 outcome,
                 UNSET_VALUE if status_code is None else status_code,
                 attempts,
@@ -924,7 +975,9 @@ class Store:
                 schedule_id,
             ],
         )
-        event = self._event_stmt(tenant, schedule_id, outcome, at_ms, detail, trigger_id, due_ms)
+        event = self._event_stmt(
+            tenant, schedule_id, outcome, at_ms, detail, trigger_id, due_ms, retention_s
+        )
         await self._run_together("record_delivery", [update, event])
 
     # -- events ----------------------------------------------------------------------------
@@ -939,11 +992,14 @@ class Store:
         detail: str | None = None,
         trigger_id: str | None = None,
         due_ms: int | None = None,
+        retention_s: int | None = None,
     ) -> None:
         """Append to the schedule's history; (at_ms, event) is the row key, so writing the
         same event at the same instant again is an overwrite, not a duplicate."""
         await self._run(
-            *self._event_stmt(tenant, schedule_id, event, at_ms, detail, trigger_id, due_ms)
+            *self._event_stmt(
+                tenant, schedule_id, event, at_ms, detail, trigger_id, due_ms, retention_s
+            )
         )
 
     async def list_events(self, tenant: str, schedule_id: str) -> list[dict[str, Any]]:
@@ -962,11 +1018,51 @@ class Store:
         signing_secret: str | None = None,
         updated_ms: int | None = None,
     ) -> None:
-        """Upsert; None leaves a column as it is (so a config change keeps the secret)."""
+        """Upsert; None leaves a column as it is (so a config change keeps the secret).
+        Signing keys change through ``rotate_signing_key`` only."""
         await self._run(
             "put_tenant",
-            _unset_none([tenant, active, created_ms, config, signing_secret, updated_ms]),
+            _unset_none(
+                [tenant, active, created_ms, config, signing_secret, updated_ms]
+                + [None] * (len(_TENANT_COLUMNS) - 6)
+            ),
         )
+
+    async def rotate_signing_key(
+        self,
+        tenant: str,
+        *,
+        expected_current: str | None,
+        new_secret: str,
+        previous_expires_ms: int | None,
+        retired: str | None,
+        now_ms: int,
+    ) -> bool:
+        """Make ``new_secret`` current and ``expected_current`` the previous key (valid until
+        ``previous_expires_ms``; None: until retired), ``retired`` the one before. False when
+        the current key is no longer ``expected_current`` (a concurrent rotation)."""
+        rows = await self._run(
+            "rotate_signing_key",
+            [
+                new_secret,
+                expected_current,
+                previous_expires_ms,
+                retired,
+                now_ms,
+                now_ms,
+                tenant,
+                expected_current,
+            ],
+        )
+        return bool(rows and rows[0].get("[applied]"))
+
+    async def retire_previous_signing_key(
+        self, tenant: str, *, previous: str, at_ms: int
+    ) -> bool:
+        """The previous key stops verifying at ``at_ms``. False when it is no longer
+        ``previous`` (rotated meanwhile)."""
+        rows = await self._run("retire_previous_key", [at_ms, at_ms, tenant, previous])
+        return bool(rows and rows[0].get("[applied]"))
 
     async def get_tenant(self, tenant: str) -> dict[str, Any] | None:
         rows = await self._run("get_tenant", (tenant,))

@@ -1,5 +1,6 @@
 """Tenant administration against the store, shared by the REST API and the ``tocsin``
-command: register (with a signing key and a first API key), issue keys, list."""
+command: register (with a signing key and a first API key), issue keys, list, rotate and
+retire signing keys."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from streams.tenants import TenantConfig, new_api_key
 from tocsin.errors import CommandRejected
-from topics.signing import new_signing_key
+from topics.signing import SigningKeys, new_signing_key
 from topics.validation import check_tenant
 
 
@@ -48,3 +49,87 @@ async def issue_key(store: Any, tenant: str) -> dict[str, Any]:
     await store.put_api_key(key.key_id, tenant, salt=key.salt, hash=key.hash,
                             created_ms=_now_ms())
     return {"tenant": tenant, "key_id": key.key_id, "api_key": key.token}
+
+
+class TenantNotFound(Exception):
+    pass
+
+
+class RotationConflict(Exception):
+    """The tenant's keys changed while this rotation or retirement was being applied."""
+
+
+async def rotate_signing_key(
+    store: Any, tenant: str, *, previous_valid_s: int | None = None
+) -> dict[str, Any]:
+    """Issue a new current signing key; the old one becomes the previous key, which still
+    verifies until it is retired (``retire_previous_signing_key``) or, with
+    ``previous_valid_s``, until that many seconds from now (0: retired at once, for a leaked
+    key). A previous key still present from an earlier rotation is retired now.
+
+    Returns the new key (shown only now). Raises TenantNotFound, ValueError for a negative
+    ``previous_valid_s``, RotationConflict when another rotation won the race."""
+    if previous_valid_s is not None and previous_valid_s < 0:
+        raise ValueError("previous_valid_s must be >= 0")
+    row = await store.get_tenant(tenant)
+    if row is None:
+        raise TenantNotFound(f"no tenant {tenant!r}")
+    keys = SigningKeys.of_row(row)
+    at = _now_ms()
+    new = new_signing_key()
+    expires = None if previous_valid_s is None else at + previous_valid_s * 1000
+    if keys.current is None:
+        expires = None  # nothing to keep valid: a tenant from before signing keys
+    applied = await store.rotate_signing_key(
+        tenant,
+        expected_current=keys.current,
+        new_secret=new,
+        previous_expires_ms=expires,
+        retired=keys.previous or keys.retired,
+        now_ms=at,
+    )
+    if not applied:
+        raise RotationConflict(f"tenant {tenant!r} had its signing key rotated meanwhile")
+    return {
+        "tenant": tenant,
+        "signing_key": new,
+        "rotated_ms": at,
+        "previous_key": keys.current is not None,
+        "previous_expires_ms": expires,
+        "retired_earlier_previous": keys.previous is not None,
+    }
+
+
+async def retire_previous_signing_key(store: Any, tenant: str) -> dict[str, Any]:
+    """The previous signing key stops verifying now (commands produced before this moment
+    are still accepted for a few minutes, see topics.signing). Raises TenantNotFound, and
+    ValueError when there is no previous key that is still valid."""
+    row = await store.get_tenant(tenant)
+    if row is None:
+        raise TenantNotFound(f"no tenant {tenant!r}")
+    keys = SigningKeys.of_row(row)
+    at = _now_ms()
+    if keys.previous is None or (
+        keys.previous_expires_ms is not None and keys.previous_expires_ms <= at
+    ):
+        raise ValueError(f"tenant {tenant!r} has no previous signing key to retire")
+    if not await store.retire_previous_signing_key(tenant, previous=keys.previous, at_ms=at):
+        raise RotationConflict(f"tenant {tenant!r} had its signing key rotated meanwhile")
+    return {"tenant": tenant, "previous_retired_ms": at}
+
+
+def signing_status(row: dict[str, Any], now_ms: int) -> dict[str, Any]:
+    """What a tenant view shows about its signing keys (never the keys)."""
+    keys = SigningKeys.of_row(row)
+    expires = keys.previous_expires_ms
+    if keys.previous is None:
+        previous = None
+    elif expires is None or expires > now_ms:
+        previous = "valid"
+    else:
+        previous = "retired"
+    return {
+        "rotated_ms": row.get("signing_rotated_ms"),
+        "previous_key": previous,
+        "previous_expires_ms": expires,
+    }

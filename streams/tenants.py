@@ -9,7 +9,11 @@ bits (nothing to brute-force), unlike a password.
 Quotas (``QuotaBook``): a token bucket per (tenant, commands partition) in each worker, each
 refilled at ``create_quota_per_s / partitions``. Commands spread over partitions by murmur2
 of the schedule id, so the buckets add up to the tenant's quota across the cluster whatever
-the number of workers, and a rebalance moves a partition's share with it.
+the number of workers, and a rebalance moves a partition's share with it. Fire quotas work
+the same way in the ticker (``streams.pacing``).
+
+Signing keys (current, and the previous one during a rotation) are read with
+``topics.signing.SigningKeys``; rotation lives in ``streams.tenant_admin``.
 """
 
 from __future__ import annotations
@@ -20,10 +24,13 @@ import hmac
 import math
 import re
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import orjson
+
+from topics.models import Callback, DeliveryRetry
+from topics.validation import MAX_RETRIES_6XX, MAX_RETRY_AGE_S
 
 API_KEY_PREFIX = "tsk_"
 _API_KEY = re.compile(r"tsk_([0-9a-f]{16})_([A-Za-z0-9_-]{20,128})", re.ASCII)
@@ -33,11 +40,19 @@ _TOPIC_ENTRY = re.compile(r"[A-Za-z0-9._-]{1,249}\*?", re.ASCII)
 
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicyConfig:
-    """The proxy retry policy a tenant's deliveries should get (see docs/api.md: stored and
-    reported; the proxy applies its process-wide policy today)."""
+    """The tenant's default delivery retry policy; None keeps the proxy's own setting.
 
-    max_retry_age_s: float = 0.0
-    retries_6xx: int = 3
+    Applied by stamping: a create or update whose callback carries no ``retry`` of its own
+    gets this one written into the callback when the command is accepted (``stamp_retry``),
+    so the trigger carries it to the proxy, which needs no tenant lookup. A later change of
+    the tenant's default applies to schedules accepted after it."""
+
+    max_retry_age_s: float | None = None
+    retries_6xx: int | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.max_retry_age_s is None and self.retries_6xx is None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -45,7 +60,7 @@ class TenantConfig:
     """Per-tenant limits; 0 / None / empty mean "no tenant-specific limit"."""
 
     create_quota_per_s: float = 0.0  # commands per second, 0 = unlimited
-    fire_quota_per_min: int = 0  # fires per minute, 0 = unlimited (advisory, see docs/api.md)
+    fire_quota_per_min: int = 0  # fires per minute, 0 = unlimited (streams.pacing)
     max_payload_bytes: int | None = None  # None: TOCSIN_MAX_PAYLOAD_BYTES
     max_horizon_s: int | None = None  # how far ahead `due` may be; None: unlimited
     retention_s: int | None = None  # keep fired schedules this long; None: the global one
@@ -132,9 +147,30 @@ def _retry(value: object) -> RetryPolicyConfig:
         return RetryPolicyConfig()
     if not isinstance(value, dict) or set(value) - {"max_retry_age_s", "retries_6xx"}:
         raise ValueError("config.retry_policy must be {max_retry_age_s?, retries_6xx?}")
+    age = value.get("max_retry_age_s")
+    r6 = value.get("retries_6xx")
+    # The same bounds as a callback's own `retry` (topics.validation), since it is stamped
+    # into callbacks that the proxy then re-validates.
+    if age is not None and _number(age, "retry_policy.max_retry_age_s") > MAX_RETRY_AGE_S:
+        raise ValueError(f"config.retry_policy.max_retry_age_s must be <= {MAX_RETRY_AGE_S}")
+    if r6 is not None and _int(r6, "retry_policy.retries_6xx") > MAX_RETRIES_6XX:
+        raise ValueError(f"config.retry_policy.retries_6xx must be <= {MAX_RETRIES_6XX}")
     return RetryPolicyConfig(
-        max_retry_age_s=_number(value.get("max_retry_age_s", 0.0), "retry_policy.max_retry_age_s"),
-        retries_6xx=_int(value.get("retries_6xx", 3), "retry_policy.retries_6xx"),
+        max_retry_age_s=None if age is None else float(age),
+        retries_6xx=r6,
+    )
+
+
+def stamp_retry(callback: Callback, policy: RetryPolicyConfig) -> Callback:
+    """``callback`` with the tenant's default retry policy when it has none of its own (an
+    explicit ``retry``, even ``{}``, always wins); unchanged when the tenant sets none."""
+    if callback.retry is not None or policy.empty:
+        return callback
+    return replace(
+        callback,
+        retry=DeliveryRetry(
+            max_retry_age_s=policy.max_retry_age_s, retries_6xx=policy.retries_6xx
+        ),
     )
 
 
@@ -198,6 +234,18 @@ class TokenBucket:
             self.tokens -= n
             return True
         return False
+
+    def available(self, now_s: float) -> float:
+        """Tokens there at ``now_s`` (without taking any)."""
+        elapsed = max(0.0, now_s - self.stamp)
+        return min(self.burst, self.tokens + elapsed * self.rate)
+
+    def wait_s(self, now_s: float, n: float = 1.0) -> float:
+        """Seconds from ``now_s`` until ``n`` tokens are there (0 if they are already)."""
+        tokens = self.available(now_s)
+        if tokens >= n:
+            return 0.0
+        return (n - tokens) / self.rate if self.rate > 0 else float("inf")
 
 
 class QuotaBook:

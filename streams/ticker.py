@@ -7,11 +7,15 @@ that commands partition to (started on assignment, stopped on revocation). It:
    the fire topic or recorded as missed), then loads each minute bucket from the
    checkpoint's minute onwards with one paged read, ``preload_ahead_s`` before the minute
    starts: catch-up after downtime is just loading the minutes that passed;
-2. pops entries whose due second has come and emits them (or, beyond their misfire
-   tolerance, records them as missed) - never before their due time by this clock;
+2. pops entries whose due second has come - never before their due time by this clock -
+   and records those beyond their misfire tolerance as missed; the others go to a fair
+   queue (``streams.pacing``) that emits them round-robin across tenants, each tenant
+   within its fire quota (excess fires are deferred, never dropped, and never recorded as
+   missed because of the wait);
 3. advances the checkpoint only below the earliest trigger not yet acknowledged by Kafka
-   and recorded in Cassandra, so a crash re-emits at most what was in flight (duplicates
-   carry the same trigger id; nothing is lost).
+   and recorded in Cassandra (including those waiting in the fair queue), so a crash
+   re-emits at most what was in flight or deferred (duplicates carry the same trigger id;
+   nothing is lost).
 
 The command agent of the same worker calls ``offer``/``withdraw`` for schedules it changes,
 so a schedule created or moved into a minute that is already loaded still fires on time,
@@ -37,7 +41,9 @@ from typing import Any, Protocol
 
 from streams import metrics
 from streams.buckets import minute_ms
+from streams.pacing import FirePacer
 from streams.store import BucketRow, FiredMark
+from streams.tenants import TenantConfig
 from streams.timeline import Entry, Timeline
 from tocsin.errors import KafkaError, StoreError
 from topics.codec import encode_trigger, trigger_headers
@@ -67,6 +73,7 @@ class TickerStore(Protocol):
         fired_ms: int,
         due_ms: int,
         if_version: int | None = None,
+        retention_s: int | None = None,
     ) -> bool: ...
 
     async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]: ...
@@ -81,7 +88,17 @@ class TickerStore(Protocol):
         due_ms: int,
         detail: str | None = None,
         if_version: int | None = None,
+        retention_s: int | None = None,
     ) -> bool: ...
+
+
+class TenantPolicies(Protocol):
+    """Tenant configs (streams.commands.TenantCache): ``peek`` answers at once from the
+    cache (None: never read), ``config`` may read the store."""
+
+    def peek(self, tenant: str) -> TenantConfig | None: ...
+
+    async def config(self, tenant: str) -> TenantConfig: ...
 
 
 class TriggerSink(Protocol):
@@ -117,11 +134,17 @@ class TickerConfig:
     emit_slice: int = 2_000
     # How far beyond the loaded horizon an offer is still kept in memory.
     offer_window_ms: int = 120_000
+    # Commands partitions: a tenant's fire quota is split evenly over them (streams.pacing).
+    partitions: int = 1
+    # How long emission waits to read the config of a tenant it has not seen yet.
+    tenant_read_timeout_ms: int = 500
 
 
 @dataclass
 class _InFlight:
     entry: Entry[BucketRow]
+    # Time it waited in the fair queue (its turn, its tenant's fire quota): not lateness.
+    grace_ms: int = 0
 
 
 class PartitionTicker:
@@ -133,13 +156,17 @@ class PartitionTicker:
         sink: TriggerSink,
         config: TickerConfig,
         clock_ms: Callable[[], int] = wall_clock_ms,
+        tenants: TenantPolicies | None = None,
     ) -> None:
         self.partition = partition
         self.store = store
         self.sink = sink
         self.config = config
         self.clock_ms = clock_ms
+        self.tenants = tenants  # None: no fire quotas, the global retention
         self.timeline: Timeline[BucketRow] = Timeline()
+        # Due entries waiting to be emitted, round-robin across tenants within their quota.
+        self.pacer: FirePacer[BucketRow] = FirePacer(partitions=config.partitions)
         self.fired_before_ms: int | None = None  # None until the checkpoint is read
         self._next_minute_ms: int | None = None
         self._inflight: dict[tuple[str, str, int], _InFlight] = {}
@@ -189,6 +216,7 @@ class PartitionTicker:
             await self._write_checkpoint(force=True)
         metrics.TIMELINE_SIZE.labels(self._label).set(0)
         metrics.INFLIGHT.labels(self._label).set(0)
+        metrics.FIRES_DEFERRED.labels(self._label).set(0)
 
     # -- the command agent's side ----------------------------------------------------------
 
@@ -205,6 +233,8 @@ class PartitionTicker:
     def withdraw(self, tenant: str, schedule_id: str, version: int) -> None:
         """A schedule was cancelled or moved away (``version`` is its new version)."""
         self.timeline.remove(tenant, schedule_id, version=version, now_ms=self.clock_ms())
+        # A trigger deferred by its tenant's fire quota has not fired: it can still go.
+        self.pacer.remove(tenant, schedule_id, version=version)
 
     def is_firing(self, tenant: str, schedule_id: str) -> bool:
         """True while a trigger of this schedule is emitted but not yet recorded as fired,
@@ -216,6 +246,8 @@ class PartitionTicker:
         (being recorded as fired follows; until then the checkpoint stays below it)."""
         entry = Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
         self.timeline.remove(row.tenant, row.schedule_id)
+        # Not paced: the command waits for this ack (the create quota bounds late creates).
+        self.pacer.remove(row.tenant, row.schedule_id, version=row.version)
         fut = self._dispatch(entry, self.clock_ms())
         if fut is not None:
             try:
@@ -269,15 +301,15 @@ class PartitionTicker:
                 self._store_down = False
                 with self._store_trouble("loading buckets"):
                     await self._load_due_buckets()
+                await self._admit_due(self.clock_ms())
                 now = self.clock_ms()
-                due = self.timeline.pop_due(now, limit=self.config.emit_slice)
-                for entry in due:
-                    self._dispatch(entry, now)
+                sent = self._emit_ready(now, limit=self.config.emit_slice)
                 with self._store_trouble("writing the checkpoint"):
                     await self._write_checkpoint()
                 metrics.TIMELINE_SIZE.labels(self._label).set(len(self.timeline))
                 metrics.INFLIGHT.labels(self._label).set(len(self._inflight))
-                if len(due) >= self.config.emit_slice:
+                metrics.FIRES_DEFERRED.labels(self._label).set(len(self.pacer))
+                if sent >= self.config.emit_slice:
                     await asyncio.sleep(0)  # more due now: yield to the loop, then go on
                     continue
                 await self._sleep_until_next(now)
@@ -335,9 +367,8 @@ class PartitionTicker:
             if backlog > 1:
                 # Catching up: fire what this minute held before reading the next one, so a
                 # long outage streams out instead of loading every minute into memory first.
-                now = self.clock_ms()
-                for entry in self.timeline.pop_due(now):
-                    self._dispatch(entry, now)
+                await self._admit_due(self.clock_ms())
+                self._emit_ready(self.clock_ms())
                 await self._write_checkpoint()
 
     async def _sleep_until_next(self, now: int) -> None:
@@ -348,28 +379,95 @@ class PartitionTicker:
         next_due = self.timeline.next_due_ms()
         if next_due is not None:
             wake_at = min(wake_at, next_due)
+        token_at = self.pacer.next_token_ms(now, self._fire_quota_of)
+        if token_at is not None:  # a deferred tenant's next fire token
+            wake_at = min(wake_at, max(token_at, now + 1))
         delay_s = max(0.0, (wake_at - now) / 1000)
         self._wake.clear()
         if delay_s > 0:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
 
+    # -- the fair queue --------------------------------------------------------------------
+
+    async def _admit_due(self, now: int) -> None:
+        """Move every entry due by ``now`` from the timeline into the fair queue (those
+        beyond their misfire tolerance are recorded as missed instead). All of a due second
+        is moved before it is emitted, so the emission can interleave its tenants."""
+        cold: set[str] = set()
+        seen: set[str] = set()
+        while True:
+            due = self.timeline.pop_due(now, limit=self.config.emit_slice)
+            for entry in due:
+                if now - entry.due_ms > self._tolerance_ms(entry.payload):
+                    self._dispatch(entry, now)  # records it as missed
+                    continue
+                self.pacer.push(entry, now)
+                if entry.tenant not in seen:
+                    seen.add(entry.tenant)
+                    if self.tenants is not None and self.tenants.peek(entry.tenant) is None:
+                        cold.add(entry.tenant)
+            if len(due) < self.config.emit_slice or self._stopping:
+                break
+            await asyncio.sleep(0)  # a burst second: move it in slices, letting others run
+        if cold:
+            # A tenant this worker has not read yet (e.g. after a rebalance): read its fire
+            # quota before its first fire rather than emitting unpaced meanwhile - briefly:
+            # with Cassandra down, loaded triggers must keep firing (unpaced, then).
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    asyncio.gather(*(self._tenant_config(t) for t in cold)),
+                    timeout=self.config.tenant_read_timeout_ms / 1000,
+                )
+
+    def _emit_ready(self, now: int, limit: int | None = None) -> int:
+        """Emit what the fair queue lets out now; returns how many."""
+        taken = self.pacer.take(now, self._fire_quota_of, limit=limit)
+        for paced in taken:
+            if paced.throttled:
+                metrics.FIRES_THROTTLED.labels(paced.entry.tenant).inc()
+            self._dispatch(paced.entry, now, grace_ms=paced.waited_ms)
+        return len(taken)
+
+    def _fire_quota_of(self, tenant: str) -> int:
+        config = self.tenants.peek(tenant) if self.tenants is not None else None
+        return config.fire_quota_per_min if config is not None else 0
+
+    async def _tenant_config(self, tenant: str) -> TenantConfig | None:
+        """The tenant's config (cached; None without tenants or when the store fails)."""
+        if self.tenants is None:
+            return None
+        try:
+            return await self.tenants.config(tenant)
+        except StoreError:
+            return self.tenants.peek(tenant)
+
+    async def _retention_of(self, tenant: str) -> int | None:
+        config = await self._tenant_config(tenant)
+        return config.retention_s if config is not None else None
+
+    def _tolerance_ms(self, row: BucketRow) -> int:
+        tolerance_s = row.misfire_tolerance_s
+        if tolerance_s is None:
+            tolerance_s = self.config.default_misfire_tolerance_s
+        return tolerance_s * 1000
+
     # -- emitting --------------------------------------------------------------------------
 
-    def _dispatch(self, entry: Entry[BucketRow], now: int) -> asyncio.Future[Any] | None:
-        """Emit (or record as missed) one entry; returns the Kafka ack future of an emit."""
+    def _dispatch(
+        self, entry: Entry[BucketRow], now: int, *, grace_ms: int = 0
+    ) -> asyncio.Future[Any] | None:
+        """Emit (or record as missed) one entry; returns the Kafka ack future of an emit.
+        ``grace_ms``: time it waited in the fair queue, which does not count as late."""
         row = entry.payload
         key = (row.tenant, row.schedule_id, row.due_ms)
         if key in self._inflight:
             return None
-        tolerance_s = row.misfire_tolerance_s
-        if tolerance_s is None:
-            tolerance_s = self.config.default_misfire_tolerance_s
         trig_id = make_trigger_id(row.tenant, row.schedule_id, row.due_ms)
-        self._inflight[key] = _InFlight(entry)
+        self._inflight[key] = _InFlight(entry, grace_ms)
         self._firing[key[:2]] = self._firing.get(key[:2], 0) + 1
         heapq.heappush(self._inflight_heap, (row.due_ms, next(self._seq), key))
-        if now - row.due_ms > tolerance_s * 1000:
+        if now - row.due_ms - grace_ms > self._tolerance_ms(row):
             task = asyncio.ensure_future(self._record_missed(row, trig_id, now))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -429,9 +527,10 @@ class PartitionTicker:
                     self._to_mark.popleft()
                     for _ in range(min(len(self._to_mark), self.config.mark_group))
                 ]
+                retention = {t: await self._retention_of(t) for t in {k[0] for k, _, _ in group}}
                 outcomes = await self.store.mark_fired_many(
                     [
-                        FiredMark(key[0], key[1], trig_id, emitted_ms, key[2])
+                        FiredMark(key[0], key[1], trig_id, emitted_ms, key[2], retention[key[0]])
                         for key, trig_id, emitted_ms in group
                     ]
                 )
@@ -470,6 +569,7 @@ class PartitionTicker:
             missed_ms=now,
             due_ms=row.due_ms,
             detail=f"late by {now - row.due_ms} ms, beyond tolerance",
+            retention_s=await self._retention_of(row.tenant),
         )
 
     def _settle_missed(self, key: tuple[str, str, int], task: asyncio.Future[Any]) -> None:
@@ -503,7 +603,7 @@ class PartitionTicker:
         if record is None or self._stopping:
             return
         self._forget(key)
-        self._dispatch(record.entry, self.clock_ms())
+        self._dispatch(record.entry, self.clock_ms(), grace_ms=record.grace_ms)
 
     # -- checkpoint ------------------------------------------------------------------------
 
@@ -520,6 +620,9 @@ class PartitionTicker:
         next_due = self.timeline.next_due_ms()
         if next_due is not None:
             candidate = min(candidate, next_due)
+        deferred = self.pacer.earliest_due_ms()  # due, neither emitted nor recorded yet
+        if deferred is not None:
+            candidate = min(candidate, deferred)
         return candidate
 
     async def _write_checkpoint(self, *, force: bool = False) -> None:

@@ -129,15 +129,25 @@ def _payload_fields(payload: bytes, payload_type: PayloadType) -> dict[str, Any]
 
 def callback_to_dict(callback: Callback) -> dict[str, Any]:
     """The JSON object form of a callback, every field spelled out."""
+    out: dict[str, Any]
     if isinstance(callback, HttpCallback):
-        return {
+        out = {
             "type": "http",
             "url": callback.url,
             "method": callback.method,
             "headers": dict(callback.headers),
             "timeout_s": callback.timeout_s,
         }
-    return {"type": "kafka", "topic": callback.topic, "key": callback.key}
+    else:
+        out = {"type": "kafka", "topic": callback.topic, "key": callback.key}
+    # Only when present: callbacks stored before `retry` existed keep their exact JSON, so
+    # repeated creates of them still compare equal (duplicate, not conflict).
+    if callback.retry is not None:
+        out["retry"] = {
+            "max_retry_age_s": callback.retry.max_retry_age_s,
+            "retries_6xx": callback.retry.retries_6xx,
+        }
+    return out
 
 
 def callback_from_dict(obj: object, *, limits: Limits = DEFAULT_LIMITS) -> Callback:

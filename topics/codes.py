@@ -40,6 +40,7 @@ class Code(StrEnum):
     BAD_SIGNATURE = "bad_signature"
     CALLBACK_NOT_ALLOWED = "callback_not_allowed"
     BEYOND_HORIZON = "beyond_horizon"
+    SIGNING_KEY_RETIRED = "signing_key_retired"
 
     @property
     def doc(self) -> str:
@@ -90,6 +91,10 @@ DOCS: dict[Code, str] = {
         "`due`, or a recurring schedule's first run, is further ahead than the tenant's "
         "maximum horizon."
     ),
+    Code.SIGNING_KEY_RETIRED: (
+        "The command is signed with a signing key of the tenant that was rotated out and "
+        "retired; sign with the tenant's current key."
+    ),
 }
 
 ACCEPTED_CODES: frozenset[Code] = frozenset({Code.OK, Code.DUPLICATE})
@@ -110,5 +115,6 @@ STATEFUL_CODES: frozenset[Code] = frozenset(
         Code.BAD_SIGNATURE,
         Code.CALLBACK_NOT_ALLOWED,
         Code.BEYOND_HORIZON,
+        Code.SIGNING_KEY_RETIRED,
     }
 )

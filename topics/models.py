@@ -40,6 +40,16 @@ HTTP_METHODS: frozenset[str] = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE
 
 
 @dataclass(frozen=True, kw_only=True)
+class DeliveryRetry:
+    """How the proxy retries one callback (``proxy.retry``); a None field keeps the proxy's
+    own setting. A callback without one gets its tenant's default ``retry_policy`` stamped
+    by the command agent when the command is accepted (``streams.tenants.stamp_retry``)."""
+
+    max_retry_age_s: float | None = None  # 0: retry 4xx/5xx/timeouts without limit
+    retries_6xx: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class HttpCallback:
     """Deliver the trigger by an HTTP request (done by the proxy)."""
 
@@ -47,6 +57,7 @@ class HttpCallback:
     method: HttpMethod = "POST"
     headers: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 10.0
+    retry: DeliveryRetry | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -55,6 +66,7 @@ class KafkaCallback:
 
     topic: str
     key: str | None = None
+    retry: DeliveryRetry | None = None
 
 
 Callback: TypeAlias = HttpCallback | KafkaCallback

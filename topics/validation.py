@@ -39,6 +39,7 @@ from topics.models import (
     CommandType,
     CreateCommand,
     DayMatch,
+    DeliveryRetry,
     HttpCallback,
     HttpMethod,
     KafkaCallback,
@@ -167,9 +168,15 @@ RECURRENCE_FIELDS = Fields(
     ),
 )
 CALLBACK_FIELDS: dict[str, Fields] = {
-    "http": Fields(required=("type", "url"), optional=("method", "headers", "timeout_s")),
-    "kafka": Fields(required=("type", "topic"), optional=("key",)),
+    "http": Fields(
+        required=("type", "url"), optional=("method", "headers", "timeout_s", "retry")
+    ),
+    "kafka": Fields(required=("type", "topic"), optional=("key", "retry")),
 }
+RETRY_FIELDS = Fields(required=(), optional=("max_retry_age_s", "retries_6xx"))
+# Bounds of a callback's retry policy: ten years of retrying, a thousand 6xx retries.
+MAX_RETRY_AGE_S = 10 * 366 * 86_400
+MAX_RETRIES_6XX = 1000
 
 _TENANT = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TENANT_LEN}}}", re.ASCII)
 # C0/C1 controls, lone surrogates, line/paragraph separators and bidi overrides: ids end up
@@ -546,6 +553,7 @@ def parse_callback(
             timeout_s=(
                 _timeout(value["timeout_s"], f"{field}.timeout_s") if "timeout_s" in value else 10.0
             ),
+            retry=_retry(value["retry"], f"{field}.retry") if "retry" in value else None,
         )
     key = value.get("key")
     return KafkaCallback(
@@ -553,7 +561,33 @@ def parse_callback(
         key=None
         if key is None
         else check_text(key, f"{field}.key", max_len=limits.max_id_len, code=code),
+        retry=_retry(value["retry"], f"{field}.retry") if "retry" in value else None,
     )
+
+
+def _retry(value: object, field: str) -> DeliveryRetry:
+    """A callback's retry policy; ``null`` fields (or absent ones) keep the proxy's setting."""
+    code = Code.INVALID_CALLBACK
+    if not isinstance(value, dict):
+        raise CommandRejected(code, f"{field} must be an object, got {_kind(value)}")
+    check_fields(value, RETRY_FIELDS, where=field, code=code)
+    age = value.get("max_retry_age_s")
+    if age is not None:
+        if isinstance(age, bool) or not isinstance(age, int | float):
+            raise CommandRejected(code, f"{field}.max_retry_age_s must be a number of seconds")
+        if not (math.isfinite(age) and 0 <= age <= MAX_RETRY_AGE_S):
+            raise CommandRejected(
+                code, f"{field}.max_retry_age_s must be within 0..{MAX_RETRY_AGE_S}, got {age!r}"
+            )
+        age = float(age)
+    r6 = value.get("retries_6xx")
+    if r6 is not None and (
+        isinstance(r6, bool) or not isinstance(r6, int) or not 0 <= r6 <= MAX_RETRIES_6XX
+    ):
+        raise CommandRejected(
+            code, f"{field}.retries_6xx must be an integer within 0..{MAX_RETRIES_6XX}"
+        )
+    return DeliveryRetry(max_retry_age_s=age, retries_6xx=r6)
 
 
 # -- recurrence ---------------------------------------------------------------------------

@@ -378,9 +378,28 @@ async def test_tenants(store: Store) -> None:
     await store.put_tenant("globex", active=False, created_ms=T0 + 1)
     got = await store.get_tenant("acme")
     assert got == {"tenant": "acme", "active": True, "created_ms": T0, "config": '{"max": 1}',
-                   "signing_secret": None, "updated_ms": None}
+                   "signing_secret": None, "updated_ms": None,
+                   "previous_signing_secret": None, "previous_signing_expires_ms": None,
+                   "retired_signing_secret": None, "signing_rotated_ms": None}
     names = {t["tenant"] for t in await store.list_tenants()}
     assert {"acme", "globex"} <= names
+
+
+async def test_signing_key_rotation_is_conditional(store: Store) -> None:
+    await store.put_tenant("rotor", active=True, created_ms=T0, signing_secret="k1")
+    assert await store.rotate_signing_key("rotor", expected_current="k1", new_secret="k2",
+                                          previous_expires_ms=None, retired=None, now_ms=T0)
+    # A second rotation that read the key before the first one applied loses, no key lost.
+    assert not await store.rotate_signing_key("rotor", expected_current="k1",
+                                              new_secret="k3", previous_expires_ms=None,
+                                              retired=None, now_ms=T0)
+    got = await store.get_tenant("rotor")
+    assert got is not None
+    assert (got["signing_secret"], got["previous_signing_secret"]) == ("k2", "k1")
+    assert not await store.retire_previous_signing_key("rotor", previous="k0", at_ms=T0)
+    assert await store.retire_previous_signing_key("rotor", previous="k1", at_ms=T0 + 5)
+    got = await store.get_tenant("rotor")
+    assert got is not None and got["previous_signing_expires_ms"] == T0 + 5
 
 
 async def test_many_concurrent_writes_under_a_small_cap(cql_session: Any) -> None:

@@ -172,7 +172,8 @@ class FakeStore:
     async def get_schedules(self, tenant: str, ids: list[str]) -> dict[str, dict[str, Any]]:
         return {}
 
-    async def write_index(self, put: Any, drop: Any, *, now_ms: int) -> None:
+    async def write_index(self, put: Any, drop: Any, *, now_ms: int,
+                          retention_s: int | None = None) -> None:
         return None
 
     async def write_recurring_index(self, entries: Any) -> None:

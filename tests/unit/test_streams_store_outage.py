@@ -50,7 +50,8 @@ class FlakyStore:
         return [r for r in self.rows if r.minute_ms == minute_ms]
 
     async def mark_fired(self, tenant: str, schedule_id: str, trigger_id: str, *,
-                         fired_ms: int, due_ms: int, if_version: int | None = None) -> bool:
+                         fired_ms: int, due_ms: int, if_version: int | None = None,
+                         retention_s: int | None = None) -> bool:
         self._check()
         self.fired.append(schedule_id)
         return True
@@ -60,7 +61,8 @@ class FlakyStore:
         for m in marks:
             try:
                 await self.mark_fired(m.tenant, m.schedule_id, m.trigger_id,
-                                      fired_ms=m.fired_ms, due_ms=m.due_ms)
+                                      fired_ms=m.fired_ms, due_ms=m.due_ms,
+                                      retention_s=m.retention_s)
                 out.append(None)
             except Exception as exc:  # the fake's outage: per-mark outcome like the store
                 out.append(exc)

@@ -19,6 +19,7 @@ class FakeStore:
         self.missed: list[str] = []
         self.checkpoints: list[int] = []
         self.mark_requests: list[int] = []
+        self.retention: dict[str, int | None] = {}  # schedule id -> retention_s
 
     async def get_checkpoint(self, partition: int) -> int | None:
         return None
@@ -31,8 +32,10 @@ class FakeStore:
         return []
 
     async def mark_fired(self, tenant: str, schedule_id: str, trigger_id: str, *,
-                         fired_ms: int, due_ms: int, if_version: int | None = None) -> bool:
+                         fired_ms: int, due_ms: int, if_version: int | None = None,
+                         retention_s: int | None = None) -> bool:
         self.fired.append(schedule_id)
+        self.retention[schedule_id] = retention_s
         return True
 
     async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
@@ -41,7 +44,8 @@ class FakeStore:
         for m in marks:
             try:
                 await self.mark_fired(m.tenant, m.schedule_id, m.trigger_id,
-                                      fired_ms=m.fired_ms, due_ms=m.due_ms)
+                                      fired_ms=m.fired_ms, due_ms=m.due_ms,
+                                      retention_s=m.retention_s)
                 out.append(None)
             except Exception as exc:  # the fake's outage: per-mark outcome like the store
                 out.append(exc)
@@ -49,8 +53,10 @@ class FakeStore:
 
     async def mark_missed(self, tenant: str, schedule_id: str, trigger_id: str, *,
                           missed_ms: int, due_ms: int, detail: str | None = None,
-                          if_version: int | None = None) -> bool:
+                          if_version: int | None = None,
+                          retention_s: int | None = None) -> bool:
         self.missed.append(schedule_id)
+        self.retention[schedule_id] = retention_s
         return True
 
 
