@@ -1,9 +1,9 @@
 """Tenant enforcement on the real stack: fire quotas and fairness in the ticker, per-tenant
 retention TTLs, the default retry policy applied by the proxy, signing-key rotation.
 
-The worker here runs on topics of its own (this run's prefix + "te.") so the quota test
-sees only its own triggers and the proxy reads only this module's fires; Cassandra is the
-run's keyspace. No speed assertions: the quota is checked as the bounds a token bucket
+The worker here runs on a deployment of its own (prefix and keyspace: see
+``isolated_stack``), so the quota test sees only its own triggers and the proxy reads only
+this module's fires. No speed assertions: the quota is checked as the bounds a token bucket
 cannot break (how many may fire at once, how early the last may fire), lateness only
 against the misfire tolerance the test gives.
 """
@@ -29,7 +29,7 @@ from proxy.app import ProxyApp
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.partitioner import partition_for
 from streams.store import Store
-from tests.integration.conftest import WorkerProcess, _env_for, _ports
+from tests.integration.conftest import WorkerProcess, _env_for, _ports, isolated_stack
 from tests.integration.test_proxy_delivery import (
     Hit,
     Receiver,
@@ -41,7 +41,6 @@ from tests.integration.test_proxy_delivery import (
 )
 from tocsin.cassandra import make_cluster
 from tocsin.settings import REPO_ROOT, Settings
-from topics.catalog import catalog, ensure_topics
 from topics.codes import Code
 from topics.models import CancelCommand, CreateCommand, DeliveryRetry, HttpCallback, Trigger
 from topics.signing import new_signing_key
@@ -106,12 +105,15 @@ class Stack:
 
 @pytest.fixture(scope="module")
 def te(real_stack: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    with isolated_stack(real_stack, "te") as own:
+        yield from _te_stack(own, tmp_path_factory)
+
+
+def _te_stack(own: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     metrics_port, web_port = next(_ports), next(_ports)
-    env = _env_for(real_stack, metrics_port, web_port)
-    env["TOCSIN_TOPIC_PREFIX"] = real_stack.topics.prefix + "te."
+    env = _env_for(own, metrics_port, web_port)
     env["TOCSIN_TENANT_CACHE_TTL_S"] = "1"  # rotations and retirements apply within 1 s
     settings = Settings.from_env(env)
-    ensure_topics(settings.kafka, catalog(settings.topics).all())
     worker = WorkerProcess(settings, env, tmp_path_factory.mktemp("te") / "worker.log").start()
     stack = Stack(settings, worker, metrics_port)
     try:
