@@ -1,7 +1,7 @@
 """Recurring-schedule benchmark (``make bench-cron``): N schedules firing every minute.
 
-One real ``tocsin worker`` subprocess on the local stack, in a fresh topic prefix and
-keyspace (removed at the end). Phases:
+``--workers`` (2) real ``tocsin worker`` subprocesses of one deployment on the local stack,
+in a fresh topic prefix and keyspace (removed at the end). Phases:
 
 1. create ``--schedules`` (100,000) recurring schedules ``* * * * *`` through the commands
    topic, like any client (not inserted into Cassandra directly), each with a flexible
@@ -10,7 +10,8 @@ keyspace (removed at the end). Phases:
 2. wait until the worker's materialisers have written the first runs of every schedule;
 3. measure ``--minutes`` whole minutes: every trigger read back from the fire topic counts
    once per run id; lateness = the trigger's emit time minus its (jittered) due time, as
-   stamped by the worker; worker CPU = its CPU seconds / wall seconds over the window.
+   stamped by the worker; worker CPU = the workers' CPU seconds / wall seconds over the
+   window (summed over the workers).
 
 Prints ``RESULT name=value unit`` lines last: cron_fires_per_min (distinct runs fired per
 measured minute), cron_lateness_p99_ms, cron_worker_cpu, plus the runs expected and
@@ -28,14 +29,13 @@ import uuid
 import orjson
 
 from bench.scheduler import (
-    METRICS_PORT,
     TENANT,
-    Worker,
     cleanup,
     metric,
     now_ms,
     pct,
     send_and_count,
+    start_workers,
 )
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.recurring import jitter_ms, parse_run_id, run_id
@@ -63,6 +63,9 @@ def main() -> int:
     parser.add_argument("--minutes", type=int, default=5)
     parser.add_argument("--horizon-s", type=int, default=600)
     parser.add_argument("--window", type=int, default=20_000)
+    # The scheduler scales by partitions across worker processes; one Python process is
+    # bound to about one core (the GIL), and 100,000 runs a minute need more than that.
+    parser.add_argument("--workers", type=int, default=2, help="worker processes")
     args = parser.parse_args()
 
     run = uuid.uuid4().hex[:6]
@@ -71,8 +74,6 @@ def main() -> int:
         {
             "TOCSIN_TOPIC_PREFIX": f"bench.{run}.",
             "TOCSIN_CASSANDRA_KEYSPACE": f"bench_{run}",
-            "TOCSIN_METRICS_PORT": str(METRICS_PORT),
-            "TOCSIN_WORKER_WEB_PORT": "19466",
             "TOCSIN_LOG_LEVEL": "WARNING",
             "TOCSIN_RECURRING_HORIZON_S": str(args.horizon_s),
         }
@@ -86,9 +87,12 @@ def main() -> int:
     migrate(settings.cassandra)
     _register_tenant(settings, TENANT)
     log = settings.stack.state_dir / f"bench-cron-worker-{run}.log"
-    worker = Worker(env, log)
-    worker.start()
+    workers = start_workers(env, log, args.workers)
     results: list[str] = []
+
+    def cpu_s() -> float:
+        return sum(w.cpu_s() for w in workers)
+
     try:
         probe = ResultWatcher(settings)
         client = CommandClient(settings)
@@ -96,6 +100,8 @@ def main() -> int:
         client.flush()
         assert probe.wait_for(["probe"], 120), f"worker did not start; see {log}"
         probe.close()
+        if len(workers) > 1:
+            time.sleep(15)  # let the group settle over every worker before creating
 
         n = args.schedules
         sids = [f"cron-{run}-{i}" for i in range(n)]
@@ -144,7 +150,7 @@ def main() -> int:
         next_note = time.monotonic() + 15
         while now_ms() < wait_until and len(seen) < len(expected):
             if cpu0 is None and now_ms() >= first_minute:
-                cpu0, wall0 = worker.cpu_s(), time.monotonic()
+                cpu0, wall0 = cpu_s(), time.monotonic()
             for trig, _ in fires.poll(0.5):
                 parsed = parse_run_id(trig.schedule_id)
                 if parsed is None or not first_minute <= parsed[1] < last_minute:
@@ -152,7 +158,7 @@ def main() -> int:
                 if trig.schedule_id in expected and trig.schedule_id not in seen:
                     seen[trig.schedule_id] = trig.emitted_ms - trig.due_ms
             if cpu0 is not None and wall0 is not None and now_ms() >= last_minute:
-                cpu = (worker.cpu_s() - cpu0) / (time.monotonic() - wall0)
+                cpu = (cpu_s() - cpu0) / (time.monotonic() - wall0)
                 results_cpu = cpu
                 cpu0 = -1.0  # measured once, at the end of the last minute
                 print(f"[measure] worker CPU {cpu:.2f} s/s", flush=True)
@@ -167,7 +173,7 @@ def main() -> int:
         lateness = list(seen.values()) + [10**9] * (len(expected) - len(seen))
         missing = len(expected) - len(seen)
         if cpu0 is not None and cpu0 >= 0 and wall0 is not None:
-            results_cpu = (worker.cpu_s() - cpu0) / (time.monotonic() - wall0)
+            results_cpu = (cpu_s() - cpu0) / (time.monotonic() - wall0)
         results += [
             f"RESULT cron_schedules={n} schedules",
             f"RESULT cron_runs_expected={len(expected)} runs",
@@ -178,7 +184,8 @@ def main() -> int:
             f"RESULT cron_worker_cpu={results_cpu:.2f} ratio",
         ]
     finally:
-        worker.stop()
+        for w in workers:
+            w.stop()
         cleanup(settings)
     for line in results:
         print(line)

@@ -93,6 +93,23 @@ class Worker:
 WORKER_PORTS: list[int] = [METRICS_PORT]
 
 
+def start_workers(env: dict[str, str], log: Path, count: int) -> list[Worker]:
+    """``count`` worker processes of one deployment (they share its consumer group and
+    split its partitions), each with its own metrics port, listed in WORKER_PORTS."""
+    WORKER_PORTS[:] = []
+    workers = []
+    for i in range(max(1, count)):
+        port = METRICS_PORT + 10 * i
+        WORKER_PORTS.append(port)
+        worker = Worker(
+            {**env, "TOCSIN_METRICS_PORT": str(port), "TOCSIN_WORKER_WEB_PORT": str(port + 1)},
+            log,
+        )
+        worker.start()
+        workers.append(worker)
+    return workers
+
+
 def metric(name: str) -> float:
     """Sum of a counter over all label sets and all workers' /metrics."""
     text = b"".join(
@@ -362,20 +379,7 @@ def main() -> int:
 
     _register_tenant(settings, TENANT)
     log = settings.stack.state_dir / f"bench-worker-{run}.log"
-    worker = Worker(env, log)
-    worker.start()
-    extra: list[Worker] = []
-    WORKER_PORTS[:] = [METRICS_PORT]
-    for i in range(1, args.workers):
-        port = METRICS_PORT + 10 * i
-        WORKER_PORTS.append(port)
-        extra.append(
-            Worker(
-                {**env, "TOCSIN_METRICS_PORT": str(port), "TOCSIN_WORKER_WEB_PORT": str(port + 1)},
-                log,
-            )
-        )
-        extra[-1].start()
+    worker, *extra = start_workers(env, log, args.workers)
     results: list[str] = []
     try:
         probe = ResultWatcher(settings)
