@@ -117,9 +117,12 @@ def main() -> int:
             f"{time.monotonic() - t0:.0f} s",
             flush=True,
         )
-        # Wait for the first materialisation of every schedule (+ the probe).
+        # Wait for the first materialisation of every schedule: each writes one horizon of
+        # minutely runs at once. (Counting extension steps instead, as this did first,
+        # returned early: schedules created first had extended several times already.)
         deadline = time.monotonic() + 900
-        while metric("tocsin_recurring_extended_total") < n + 1:
+        first_runs = n * max(1, args.horizon_s // 60)
+        while metric("tocsin_recurring_runs_materialized_total") < 0.98 * first_runs:
             if time.monotonic() > deadline:
                 print("[materialise] timed out", flush=True)
                 break
@@ -157,7 +160,7 @@ def main() -> int:
                     continue
                 if trig.schedule_id in expected and trig.schedule_id not in seen:
                     seen[trig.schedule_id] = trig.emitted_ms - trig.due_ms
-            if cpu0 is not None and wall0 is not None and now_ms() >= last_minute:
+            if cpu0 is not None and cpu0 >= 0 and wall0 is not None and now_ms() >= last_minute:
                 cpu = (cpu_s() - cpu0) / (time.monotonic() - wall0)
                 results_cpu = cpu
                 cpu0 = -1.0  # measured once, at the end of the last minute
