@@ -7,6 +7,7 @@ watermarks taken before sending, so no answer is missed.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -19,6 +20,8 @@ from topics.catalog import catalog
 from topics.codec import decode_result, decode_trigger, encode_command
 from topics.models import Command, CommandResult, Trigger
 from topics.signing import sign_headers
+
+log = logging.getLogger("tocsin.client")
 
 # How long CommandClient trusts a signing key it read: each read opens a Cassandra
 # connection, so not per command; a rotation reaches it within this time.
@@ -74,6 +77,16 @@ class CommandClient:
                     )
                     .one()
                 )
+            except Exception:
+                if cached is None:
+                    raise
+                # Cassandra unreachable at a refresh: keep signing with the key we have (the
+                # workers accept it through a rotation's grace period) rather than stop
+                # sending - commands need only Kafka. Found by the chaos Cassandra scenario.
+                log.warning("could not refresh the signing key; using the cached one",
+                            extra={"tenant": tenant})
+                self._signing_keys[tenant] = (now, cached[1])
+                return cached[1]
             finally:
                 cluster.shutdown()
             cached = (now, row.signing_secret if row is not None else None)
