@@ -10,6 +10,16 @@ for its command result (request-reply over Kafka), exactly as a client would use
 2. latency: an open loop of ``--latency-rate`` creates/s for ``--latency-s`` seconds (each
    request sent at its slot whatever the previous ones do); p50/p99 of the request time.
 
+Ports: the API, the worker's web and metrics ports and the API's metrics port are free
+ports picked at start (``--api-port`` etc. fix them), so the bench never collides with
+another benchmark or test run on the machine.
+
+Each phase prints the CPU seconds per second the API and the worker used, and the load
+average, since the machine is shared and absolute figures are noisy. ``--py-spy PATH``
+records a py-spy profile of the API and of the worker during the rate phase (collapsed
+stacks ``PATH-api.txt`` and ``PATH-worker.txt``, one line per stack with its sample count,
+for flamegraph.pl or speedscope; py-spy must be on PATH and allowed to attach).
+
 Prints ``RESULT name=value unit`` lines last.
 """
 
@@ -18,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -25,6 +36,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -41,6 +53,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process and its reaped children."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds per wall second of the API and the worker over one phase."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.t0 = time.monotonic()
+        self.start = {name: cpu_s(pid) for name, pid in pids.items()}
+
+    def report(self) -> str:
+        wall = time.monotonic() - self.t0
+        parts = [
+            f"{name} CPU {(cpu_s(pid) - self.start[name]) / wall:.2f} s/s"
+            for name, pid in self.pids.items()
+        ]
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        return "; ".join(parts) + f"; load average {load}"
+
+
+def py_spy(pid: int, out: str, seconds: float) -> subprocess.Popen[bytes] | None:
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("[py-spy] not found on PATH; no profile recorded", flush=True)
+        return None
+    return subprocess.Popen(
+        [exe, "record", "-p", str(pid), "-o", out, "-d", str(int(seconds)), "-r", "50",
+         "-f", "raw", "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
 
 
 async def create(session: aiohttp.ClientSession, base: str, n: int) -> tuple[int, float]:
@@ -108,18 +157,23 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--latency-rate", type=int, default=500)
     parser.add_argument("--latency-s", type=float, default=20)
+    parser.add_argument("--api-port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--worker-web-port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--worker-metrics-port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--api-metrics-port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--py-spy", metavar="PATH", help="profile the rate phase into PATH-*")
     args = parser.parse_args()
 
     run = uuid.uuid4().hex[:6]
-    port = free_port()
+    port = args.api_port or free_port()
     admin = uuid.uuid4().hex
     env = dict(os.environ)
     env.update(
         {
             "TOCSIN_TOPIC_PREFIX": f"bench.{run}.",
             "TOCSIN_CASSANDRA_KEYSPACE": f"bench_{run}",
-            "TOCSIN_METRICS_PORT": "19464",
-            "TOCSIN_WORKER_WEB_PORT": "19466",
+            "TOCSIN_METRICS_PORT": str(args.worker_metrics_port or free_port()),
+            "TOCSIN_WORKER_WEB_PORT": str(args.worker_web_port or free_port()),
             "TOCSIN_LOG_LEVEL": "WARNING",
             "TOCSIN_API_PORT": str(port),
             "TOCSIN_ADMIN_KEY": admin,
@@ -139,7 +193,7 @@ def main() -> int:
     with api_log.open("ab") as out:
         api = subprocess.Popen(
             [sys.executable, "-m", "tocsin.cli", "api"],
-            env=dict(env, TOCSIN_METRICS_PORT="19467"),
+            env=dict(env, TOCSIN_METRICS_PORT=str(args.api_metrics_port or free_port())),
             cwd=REPO_ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -172,14 +226,29 @@ def main() -> int:
         while asyncio.run(phase_rate(base, key, 0.01, 1)) == 0:
             if time.monotonic() > probe_deadline:
                 raise SystemExit("the worker does not answer")
+        assert worker.proc is not None
+        pids = {"api": api.pid, "worker": worker.proc.pid}
+        spies = []
+        if args.py_spy:
+            spies = [
+                p for name, pid in pids.items()
+                if (p := py_spy(pid, f"{args.py_spy}-{name}.txt", args.rate_s)) is not None
+            ]
+        meter = CpuMeter(pids)
         rate = asyncio.run(phase_rate(base, key, args.rate_s, args.concurrency))
         print(
-            f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients", flush=True
+            f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients; "
+            + meter.report(),
+            flush=True,
         )
+        for spy in spies:
+            spy.wait(60)
+        meter = CpuMeter(pids)
         lat, failed = asyncio.run(phase_latency(base, key, args.latency_rate, args.latency_s))
         print(
             f"[latency] {len(lat)} ok, {failed} failed at {args.latency_rate}/s: "
-            f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms",
+            f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms, "
+            f"p99 {pct([int(x) for x in lat], 0.99):.0f} ms; " + meter.report(),
             flush=True,
         )
         results += [

@@ -170,6 +170,8 @@ class ApiSettings:
     max_body_bytes: int = 256 * 1024
     # Tenants and API keys are cached this long, so changes apply without a restart.
     tenant_cache_ttl_s: float = 5.0
+    # The API's producer linger: commands of concurrent requests share produce requests.
+    produce_linger_ms: int = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +262,7 @@ class Settings:
                 request_timeout_s=_float(e, "API_REQUEST_TIMEOUT_S", 10.0),
                 max_body_bytes=_int(e, "API_MAX_BODY_BYTES", 256 * 1024),
                 tenant_cache_ttl_s=_float(e, "TENANT_CACHE_TTL_S", 5.0),
+                produce_linger_ms=_int(e, "API_PRODUCE_LINGER_MS", 2),
             ),
             log_level=_get(e, "LOG_LEVEL", "INFO"),
             log_format=_get(e, "LOG_FORMAT", "json"),
