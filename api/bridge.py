@@ -86,17 +86,29 @@ class CommandBridge:
         self._reader.start()
         self.ready = True
 
-    def _assign(self) -> None:
+    def _assign(self, retry_s: float = 30.0) -> None:
         topic = self.catalog.command_results.name
-        try:
-            meta = self.consumer.list_topics(topic, timeout=10)
-            partitions = sorted(meta.topics[topic].partitions)
-            tps = []
-            for p in partitions:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                tps.append(TopicPartition(topic, p, max(high, 0)))
-        except (KafkaException, KeyError) as exc:
-            raise KafkaError(f"cannot read topic {topic}: {exc}", retriable=True) from exc
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                meta = self.consumer.list_topics(topic, timeout=10)
+                partitions = sorted(meta.topics[topic].partitions)
+                tps = []
+                for p in partitions:
+                    _, high = self.consumer.get_watermark_offsets(
+                        TopicPartition(topic, p), timeout=10)
+                    tps.append(TopicPartition(topic, p, max(high, 0)))
+                break
+            except KafkaException as exc:
+                # A just created topic answers "not leader" for a moment: wait for it.
+                err = exc.args[0] if exc.args else None
+                retriable = bool(getattr(err, "retriable", lambda: False)())
+                if not retriable or time.monotonic() > deadline:
+                    raise KafkaError(f"cannot read topic {topic}: {exc}",
+                                     retriable=True) from exc
+                time.sleep(0.5)
+            except KeyError as exc:
+                raise KafkaError(f"cannot read topic {topic}: {exc}", retriable=True) from exc
         if not partitions:
             raise KafkaError(f"topic {topic} does not exist; run `tocsin setup`")
         self.consumer.assign(tps)
