@@ -100,10 +100,9 @@ class CommandBridge:
                     tps.append(TopicPartition(topic, p, max(high, 0)))
                 break
             except KafkaException as exc:
-                # A just created topic answers "not leader" for a moment: wait for it.
-                err = exc.args[0] if exc.args else None
-                retriable = bool(getattr(err, "retriable", lambda: False)())
-                if not retriable or time.monotonic() > deadline:
+                # A just created topic answers "not leader" for a moment (not flagged as
+                # retriable by the client): try again for a while before giving up.
+                if time.monotonic() > deadline:
                     raise KafkaError(f"cannot read topic {topic}: {exc}",
                                      retriable=True) from exc
                 time.sleep(0.5)

@@ -35,6 +35,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from streams import metrics
+from streams.cache import TtlCache
 from streams.materializer import decide_recurring, is_recurring, repeated_create
 from streams.partitioner import partition_for
 from streams.store import (
@@ -99,34 +100,30 @@ class Decision:
 class TenantCache:
     """Registered tenants, cached briefly so every command does not read Cassandra; a
     change (config, deactivation, new signing key) applies within ``ttl_s`` everywhere
-    without a restart. Shared by the command agent and the REST API."""
+    without a restart. Shared by the command agent and the REST API. One read in flight
+    per tenant (streams.cache): concurrent API requests share a refresh."""
 
     def __init__(self, store: Any, *, ttl_s: float = 5.0, negative_ttl_s: float = 1.0) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
-        self._cache: dict[str, tuple[float, dict[str, Any] | None, TenantConfig]] = {}
+        self._cache: TtlCache[str, tuple[dict[str, Any] | None, TenantConfig]] = TtlCache(
+            self._load, ttl_s=lambda e: self.ttl_s if e[0] is not None else self.negative_ttl_s
+        )
 
     async def get(self, tenant: str) -> dict[str, Any] | None:
-        return (await self._entry(tenant))[1]
+        return (await self._cache.get(tenant))[0]
 
     async def config(self, tenant: str) -> TenantConfig:
         """The tenant's parsed configuration (defaults for an unknown tenant)."""
-        return (await self._entry(tenant))[2]
+        return (await self._cache.get(tenant))[1]
 
     def invalidate(self, tenant: str) -> None:
-        self._cache.pop(tenant, None)
+        self._cache.invalidate(tenant)
 
-    async def _entry(self, tenant: str) -> tuple[float, dict[str, Any] | None, TenantConfig]:
-        now = time.monotonic()
-        hit = self._cache.get(tenant)
-        if hit is not None and hit[0] > now:
-            return hit
+    async def _load(self, tenant: str) -> tuple[dict[str, Any] | None, TenantConfig]:
         row: dict[str, Any] | None = await self.store.get_tenant(tenant)
-        ttl = self.ttl_s if row is not None else self.negative_ttl_s
-        entry = (now + ttl, row, TenantConfig.from_json(row.get("config") if row else None))
-        self._cache[tenant] = entry
-        return entry
+        return row, TenantConfig.from_json(row.get("config") if row else None)
 
 
 def decide(
