@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -396,10 +397,13 @@ class CommandProcessor:
         results = [
             self._result(msg, *outcome, now) for msg, outcome in zip(batch, outcomes, strict=True)
         ]
+        # One counter update per outcome, not per command (a label lookup each).
+        outcomes_seen: Counter[tuple[str, str, str]] = Counter(
+            (str(r.command or "unknown"), str(r.status), str(r.code)) for r in results
+        )
+        for labels, count in outcomes_seen.items():
+            metrics.COMMANDS.labels(*labels).inc(count)
         for result in results:
-            metrics.COMMANDS.labels(
-                str(result.command or "unknown"), str(result.status), str(result.code)
-            ).inc()
             if result.status == ResultStatus.REJECTED:
                 log.info(
                     "command rejected",
