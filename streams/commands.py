@@ -530,12 +530,17 @@ class CommandProcessor:
                     ticker.withdraw(tenant, run, version)
         changes = [d.change for _, d in decisions if d.change is not None]
         if changes:
-            # The listing index first: a crash before the schedule row replays the command,
-            # which rewrites it (see the 002 migration).
+            # The listing index before the schedule row (together with the bucket rows): a
+            # crash before the schedule row replays the command, which rewrites it (see the
+            # 002 migration).
             put, drop = index_changes(changes)
-            if put or drop:
+
+            async def write_index() -> None:
                 await self.store.write_index(put, drop, now_ms=now)
-            await self.store.apply_schedule_changes(changes)
+
+            await self.store.apply_schedule_changes(
+                changes, before_commit=write_index if (put or drop) else None
+            )
         for msg, d in decisions:
             if d.change is not None and d.change.row.recurrence is not None:
                 materializer = self.materializers.get(msg.partition)

@@ -23,7 +23,7 @@ import heapq
 import re
 import ssl
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -665,9 +665,18 @@ class Store:
             ]
         )
 
-    async def apply_schedule_changes(self, changes: Sequence[ScheduleChange]) -> None:
+    async def apply_schedule_changes(
+        self,
+        changes: Sequence[ScheduleChange],
+        *,
+        before_commit: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
         """Persist creates (new_bucket), reschedules (new_bucket + old_bucket) and cancels
         (old_bucket); each ``change.row`` holds the schedule's new full state.
+
+        ``before_commit``: another write that must be durable before any schedule row is
+        (the command agent's listing index); it runs concurrently with step 1, so it costs
+        no round trip of its own.
 
         Order, chosen so any crash leaves a state that replaying the commands repairs:
           1. bucket rows: write the new ones and delete the old ones (an old key equal to
@@ -703,10 +712,14 @@ class Store:
             if index == len(waves):
                 waves.append([])
             waves[index].append(change)
-        for wave in waves:
-            await self._apply_wave(wave)
+        for i, wave in enumerate(waves):
+            await self._apply_wave(wave, before_commit if i == 0 else None)
 
-    async def _apply_wave(self, wave: Sequence[ScheduleChange]) -> None:
+    async def _apply_wave(
+        self,
+        wave: Sequence[ScheduleChange],
+        before_commit: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
         puts: list[tuple[BucketRow, int]] = []
         deletes: list[BucketKey] = []
         for change in wave:
@@ -719,7 +732,10 @@ class Store:
         # One batch per bucket partition for the whole wave. (Grouping by now_ms first, as
         # before, made it about one request per row: commands arriving one by one through
         # the API carry as many record timestamps as rows. Each row keeps its own TTL.)
-        await self._write_buckets(puts, deletes)
+        steps: list[Awaitable[Any]] = [self._write_buckets(puts, deletes)]
+        if before_commit is not None:
+            steps.append(before_commit())
+        await _gather_all(steps)
         commits = []
         for change in wave:
             row = change.row

@@ -557,3 +557,37 @@ async def test_changes_of_different_record_times_share_their_bucket_batch(
             assert ttls[f"times-{i}"] - ttls["times-0"] == i, (i, ttls)
     finally:
         await store.close()
+
+
+async def test_before_commit_is_durable_before_any_schedule_row(cql_session: Any) -> None:
+    """The command agent's listing index rides along with the bucket step: it must be done
+    before the commit point, and its failure must leave no schedule row."""
+    from streams.store import ScheduleChange
+
+    store = Store(CassandraSettings(keyspace=KEYSPACE))
+    await store.connect()
+    try:
+        def change(sid: str) -> ScheduleChange:
+            row = schedule(sid, T0 + 80 * MINUTE_MS, partition=31)
+            return ScheduleChange(row=row, new_bucket=BucketRow.for_schedule(row, shards=1),
+                                  old_bucket=None, now_ms=now_ms(), event="created")
+
+        seen_during: list[object] = []
+
+        async def slow_index() -> None:
+            await asyncio.sleep(0.5)  # however long it takes, the commit waits for it
+            seen_during.append(await store.get_schedule("acme", "before-1"))
+
+        await store.apply_schedule_changes([change("before-1")], before_commit=slow_index)
+        assert seen_during == [None]
+        assert await store.get_schedule("acme", "before-1") is not None
+
+        async def failing_index() -> None:
+            raise StoreError("index write failed", retriable=True)
+
+        with pytest.raises(StoreError):
+            await store.apply_schedule_changes([change("before-2")],
+                                               before_commit=failing_index)
+        assert await store.get_schedule("acme", "before-2") is None
+    finally:
+        await store.close()

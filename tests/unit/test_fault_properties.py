@@ -175,8 +175,9 @@ class FakeStore:
     async def write_index(self, put: Any, drop: Any, *, now_ms: int) -> None:
         return None
 
-    async def apply_schedule_changes(self, changes: Any) -> None:
-        return None
+    async def apply_schedule_changes(self, changes: Any, *, before_commit: Any = None) -> None:
+        if before_commit is not None:
+            await before_commit()
 
 
 class FakeSink:
