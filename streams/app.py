@@ -153,11 +153,12 @@ class Worker:
             partitions=self.catalog.commands.partitions,
         )
         batch_size = s.scheduler.command_batch_size
+        batch_wait_s = max(1, s.scheduler.command_batch_wait_ms) / 1000  # 0 would mean forever
 
         @app.agent(commands, name="commands")
         async def command_agent(stream: Any) -> None:
             await self._ensure_started()
-            async for events in stream.take_events(batch_size, within=0.02):
+            async for events in stream.take_events(batch_size, within=batch_wait_s):
                 batch = [
                     RawCommand(
                         partition=e.message.partition,

@@ -139,6 +139,9 @@ class SchedulerSettings:
     metrics_addr: str = "0.0.0.0"
     worker_web_port: int = 6066
     command_batch_size: int = 500
+    # How long the command agent gathers commands after finishing a batch (Faust's
+    # take_events ``within``): shorter answers sooner, longer makes bigger batches.
+    command_batch_wait_ms: int = 20
     commit_group_size: int = 16
     # Secure by default: a tenant without a signing key cannot command anything.
     require_signed_commands: bool = True
@@ -245,6 +248,7 @@ class Settings:
                 metrics_addr=_get(e, "METRICS_ADDR", "0.0.0.0"),
                 worker_web_port=_int(e, "WORKER_WEB_PORT", 6066),
                 command_batch_size=_int(e, "COMMAND_BATCH_SIZE", 500),
+                command_batch_wait_ms=_int(e, "COMMAND_BATCH_WAIT_MS", 20),
                 commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
                 require_signed_commands=_get(e, "REQUIRE_SIGNED_COMMANDS", "true").lower()
                 in ("1", "true", "yes"),
