@@ -292,10 +292,14 @@ class CommandProcessor:
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         tenant_ttl_s: float = 5.0,
         require_signed: bool = True,
+        results_sink: TriggerSink | None = None,
     ) -> None:
         self.require_signed = require_signed
         self.store = store
         self.sink = sink
+        # Where results go (default: ``sink``). The worker gives results a producer without
+        # linger: a batch is done (and the next one starts) only once they are acknowledged.
+        self.results_sink = results_sink or sink
         self.tickers = tickers
         self.results_topic = results_topic
         self.partitions = partitions
@@ -416,7 +420,7 @@ class CommandProcessor:
                     },
                 )
         acks = [
-            self.sink.send(
+            self.results_sink.send(
                 self.results_topic,
                 key=(r.schedule_id or "").encode() or None,
                 value=encode_result(r),
