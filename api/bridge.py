@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -145,12 +146,18 @@ class CommandBridge:
             result = asyncio.get_running_loop().create_future()
             self._pending[request_id] = result
         try:
+            acked = self.producer.send(
+                self.catalog.commands.name, key=key, value=value, headers=headers,
+                partition=partition_for(key, self.partitions),
+            )
             async with asyncio.timeout(timeout_s):
-                await self.producer.send(
-                    self.catalog.commands.name, key=key, value=value, headers=headers,
-                    partition=partition_for(key, self.partitions),
-                )
-                return None if result is None else await result
+                if result is None:
+                    await acked
+                    return None
+                # Wait for the result only (one wake-up of this request instead of two); a
+                # refusal by Kafka fails the result with the KafkaError.
+                acked.add_done_callback(functools.partial(_fail_unless_acked, result))
+                return await result
         except TimeoutError:
             return None
         finally:
@@ -201,6 +208,15 @@ class CommandBridge:
             if found:
                 with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
                     loop.call_soon_threadsafe(_resolve_all, found)
+
+
+def _fail_unless_acked(result: asyncio.Future[Any], acked: asyncio.Future[Any]) -> None:
+    """Kafka refused the command: its result will never come."""
+    if acked.cancelled():
+        return
+    err = acked.exception()  # also marks it retrieved
+    if err is not None and not result.done():
+        result.set_exception(err)
 
 
 def _resolve_all(found: list[tuple[asyncio.Future[dict[str, Any]], dict[str, Any]]]) -> None:

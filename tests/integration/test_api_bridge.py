@@ -173,3 +173,41 @@ async def test_service_answers_504_with_the_ids_when_no_result_comes(
         assert caught.value.extra == {"schedule_id": sid, "request_id": cmd["request_id"]}
     finally:
         await service.close()
+
+
+async def test_a_command_kafka_refuses_fails_with_kafka_error_not_a_timeout(
+    own_topics: Settings,
+) -> None:
+    from confluent_kafka.admin import (
+        AdminClient,
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+    )
+
+    from tocsin.errors import KafkaError
+
+    bridge = CommandBridge(own_topics)
+    admin = AdminClient(own_topics.kafka.librdkafka())
+    topic = bridge.catalog.commands.name
+
+    def set_max_bytes(value: str | None) -> None:
+        op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
+        resource = ConfigResource("topic", topic, incremental_configs=[
+            ConfigEntry("max.message.bytes", value, incremental_operation=op)])
+        for fut in admin.incremental_alter_configs([resource]).values():
+            fut.result(30)
+
+    set_max_bytes("2048")
+    await bridge.start()
+    try:
+        key, _, rid = _command(bridge, 0)
+        big = orjson.dumps({"type": "create", "tenant": "acme", "schedule_id": key.decode(),
+                            "request_id": rid, "payload": "x" * 10_000})
+        with pytest.raises(KafkaError):
+            await bridge.send_command(key, big, [], request_id=rid, wait_result=True,
+                                      timeout_s=60)
+        assert bridge._pending == {}
+    finally:
+        await bridge.close()
+        set_max_bytes(None)
