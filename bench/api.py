@@ -20,9 +20,10 @@ Ports: the API, the worker's web and metrics ports and the API's metrics port ar
 ports picked at start (``--api-port`` etc. fix them), so the bench never collides with
 another benchmark or test run on the machine.
 
-Each phase prints the CPU seconds per second the API, the worker and this client used, and
-the load average, since the machine is shared and absolute figures are noisy. ``--py-spy PATH``
-records a py-spy profile of the API and of the worker during the rate phase (collapsed
+Each phase prints the CPU seconds per second the API, the worker, this client and (when
+their pid files are in the state directory) Kafka and Cassandra used, and the load average,
+since the machine is shared and absolute figures are noisy. ``--py-spy PATH`` records a
+py-spy profile of the API and of the worker during the rate phase (collapsed
 stacks ``PATH-api.txt`` and ``PATH-worker.txt``, one line per stack with its sample count,
 for flamegraph.pl or speedscope; py-spy must be on PATH and allowed to attach).
 
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -367,6 +369,13 @@ def main() -> int:
                 raise SystemExit("the worker does not answer")
         assert worker.proc is not None
         pids = {"api": api.pid, "worker": worker.proc.pid, "client": os.getpid()}
+        # The local stack's servers too (shared with whatever else runs on the machine).
+        for name in ("kafka", "cassandra"):
+            pid_file = state / name / "server.pid"
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pid_file.read_text().strip())
+                cpu_s(pid)
+                pids[name] = pid
         spies = []
         if args.py_spy:
             spies = [
