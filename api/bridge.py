@@ -14,10 +14,10 @@ give each instance its own results topic (see docs/api.md).
 
 Per request the API does as little as it can, because on a small machine its CPU is what
 bounds synchronous creates: the command goes to the shared producer (``streams.emitter``,
-a few ms of linger so a busy second is a few produce requests, not one per command), one
-deadline covers both the Kafka acknowledgement and the result, and the two background
-threads hand their work to the event loop in batches (one wake-up per poll round, not one
-per record).
+a few ms of linger so a busy second is a few produce requests, not one per command), a
+synchronous request waits for its result only (one deadline; a refusal by Kafka fails it
+through the acknowledgement's callback), and the two background threads hand their work
+to the event loop in batches (one wake-up per poll round, not one per record).
 
 Threads: ``api-results`` polls the consumer (blocking for the first record, then taking
 whatever else is already fetched without waiting), the emitter's thread serves delivery
