@@ -12,14 +12,23 @@ are taken before the first request, so no answer can be missed) and ignores resu
 request id it is not waiting for. That is cheap for a handful of API instances; with many,
 give each instance its own results topic (see docs/api.md).
 
-Threads: ``api-results`` polls the consumer, ``api-producer`` serves delivery callbacks;
-both hand over to the event loop with ``call_soon_threadsafe``.
+Per request the API does as little as it can, because on a small machine its CPU is what
+bounds synchronous creates: the command goes to the shared producer (``streams.emitter``,
+a few ms of linger so a busy second is a few produce requests, not one per command), a
+synchronous request waits for its result only (one deadline; a refusal by Kafka fails it
+through the acknowledgement's callback), and the two background threads hand their work
+to the event loop in batches (one wake-up per poll round, not one per record).
+
+Threads: ``api-results`` polls the consumer (blocking for the first record, then taking
+whatever else is already fetched without waiting), the emitter's thread serves delivery
+reports; both hand over to the event loop with one ``call_soon_threadsafe`` per round.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -29,8 +38,9 @@ import uuid
 from typing import Any
 
 import orjson
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from streams.emitter import Emitter
 from streams.partitioner import partition_for
 from tocsin.errors import KafkaError
 from tocsin.settings import Settings
@@ -50,47 +60,57 @@ class CommandBridge:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self.ready = False
-        self.producer = Producer({
-            **settings.kafka.librdkafka(),
-            "client.id": f"tocsin-api-{os.getpid()}",
-            "enable.idempotence": True,
-            "acks": "all",
-            "linger.ms": 1,
-            "queue.buffering.max.messages": 500_000,
-        })
+        # The default partitioner for send_record (fires keep the worker's partitioning);
+        # commands get their murmur2 partition explicitly (streams.partitioner).
+        self.producer = Emitter(
+            settings.kafka, client_id=f"tocsin-api-{os.getpid()}",
+            linger_ms=settings.api.produce_linger_ms,
+            compression="none",  # the worker's consumer (aiokafka) has no lz4 codec
+        )
         self.consumer = Consumer({
             **settings.kafka.librdkafka(),
             "group.id": f"tocsin-api-{self.instance}",  # never commits; assign() only
             "enable.auto.commit": False,
             "auto.offset.reset": "latest",
-            "fetch.wait.max.ms": 5,
+            # The broker answers a fetch as soon as one result is there (min bytes 1); the
+            # wait only bounds empty fetches, which at 5 ms were 200 requests/s per idle API.
+            "fetch.wait.max.ms": 100,
             "fetch.min.bytes": 1,
         })
-        self._threads = [
-            threading.Thread(target=self._read_results, name="api-results", daemon=True),
-            threading.Thread(target=self._serve_producer, name="api-producer", daemon=True),
-        ]
+        self._reader = threading.Thread(target=self._read_results, name="api-results",
+                                        daemon=True)
 
     # -- lifecycle -------------------------------------------------------------------------
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._assign)
-        for t in self._threads:
-            t.start()
+        self.producer.start()
+        self._reader.start()
         self.ready = True
 
-    def _assign(self) -> None:
+    def _assign(self, retry_s: float = 30.0) -> None:
         topic = self.catalog.command_results.name
-        try:
-            meta = self.consumer.list_topics(topic, timeout=10)
-            partitions = sorted(meta.topics[topic].partitions)
-            tps = []
-            for p in partitions:
-                _, high = self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-                tps.append(TopicPartition(topic, p, max(high, 0)))
-        except (KafkaException, KeyError) as exc:
-            raise KafkaError(f"cannot read topic {topic}: {exc}", retriable=True) from exc
+        deadline = time.monotonic() + retry_s
+        while True:
+            try:
+                meta = self.consumer.list_topics(topic, timeout=10)
+                partitions = sorted(meta.topics[topic].partitions)
+                tps = []
+                for p in partitions:
+                    _, high = self.consumer.get_watermark_offsets(
+                        TopicPartition(topic, p), timeout=10)
+                    tps.append(TopicPartition(topic, p, max(high, 0)))
+                break
+            except KafkaException as exc:
+                # A just created topic answers "not leader" for a moment (not flagged as
+                # retriable by the client): try again for a while before giving up.
+                if time.monotonic() > deadline:
+                    raise KafkaError(f"cannot read topic {topic}: {exc}",
+                                     retriable=True) from exc
+                time.sleep(0.5)
+            except KeyError as exc:
+                raise KafkaError(f"cannot read topic {topic}: {exc}", retriable=True) from exc
         if not partitions:
             raise KafkaError(f"topic {topic} does not exist; run `tocsin setup`")
         self.consumer.assign(tps)
@@ -98,10 +118,9 @@ class CommandBridge:
     async def close(self) -> None:
         self.ready = False
         self._stop.set()
-        for t in self._threads:
-            if t.is_alive():
-                await asyncio.to_thread(t.join, 5)
-        await asyncio.to_thread(self.producer.flush, 10)
+        if self._reader.is_alive():
+            await asyncio.to_thread(self._reader.join, 5)
+        await self.producer.close(10)
         await asyncio.to_thread(self.consumer.close)
 
     # -- requests --------------------------------------------------------------------------
@@ -119,83 +138,61 @@ class CommandBridge:
         wait_result: bool,
         timeout_s: float,
     ) -> dict[str, Any] | None:
-        """Produce a command. With ``wait_result``, return its result (None on timeout);
-        otherwise return None once Kafka acknowledged the command."""
-        loop = asyncio.get_running_loop()
+        """Produce a command. With ``wait_result``, return its result (None when no result
+        arrived within ``timeout_s``, which bounds the whole exchange); otherwise return None
+        once Kafka acknowledged the command. Raises KafkaError when Kafka refused it."""
         result: asyncio.Future[dict[str, Any]] | None = None
         if wait_result:
-            result = loop.create_future()
+            result = asyncio.get_running_loop().create_future()
             self._pending[request_id] = result
-        acked: asyncio.Future[Any] = loop.create_future()
         try:
-            self._produce(
-                self.catalog.commands.name, key, value, headers, acked,
+            acked = self.producer.send(
+                self.catalog.commands.name, key=key, value=value, headers=headers,
                 partition=partition_for(key, self.partitions),
             )
-            err = await asyncio.wait_for(acked, timeout_s)
-            if err is not None:
-                raise KafkaError(f"command not accepted by Kafka: {err}", retriable=True)
-            if result is None:
-                return None
-            return await asyncio.wait_for(result, timeout_s)
+            async with asyncio.timeout(timeout_s):
+                if result is None:
+                    await acked
+                    return None
+                # Wait for the result only (one wake-up of this request instead of two); a
+                # refusal by Kafka fails the result with the KafkaError.
+                acked.add_done_callback(functools.partial(_fail_unless_acked, result))
+                return await result
         except TimeoutError:
             return None
         finally:
-            self._pending.pop(request_id, None)
+            if result is not None:
+                del self._pending[request_id]
 
     async def send_record(
         self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],
         *, timeout_s: float = 30.0,
     ) -> None:
         """Produce one record (any topic, default partitioner) and wait for the ack."""
-        acked: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._produce(topic, key, value, headers, acked, partition=None)
-        err = await asyncio.wait_for(acked, timeout_s)
-        if err is not None:
-            raise KafkaError(f"record not accepted by Kafka: {err}", retriable=True)
-
-    def _produce(
-        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],
-        acked: asyncio.Future[Any], *, partition: int | None,
-    ) -> None:
-        loop = asyncio.get_running_loop()
-
-        def on_delivery(err: Any, _msg: Any) -> None:
-            def settle() -> None:
-                if not acked.done():
-                    acked.set_result(err)
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(settle)
-
-        kwargs: dict[str, Any] = {"key": key, "value": value, "headers": headers,
-                                  "on_delivery": on_delivery}
-        if partition is not None:
-            kwargs["partition"] = partition
-        while True:
-            try:
-                self.producer.produce(topic, **kwargs)
-                return
-            except BufferError:
-                time.sleep(0.005)  # the local queue is full: rare, and brief
+        async with asyncio.timeout(timeout_s):
+            await self.producer.send(topic, key=key, value=value, headers=headers)
 
     # -- threads ---------------------------------------------------------------------------
-
-    def _serve_producer(self) -> None:
-        while not self._stop.is_set():
-            self.producer.poll(0.05)
 
     def _read_results(self) -> None:
         loop = self._loop
         assert loop is not None
         while not self._stop.is_set():
             try:
-                msgs = self.consumer.consume(1000, 0.1)
+                # Block for the first record only, then take what is already fetched:
+                # consume(n, t) alone would hold every answer until n arrive or t passes.
+                first = self.consumer.poll(0.1)
+                if first is None:
+                    continue
+                msgs = [first, *self.consumer.consume(1000, 0)]
             except KafkaException:
                 log.exception("reading command results failed")
                 time.sleep(0.5)
                 continue
+            pending = self._pending
+            found: list[tuple[asyncio.Future[dict[str, Any]], dict[str, Any]]] = []
             for m in msgs:
-                if m.error() is not None or not self._pending:
+                if not pending or m.error() is not None:
                     continue
                 value = m.value()
                 if not value:
@@ -205,11 +202,25 @@ class CommandBridge:
                 except orjson.JSONDecodeError:
                     continue
                 rid = doc.get("request_id") if isinstance(doc, dict) else None
-                if isinstance(rid, str) and rid in self._pending:
-                    with contextlib.suppress(RuntimeError):
-                        loop.call_soon_threadsafe(self._resolve, rid, doc)
+                fut = pending.get(rid) if isinstance(rid, str) else None
+                if fut is not None:
+                    found.append((fut, doc))
+            if found:
+                with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
+                    loop.call_soon_threadsafe(_resolve_all, found)
 
-    def _resolve(self, request_id: str, doc: dict[str, Any]) -> None:
-        fut = self._pending.get(request_id)
-        if fut is not None and not fut.done():
+
+def _fail_unless_acked(result: asyncio.Future[Any], acked: asyncio.Future[Any]) -> None:
+    """Kafka refused the command: its result will never come."""
+    if acked.cancelled():
+        return
+    err = acked.exception()  # also marks it retrieved
+    if err is not None and not result.done():
+        result.set_exception(err)
+
+
+def _resolve_all(found: list[tuple[asyncio.Future[dict[str, Any]], dict[str, Any]]]) -> None:
+    """On the event loop: complete the futures of one poll round's results."""
+    for fut, doc in found:
+        if not fut.done():
             fut.set_result(doc)

@@ -22,6 +22,7 @@ from api.views import (
     http_status,
     matches,
 )
+from streams.cache import TtlCache
 from streams.commands import TenantCache
 from streams.store import STATE_MISSED, STATE_SCHEDULED, Store
 from streams.tenant_admin import TenantExists, issue_key, register_tenant
@@ -75,8 +76,10 @@ class Service:
         self.bridge = CommandBridge(settings)
         ttl = settings.api.tenant_cache_ttl_s
         self.tenants = TenantCache(self.store, ttl_s=ttl)
-        self._keys: dict[str, tuple[float, dict[str, Any] | None]] = {}
-        self._key_ttl_s = ttl
+        # API key rows by key id (None: no such key, re-read sooner), one read in flight.
+        self._keys: TtlCache[str, dict[str, Any] | None] = TtlCache(
+            self.store.get_api_key, ttl_s=lambda row: ttl if row else 1.0
+        )
         self.timeout_s = settings.api.request_timeout_s
         self.started = False
 
@@ -126,13 +129,7 @@ class Service:
         return Principal(tenant=tenant, key_id=key_id)
 
     async def _key_row(self, key_id: str) -> dict[str, Any] | None:
-        now = time.monotonic()
-        hit = self._keys.get(key_id)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        row = await self.store.get_api_key(key_id)
-        self._keys[key_id] = (now + (self._key_ttl_s if row else 1.0), row)
-        return row
+        return await self._keys.get(key_id)
 
     # -- tenants ---------------------------------------------------------------------------
 
@@ -157,7 +154,7 @@ class Service:
         if row is None or row["tenant"] != tenant:
             raise ApiError(404, "not_found", f"no key {key_id!r} for tenant {tenant!r}")
         await self.store.revoke_api_key(key_id)
-        self._keys.pop(key_id, None)
+        self._keys.invalidate(key_id)
 
     async def get_tenant(self, name: str) -> dict[str, Any]:
         row = await self.store.get_tenant(name)

@@ -6,9 +6,26 @@ tenant is registered through the admin API; every create is signed by the API an
 for its command result (request-reply over Kafka), exactly as a client would use it.
 
 1. rate: ``--concurrency`` clients send synchronous creates back to back for ``--rate-s``
-   seconds; rate = 201 answers / elapsed seconds.
+   seconds; rate = answers 201 with result code ``ok`` / elapsed seconds.
 2. latency: an open loop of ``--latency-rate`` creates/s for ``--latency-s`` seconds (each
-   request sent at its slot whatever the previous ones do); p50/p99 of the request time.
+   request sent at its slot whatever the previous ones do); p50/p99 of the request time
+   of the creates answered 201 ``ok`` (any other answer counts as failed).
+
+The load generator is a minimal keep-alive HTTP/1.1 client (``RawClient``): real HTTP
+requests on real connections, each answered by the API only once the worker's result came
+back, but without aiohttp's client machinery, which cost about as much CPU per request as
+the API on these shared two cores. ``--client aiohttp`` uses aiohttp's client instead.
+
+Ports: the API, the worker's web and metrics ports and the API's metrics port are free
+ports picked at start (``--api-port`` etc. fix them), so the bench never collides with
+another benchmark or test run on the machine.
+
+Each phase prints the CPU seconds per second the API, the worker, this client and (when
+their pid files are in the state directory) Kafka and Cassandra used, and the load average,
+since the machine is shared and absolute figures are noisy. ``--py-spy PATH`` records a
+py-spy profile of the API and of the worker during the rate phase (collapsed
+stacks ``PATH-api.txt`` and ``PATH-worker.txt``, one line per stack with its sample count,
+for flamegraph.pl or speedscope; py-spy must be on PATH and allowed to attach).
 
 Prints ``RESULT name=value unit`` lines last.
 """
@@ -17,14 +34,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 import uuid
+from pathlib import Path
 
 import aiohttp
 import orjson
@@ -43,7 +64,168 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def create(session: aiohttp.ClientSession, base: str, n: int) -> tuple[int, float]:
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU seconds per wall second of the API, the worker and the bench's client."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        self.pids = pids
+        self.t0 = time.monotonic()
+        self.start = {name: cpu_s(pid) for name, pid in pids.items()}
+
+    def report(self) -> str:
+        wall = time.monotonic() - self.t0
+        parts = [
+            f"{name} CPU {(cpu_s(pid) - self.start[name]) / wall:.2f} s/s"
+            for name, pid in self.pids.items()
+        ]
+        load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+        return "; ".join(parts) + f"; load average {load}"
+
+
+def py_spy(pid: int, out: str, seconds: float) -> subprocess.Popen[bytes] | None:
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("[py-spy] not found on PATH; no profile recorded", flush=True)
+        return None
+    return subprocess.Popen(
+        [exe, "record", "-p", str(pid), "-o", out, "-d", str(int(seconds)), "-r", "50",
+         "-f", "raw", "--nonblocking"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+class _Connection(asyncio.Protocol):
+    """One keep-alive HTTP/1.1 connection: one request at a time, answers framed by
+    Content-Length (what aiohttp's web.Response sends)."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.waiter: asyncio.Future[tuple[int, bytes]] | None = None
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.transport = transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_exception(ConnectionError(f"connection closed: {exc}"))
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.waiter is None:
+            return
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        lines = bytes(self.buf[:end]).split(b"\r\n")
+        length = -1
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if length < 0:
+            self.waiter.set_exception(ValueError(f"no Content-Length in {lines!r}"))
+            return
+        total = end + 4 + length
+        if len(self.buf) < total:
+            return
+        status = int(lines[0].split(b" ", 2)[1])
+        body = bytes(self.buf[end + 4 : total])
+        del self.buf[:total]
+        waiter, self.waiter = self.waiter, None
+        waiter.set_result((status, body))
+
+    async def request(self, data: bytes) -> tuple[int, bytes]:
+        assert self.transport is not None and self.waiter is None
+        self.waiter = asyncio.get_running_loop().create_future()
+        self.transport.write(data)
+        return await self.waiter
+
+
+class RawClient:
+    """The load generator: a minimal keep-alive HTTP/1.1 client (at most ``limit``
+    connections). It shares the machine's two cores with the API, the worker, Kafka and
+    Cassandra, so it must cost little: aiohttp's client took about as much CPU per request
+    as the API itself (``--client aiohttp`` runs with it, to compare)."""
+
+    def __init__(self, base: str, key: str, limit: int) -> None:
+        url = urllib.parse.urlsplit(base)
+        self.host, self.port = url.hostname or "127.0.0.1", url.port or 80
+        self.head = (
+            f"Host: {url.netloc}\r\nAuthorization: Bearer {key}\r\n"
+            "Content-Type: application/json\r\n"
+        ).encode()
+        self.slots = asyncio.Semaphore(limit)
+        self.idle: list[_Connection] = []
+        self.all: list[_Connection] = []
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        async with self.slots:
+            conn = self.idle.pop() if self.idle else await self._open()
+            data = b"".join((
+                b"POST ", path.encode(), b" HTTP/1.1\r\n", self.head,
+                b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body,
+            ))
+            try:
+                answer = await conn.request(data)
+            except BaseException:
+                if conn.transport is not None:
+                    conn.transport.close()
+                raise
+            if not conn.closed:
+                self.idle.append(conn)
+            return answer
+
+    async def _open(self) -> _Connection:
+        _, conn = await asyncio.get_running_loop().create_connection(
+            _Connection, self.host, self.port
+        )
+        self.all.append(conn)
+        return conn
+
+    async def close(self) -> None:
+        for conn in self.all:
+            if conn.transport is not None:
+                conn.transport.close()
+
+
+class AiohttpClient:
+    """The same interface over aiohttp's client (the load generator until 2026-11-21)."""
+
+    def __init__(self, base: str, key: str, limit: int) -> None:
+        self.base = base
+        self.session = aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            connector=aiohttp.TCPConnector(limit=limit),
+        )
+
+    async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
+        async with self.session.post(self.base + path, data=body) as resp:
+            return resp.status, await resp.read()
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+Client = RawClient | AiohttpClient
+CLIENTS: dict[str, type[RawClient] | type[AiohttpClient]] = {
+    "raw": RawClient,
+    "aiohttp": AiohttpClient,
+}
+
+
+async def create(client: Client, n: int) -> tuple[bool, float]:
+    """One synchronous create; True when answered 201 with the worker's ``ok`` result."""
     body = {
         "schedule_id": f"b-{n}",
         "due": now_ms() + 3_600_000 + n,
@@ -51,42 +233,46 @@ async def create(session: aiohttp.ClientSession, base: str, n: int) -> tuple[int
         "callback": {"type": "http", "url": "https://receiver.example/hook"},
     }
     t0 = time.perf_counter()
-    async with session.post(f"{base}/v1/schedules", data=orjson.dumps(body)) as resp:
-        await resp.read()
-        return resp.status, (time.perf_counter() - t0) * 1000
+    status, answer = await client.post("/v1/schedules", orjson.dumps(body))
+    ms = (time.perf_counter() - t0) * 1000
+    return status == 201 and orjson.loads(answer).get("code") == "ok", ms
 
 
-async def phase_rate(base: str, key: str, seconds: float, concurrency: int) -> float:
+async def phase_rate(
+    base: str, key: str, seconds: float, concurrency: int, kind: str = "raw"
+) -> float:
     counter = iter(range(10**9))
     ok = 0
     stop = time.monotonic() + seconds
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    conn = aiohttp.TCPConnector(limit=concurrency)
-    async with aiohttp.ClientSession(headers=headers, connector=conn) as session:
+    client = CLIENTS[kind](base, key, concurrency)
+    try:
 
-        async def client() -> None:
+        async def one_client() -> None:
             nonlocal ok
             while time.monotonic() < stop:
-                status, _ = await create(session, base, next(counter))
-                ok += status == 201
+                good, _ = await create(client, next(counter))
+                ok += good
 
         t0 = time.monotonic()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        await asyncio.gather(*(one_client() for _ in range(concurrency)))
         return ok / (time.monotonic() - t0)
+    finally:
+        await client.close()
 
 
-async def phase_latency(base: str, key: str, rate: int, seconds: float) -> tuple[list[float], int]:
-    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+async def phase_latency(
+    base: str, key: str, rate: int, seconds: float, kind: str = "raw"
+) -> tuple[list[float], int]:
     latencies: list[float] = []
     failed = 0
     total = int(rate * seconds)
-    conn = aiohttp.TCPConnector(limit=2000)
-    async with aiohttp.ClientSession(headers=headers, connector=conn) as session:
+    client = CLIENTS[kind](base, key, 2000)
+    try:
 
         async def one(n: int) -> None:
             nonlocal failed
-            status, ms = await create(session, base, 10**8 + n)
-            if status == 201:
+            good, ms = await create(client, 10**8 + n)
+            if good:
                 latencies.append(ms)
             else:
                 failed += 1
@@ -99,6 +285,8 @@ async def phase_latency(base: str, key: str, rate: int, seconds: float) -> tuple
                 await asyncio.sleep(delay)
             tasks.append(asyncio.ensure_future(one(n)))
         await asyncio.gather(*tasks)
+    finally:
+        await client.close()
     return latencies, failed
 
 
@@ -108,18 +296,25 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--latency-rate", type=int, default=500)
     parser.add_argument("--latency-s", type=float, default=20)
+    parser.add_argument("--api-port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--worker-web-port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--worker-metrics-port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--api-metrics-port", type=int, default=0, help="0: a free port")
+    parser.add_argument("--py-spy", metavar="PATH", help="profile the rate phase into PATH-*")
+    parser.add_argument("--client", choices=sorted(CLIENTS), default="raw",
+                        help="the load generator's HTTP client")
     args = parser.parse_args()
 
     run = uuid.uuid4().hex[:6]
-    port = free_port()
+    port = args.api_port or free_port()
     admin = uuid.uuid4().hex
     env = dict(os.environ)
     env.update(
         {
             "TOCSIN_TOPIC_PREFIX": f"bench.{run}.",
             "TOCSIN_CASSANDRA_KEYSPACE": f"bench_{run}",
-            "TOCSIN_METRICS_PORT": "19464",
-            "TOCSIN_WORKER_WEB_PORT": "19466",
+            "TOCSIN_METRICS_PORT": str(args.worker_metrics_port or free_port()),
+            "TOCSIN_WORKER_WEB_PORT": str(args.worker_web_port or free_port()),
             "TOCSIN_LOG_LEVEL": "WARNING",
             "TOCSIN_API_PORT": str(port),
             "TOCSIN_ADMIN_KEY": admin,
@@ -139,7 +334,7 @@ def main() -> int:
     with api_log.open("ab") as out:
         api = subprocess.Popen(
             [sys.executable, "-m", "tocsin.cli", "api"],
-            env=dict(env, TOCSIN_METRICS_PORT="19467"),
+            env=dict(env, TOCSIN_METRICS_PORT=str(args.api_metrics_port or free_port())),
             cwd=REPO_ROOT,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -172,14 +367,40 @@ def main() -> int:
         while asyncio.run(phase_rate(base, key, 0.01, 1)) == 0:
             if time.monotonic() > probe_deadline:
                 raise SystemExit("the worker does not answer")
-        rate = asyncio.run(phase_rate(base, key, args.rate_s, args.concurrency))
-        print(
-            f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients", flush=True
+        assert worker.proc is not None
+        pids = {"api": api.pid, "worker": worker.proc.pid, "client": os.getpid()}
+        # The local stack's servers too (shared with whatever else runs on the machine).
+        for name in ("kafka", "cassandra"):
+            pid_file = state / name / "server.pid"
+            with contextlib.suppress(OSError, ValueError):
+                pid = int(pid_file.read_text().strip())
+                cpu_s(pid)
+                pids[name] = pid
+        spies = []
+        if args.py_spy:
+            spies = [
+                p for name, pid in pids.items() if name != "client"
+                if (p := py_spy(pid, f"{args.py_spy}-{name}.txt", args.rate_s)) is not None
+            ]
+        meter = CpuMeter(pids)
+        rate = asyncio.run(
+            phase_rate(base, key, args.rate_s, args.concurrency, args.client)
         )
-        lat, failed = asyncio.run(phase_latency(base, key, args.latency_rate, args.latency_s))
+        print(
+            f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients; "
+            + meter.report(),
+            flush=True,
+        )
+        for spy in spies:
+            spy.wait(60)
+        meter = CpuMeter(pids)
+        lat, failed = asyncio.run(
+            phase_latency(base, key, args.latency_rate, args.latency_s, args.client)
+        )
         print(
             f"[latency] {len(lat)} ok, {failed} failed at {args.latency_rate}/s: "
-            f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms",
+            f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms, "
+            f"p99 {pct([int(x) for x in lat], 0.99):.0f} ms; " + meter.report(),
             flush=True,
         )
         results += [

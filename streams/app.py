@@ -81,6 +81,12 @@ class Worker:
             commit_group_size=settings.scheduler.commit_group_size,
         )
         self.emitter = Emitter(settings.kafka, client_id=f"tocsin-worker-{os.getpid()}")
+        # Command results: no linger. The command agent waits for their acknowledgement
+        # before its next batch, and each answers a waiting client (the API); the fires
+        # keep the shared emitter's linger, which batches burst seconds.
+        self.results_emitter = Emitter(
+            settings.kafka, client_id=f"tocsin-worker-results-{os.getpid()}", linger_ms=0
+        )
         self.tickers: dict[int, PartitionTicker] = {}
         sched = settings.scheduler
         self.clock_ms = skewed_clock(sched.clock_skew_ms)
@@ -96,6 +102,7 @@ class Worker:
         self.processor = CommandProcessor(
             store=self.store,
             sink=self.emitter,
+            results_sink=self.results_emitter,
             tickers=self.tickers,
             results_topic=self.catalog.command_results.name,
             partitions=self.catalog.commands.partitions,
@@ -155,11 +162,12 @@ class Worker:
             partitions=self.catalog.commands.partitions,
         )
         batch_size = s.scheduler.command_batch_size
+        batch_wait_s = max(1, s.scheduler.command_batch_wait_ms) / 1000  # 0 would mean forever
 
         @app.agent(commands, name="commands")
         async def command_agent(stream: Any) -> None:
             await self._ensure_started()
-            async for events in stream.take_events(batch_size, within=0.02):
+            async for events in stream.take_events(batch_size, within=batch_wait_s):
                 batch = [
                     RawCommand(
                         partition=e.message.partition,
@@ -234,6 +242,7 @@ class Worker:
         async def on_shutdown(sender: Any, **kwargs: Any) -> None:
             await self._stop_tickers(set(self.tickers))
             await self.emitter.close()
+            await self.results_emitter.close()
             await self.store.close()
 
         return app
@@ -297,6 +306,7 @@ class Worker:
                 await self.store.connect()
                 await self.recurring.prepare()
                 self.emitter.start()
+                self.results_emitter.start()
                 self._started = True
 
     async def _stop_tickers(self, partitions: set[int]) -> None:

@@ -29,12 +29,14 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from streams import metrics
+from streams.cache import TtlCache
 from streams.materializer import decide_recurring, is_recurring, repeated_create
 from streams.partitioner import partition_for
 from streams.recurring import NEVER_MS, first_run
@@ -102,54 +104,37 @@ class Decision:
 class TenantCache:
     """Registered tenants, cached briefly so every command does not read Cassandra; a
     change (config, deactivation, new signing key) applies within ``ttl_s`` everywhere
-    without a restart. Shared by the command agent and the REST API."""
+    without a restart. Shared by the command agent and the REST API. One read in flight
+    per tenant (streams.cache): concurrent API requests share a refresh."""
 
     def __init__(self, store: Any, *, ttl_s: float = 5.0, negative_ttl_s: float = 1.0) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
-        self._cache: dict[str, tuple[float, dict[str, Any] | None, TenantConfig]] = {}
-        self._refreshing: dict[str, asyncio.Task[Any]] = {}
+        self._cache: TtlCache[str, tuple[dict[str, Any] | None, TenantConfig]] = TtlCache(
+            self._load, ttl_s=lambda e: self.ttl_s if e[0] is not None else self.negative_ttl_s
+        )
 
     def peek(self, tenant: str) -> TenantConfig | None:
         """The cached config without waiting (for the ticker, which decides synchronously):
         None when the tenant was never read. An expired or missing entry is refreshed in
         the background, so the answer is at most one TTL plus one read old."""
-        hit = self._cache.get(tenant)
-        if (hit is None or hit[0] <= time.monotonic()) and tenant not in self._refreshing:
-            with contextlib.suppress(RuntimeError):  # no running loop: nothing to refresh
-                task = asyncio.get_running_loop().create_task(self._refresh(tenant))
-                self._refreshing[tenant] = task
-        return hit[2] if hit is not None else None
-
-    async def _refresh(self, tenant: str) -> None:
-        try:
-            await self._entry(tenant)
-        except Exception as exc:  # (a store outage: the stale entry serves meanwhile)
-            log.debug("tenant refresh failed", extra={"tenant": tenant, "error": repr(exc)})
-        finally:
-            self._refreshing.pop(tenant, None)
+        hit = self._cache.peek(tenant)
+        return hit[1] if hit is not None else None
 
     async def get(self, tenant: str) -> dict[str, Any] | None:
-        return (await self._entry(tenant))[1]
+        return (await self._cache.get(tenant))[0]
 
     async def config(self, tenant: str) -> TenantConfig:
         """The tenant's parsed configuration (defaults for an unknown tenant)."""
-        return (await self._entry(tenant))[2]
+        return (await self._cache.get(tenant))[1]
 
     def invalidate(self, tenant: str) -> None:
-        self._cache.pop(tenant, None)
+        self._cache.invalidate(tenant)
 
-    async def _entry(self, tenant: str) -> tuple[float, dict[str, Any] | None, TenantConfig]:
-        now = time.monotonic()
-        hit = self._cache.get(tenant)
-        if hit is not None and hit[0] > now:
-            return hit
+    async def _load(self, tenant: str) -> tuple[dict[str, Any] | None, TenantConfig]:
         row: dict[str, Any] | None = await self.store.get_tenant(tenant)
-        ttl = self.ttl_s if row is not None else self.negative_ttl_s
-        entry = (now + ttl, row, TenantConfig.from_json(row.get("config") if row else None))
-        self._cache[tenant] = entry
-        return entry
+        return row, TenantConfig.from_json(row.get("config") if row else None)
 
 
 def decide(
@@ -317,10 +302,14 @@ class CommandProcessor:
         clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
         tenant_ttl_s: float = 5.0,
         require_signed: bool = True,
+        results_sink: TriggerSink | None = None,
     ) -> None:
         self.require_signed = require_signed
         self.store = store
         self.sink = sink
+        # Where results go (default: ``sink``). The worker gives results a producer without
+        # linger: a batch is done (and the next one starts) only once they are acknowledged.
+        self.results_sink = results_sink or sink
         self.tickers = tickers
         self.results_topic = results_topic
         self.partitions = partitions
@@ -423,10 +412,13 @@ class CommandProcessor:
         results = [
             self._result(msg, *outcome, now) for msg, outcome in zip(batch, outcomes, strict=True)
         ]
+        # One counter update per outcome, not per command (a label lookup each).
+        outcomes_seen: Counter[tuple[str, str, str]] = Counter(
+            (str(r.command or "unknown"), str(r.status), str(r.code)) for r in results
+        )
+        for labels, count in outcomes_seen.items():
+            metrics.COMMANDS.labels(*labels).inc(count)
         for result in results:
-            metrics.COMMANDS.labels(
-                str(result.command or "unknown"), str(result.status), str(result.code)
-            ).inc()
             if result.status == ResultStatus.REJECTED:
                 log.info(
                     "command rejected",
@@ -439,7 +431,7 @@ class CommandProcessor:
                     },
                 )
         acks = [
-            self.sink.send(
+            self.results_sink.send(
                 self.results_topic,
                 key=(r.schedule_id or "").encode() or None,
                 value=encode_result(r),
@@ -566,20 +558,29 @@ class CommandProcessor:
             if d.change is not None
         ]
         if changes:
-            # The listing index first: a crash before the schedule row replays the command,
-            # which rewrites it (see the 002 migration). Kept as long as the schedule rows,
-            # so one call per distinct tenant retention (usually one).
+            # The listing index before the schedule rows (together with the bucket rows): a
+            # crash before the schedule row replays the command, which rewrites it (see the
+            # 002 migration). Kept as long as the schedule rows, so one write per distinct
+            # tenant retention (usually one).
             by_retention: dict[int | None, list[ScheduleChange]] = {}
             for change in changes:
                 by_retention.setdefault(change.retention_s, []).append(change)
+            index_writes = []
             for retention, group in by_retention.items():
                 put, drop = index_changes(group)
                 if put or drop:
-                    await self.store.write_index(put, drop, now_ms=now, retention_s=retention)
+                    index_writes.append((put, drop, retention))
             recurring = recurring_index_changes(changes)
-            if recurring:
-                await self.store.write_recurring_index(recurring)
-            await self.store.apply_schedule_changes(changes)
+
+            async def write_index() -> None:
+                for put, drop, retention in index_writes:
+                    await self.store.write_index(put, drop, now_ms=now, retention_s=retention)
+                if recurring:
+                    await self.store.write_recurring_index(recurring)
+
+            await self.store.apply_schedule_changes(
+                changes, before_commit=write_index if (index_writes or recurring) else None
+            )
         for msg, d in decisions:
             if d.change is not None and d.change.row.recurrence is not None:
                 materializer = self.materializers.get(msg.partition)

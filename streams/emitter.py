@@ -21,7 +21,14 @@ from tocsin.settings import KafkaSettings
 
 
 class Emitter:
-    def __init__(self, kafka: KafkaSettings, *, client_id: str = "tocsin-worker") -> None:
+    def __init__(
+        self,
+        kafka: KafkaSettings,
+        *,
+        client_id: str = "tocsin-worker",
+        linger_ms: int = 5,
+        compression: str = "lz4",
+    ) -> None:
         self._producer = Producer(
             {
                 **kafka.librdkafka(),
@@ -29,9 +36,11 @@ class Emitter:
                 "enable.idempotence": True,
                 "acks": "all",
                 # A few ms of linger turns a burst second into large batches.
-                "linger.ms": 5,
+                "linger.ms": linger_ms,
                 "batch.num.messages": 10000,
-                "compression.type": "lz4",
+                # Records for the worker's own consumer (Faust/aiokafka, which has no lz4
+                # codec installed) must be produced with compression="none".
+                "compression.type": compression,
                 "queue.buffering.max.messages": 500000,
                 "queue.buffering.max.kbytes": 512 * 1024,
                 "message.timeout.ms": 120000,
@@ -71,8 +80,11 @@ class Emitter:
         key: bytes | None,
         value: bytes,
         headers: list[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
     ) -> asyncio.Future[Any]:
-        """Queue one record; the future resolves on the broker's ack or fails with KafkaError."""
+        """Queue one record; the future resolves on the broker's ack or fails with KafkaError.
+
+        ``partition``: an explicit partition; None lets the producer's partitioner choose."""
         loop = self._loop
         if loop is None:
             raise KafkaError("Emitter.start() was not called")
@@ -83,6 +95,7 @@ class Emitter:
             # Runs on whichever thread polls librdkafka; deque.append is thread-safe.
             reports.append((fut, topic, err, None if err else (msg.partition(), msg.offset())))
 
+        extra: dict[str, Any] = {} if partition is None else {"partition": partition}
         while True:
             try:
                 self._producer.produce(
@@ -91,6 +104,7 @@ class Emitter:
                     value=value,
                     headers=headers,  # type: ignore[arg-type]
                     on_delivery=on_delivery,
+                    **extra,
                 )
                 return fut
             except BufferError:

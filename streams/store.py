@@ -22,7 +22,7 @@ import contextlib
 import heapq
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -611,8 +611,15 @@ class Store:
         fall in a few minutes costs a few requests instead of one per row (measured locally:
         about 8x fewer client CPU seconds per row). The caller must not put and delete the
         same key in one call (equal timestamps: the delete would win)."""
+        await self._write_buckets([(row, now_ms) for row in put], delete)
+
+    async def _write_buckets(
+        self, put: Sequence[tuple[BucketRow, int]], delete: Sequence[BucketKey]
+    ) -> None:
+        """``write_buckets`` with each put row's own ``now_ms`` (its TTL is relative to it):
+        rows of different times still share their bucket partition's batch."""
         groups: dict[tuple[int, int, int], list[tuple[int, Stmt]]] = {}
-        for row in put:
+        for row, now_ms in put:
             groups.setdefault((row.partition, row.minute_ms, row.shard), []).append(
                 (_row_bytes(row), self._put_bucket_stmt(row, now_ms))
             )
@@ -708,9 +715,18 @@ class Store:
             ]
         )
 
-    async def apply_schedule_changes(self, changes: Sequence[ScheduleChange]) -> None:
+    async def apply_schedule_changes(
+        self,
+        changes: Sequence[ScheduleChange],
+        *,
+        before_commit: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
         """Persist creates (new_bucket), reschedules (new_bucket + old_bucket) and cancels
         (old_bucket); each ``change.row`` holds the schedule's new full state.
+
+        ``before_commit``: another write that must be durable before any schedule row is
+        (the command agent's listing index); it runs concurrently with step 1, so it costs
+        no round trip of its own.
 
         Order, chosen so any crash leaves a state that replaying the commands repairs:
           1. bucket rows: write the new ones and delete the old ones (an old key equal to
@@ -746,26 +762,30 @@ class Store:
             if index == len(waves):
                 waves.append([])
             waves[index].append(change)
-        for wave in waves:
-            await self._apply_wave(wave)
+        for i, wave in enumerate(waves):
+            await self._apply_wave(wave, before_commit if i == 0 else None)
 
-    async def _apply_wave(self, wave: Sequence[ScheduleChange]) -> None:
-        by_time: dict[int, tuple[list[BucketRow], list[BucketKey]]] = {}
+    async def _apply_wave(
+        self,
+        wave: Sequence[ScheduleChange],
+        before_commit: Callable[[], Awaitable[Any]] | None = None,
+    ) -> None:
+        puts: list[tuple[BucketRow, int]] = []
+        deletes: list[BucketKey] = []
         for change in wave:
-            puts, deletes = by_time.setdefault(change.now_ms, ([], []))
             if change.new_bucket is not None:
-                puts.append(change.new_bucket)
+                puts.append((change.new_bucket, change.now_ms))
             old = change.old_bucket
             deletes.extend(change.run_deletes)
             if old is not None and (change.new_bucket is None or change.new_bucket.key != old):
                 deletes.append(old)
-        # TTLs depend on now_ms, so group by it (one group in the usual single-time call).
-        await _gather_all(
-            [
-                self.write_buckets(put=puts, delete=deletes, now_ms=now)
-                for now, (puts, deletes) in by_time.items()
-            ]
-        )
+        # One batch per bucket partition for the whole wave. (Grouping by now_ms first, as
+        # before, made it about one request per row: commands arriving one by one through
+        # the API carry as many record timestamps as rows. Each row keeps its own TTL.)
+        steps: list[Awaitable[Any]] = [self._write_buckets(puts, deletes)]
+        if before_commit is not None:
+            steps.append(before_commit())
+        await _gather_all(steps)
         commits = []
         for change in wave:
             row = change.row

@@ -139,6 +139,9 @@ class SchedulerSettings:
     metrics_addr: str = "0.0.0.0"
     worker_web_port: int = 6066
     command_batch_size: int = 500
+    # How long the command agent gathers commands after finishing a batch (Faust's
+    # take_events ``within``): shorter answers sooner, longer makes bigger batches.
+    command_batch_wait_ms: int = 20
     commit_group_size: int = 16
     # Secure by default: a tenant without a signing key cannot command anything.
     require_signed_commands: bool = True
@@ -173,6 +176,8 @@ class ApiSettings:
     # The IANA zone in which the go-scheduler facade reads cronExpression (go-scheduler
     # uses its server's local zone; set this to what those servers ran in).
     goscheduler_cron_time_zone: str = "UTC"
+    # The API's producer linger: commands of concurrent requests share produce requests.
+    produce_linger_ms: int = 2
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -246,6 +251,7 @@ class Settings:
                 metrics_addr=_get(e, "METRICS_ADDR", "0.0.0.0"),
                 worker_web_port=_int(e, "WORKER_WEB_PORT", 6066),
                 command_batch_size=_int(e, "COMMAND_BATCH_SIZE", 500),
+                command_batch_wait_ms=_int(e, "COMMAND_BATCH_WAIT_MS", 20),
                 commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
                 require_signed_commands=_get(e, "REQUIRE_SIGNED_COMMANDS", "true").lower()
                 in ("1", "true", "yes"),
@@ -264,6 +270,7 @@ class Settings:
                 max_body_bytes=_int(e, "API_MAX_BODY_BYTES", 256 * 1024),
                 tenant_cache_ttl_s=_float(e, "TENANT_CACHE_TTL_S", 5.0),
                 goscheduler_cron_time_zone=_get(e, "GOSCHEDULER_CRON_TIME_ZONE", "UTC"),
+                produce_linger_ms=_int(e, "API_PRODUCE_LINGER_MS", 2),
             ),
             log_level=_get(e, "LOG_LEVEL", "INFO"),
             log_format=_get(e, "LOG_FORMAT", "json"),

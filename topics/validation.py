@@ -21,6 +21,7 @@ import ipaddress
 import math
 import re
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
@@ -115,15 +116,17 @@ class Limits:
 DEFAULT_LIMITS = Limits()
 
 
-class Fields(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class Fields:
     """The top-level keys a JSON object may carry; anything else is rejected."""
 
     required: tuple[str, ...]
     optional: tuple[str, ...]
+    # Computed once: every command and callback is checked against it.
+    allowed: frozenset[str] = dataclass_field(init=False, repr=False, compare=False)
 
-    @property
-    def allowed(self) -> frozenset[str]:
-        return frozenset(self.required + self.optional)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allowed", frozenset(self.required + self.optional))
 
 
 # The single source of the command and callback shapes: the decoder enforces these and the
@@ -257,7 +260,7 @@ def check_fields(
 ) -> None:
     """Reject keys outside ``fields`` (typos would otherwise be silently ignored) and absent
     required keys (``missing_field`` at top level, ``code`` inside a nested object)."""
-    unknown = sorted(set(obj) - fields.allowed)
+    unknown = [] if fields.allowed.issuperset(obj) else sorted(set(obj) - fields.allowed)
     if unknown:
         allowed = ", ".join(sorted(fields.allowed))
         raise CommandRejected(

@@ -553,3 +553,86 @@ async def test_apply_schedule_changes_in_bulk_keeps_per_schedule_order(bulk_stor
     assert [e["event"] for e in await store.list_events("acme", f"bulk{partition}-7")] == [
         "created"
     ]
+
+
+async def test_changes_of_different_record_times_share_their_bucket_batch(
+    cql_session: Any,
+) -> None:
+    """Commands arriving one by one (through the API) carry as many record timestamps as
+    commands; their bucket rows still go one batch per bucket partition, each row with the
+    TTL of its own time."""
+    from streams.store import ScheduleChange
+
+    store = Store(CassandraSettings(keyspace=KEYSPACE))
+    await store.connect()
+    requests: list[str] = []
+    execute = store._execute
+
+    async def counting(statement: Any, name: str) -> list[dict[str, Any]]:
+        requests.append(name)
+        return await execute(statement, name)
+
+    store._execute = counting  # type: ignore[method-assign]
+    try:
+        now = now_ms()
+        partition, due = 30, T0 + 70 * MINUTE_MS
+        changes = []
+        for i in range(40):
+            row = schedule(f"times-{i}", due, partition=partition)
+            changes.append(ScheduleChange(
+                row=row, new_bucket=BucketRow.for_schedule(row, shards=1), old_bucket=None,
+                now_ms=now - 1000 * i, event="created",  # 40 different record times
+            ))
+        await store.apply_schedule_changes(changes)
+        # One bucket partition: one bucket request (the rest are schedule-row commits).
+        assert requests.count("write_buckets") + requests.count("put_bucket") == 1, requests
+        got = await store.read_bucket(partition, minute_ms(due), 1)
+        assert {r.schedule_id for r in got} == {f"times-{i}" for i in range(40)}
+        ttls = {
+            r.schedule_id: r.ttl
+            for r in cql_session.execute(
+                f"SELECT schedule_id, TTL(version) AS ttl FROM {KEYSPACE}.buckets "
+                "WHERE partition = %s AND minute_ms = %s AND shard = 0",
+                (partition, minute_ms(due)),
+            )
+        }
+        # Row i was "written 1000*i ms earlier" for the same due time, so it must live i
+        # seconds longer than row 0: each row's TTL counts from its own record time.
+        for i in range(1, 40):
+            assert ttls[f"times-{i}"] - ttls["times-0"] == i, (i, ttls)
+    finally:
+        await store.close()
+
+
+async def test_before_commit_is_durable_before_any_schedule_row(cql_session: Any) -> None:
+    """The command agent's listing index rides along with the bucket step: it must be done
+    before the commit point, and its failure must leave no schedule row."""
+    from streams.store import ScheduleChange
+
+    store = Store(CassandraSettings(keyspace=KEYSPACE))
+    await store.connect()
+    try:
+        def change(sid: str) -> ScheduleChange:
+            row = schedule(sid, T0 + 80 * MINUTE_MS, partition=31)
+            return ScheduleChange(row=row, new_bucket=BucketRow.for_schedule(row, shards=1),
+                                  old_bucket=None, now_ms=now_ms(), event="created")
+
+        seen_during: list[object] = []
+
+        async def slow_index() -> None:
+            await asyncio.sleep(0.5)  # however long it takes, the commit waits for it
+            seen_during.append(await store.get_schedule("acme", "before-1"))
+
+        await store.apply_schedule_changes([change("before-1")], before_commit=slow_index)
+        assert seen_during == [None]
+        assert await store.get_schedule("acme", "before-1") is not None
+
+        async def failing_index() -> None:
+            raise StoreError("index write failed", retriable=True)
+
+        with pytest.raises(StoreError):
+            await store.apply_schedule_changes([change("before-2")],
+                                               before_commit=failing_index)
+        assert await store.get_schedule("acme", "before-2") is None
+    finally:
+        await store.close()

@@ -179,8 +179,9 @@ class FakeStore:
     async def write_recurring_index(self, entries: Any) -> None:
         return None
 
-    async def apply_schedule_changes(self, changes: Any) -> None:
-        return None
+    async def apply_schedule_changes(self, changes: Any, *, before_commit: Any = None) -> None:
+        if before_commit is not None:
+            await before_commit()
 
 
 class FakeSink:

@@ -41,3 +41,13 @@ def test_bad_replication_is_a_config_error(replication: str) -> None:
 def test_non_integer_setting_names_the_variable() -> None:
     with pytest.raises(ConfigError, match="TOCSIN_COMMAND_PARTITIONS"):
         Settings.from_env({"TOCSIN_COMMAND_PARTITIONS": "eight"})
+
+
+def test_command_batch_wait_and_api_linger_are_read_from_the_environment() -> None:
+    default = Settings.from_env({})
+    assert default.scheduler.command_batch_wait_ms == 20
+    assert default.api.produce_linger_ms == 2
+    s = Settings.from_env({"TOCSIN_COMMAND_BATCH_WAIT_MS": "5",
+                           "TOCSIN_API_PRODUCE_LINGER_MS": "0"})
+    assert s.scheduler.command_batch_wait_ms == 5
+    assert s.api.produce_linger_ms == 0
