@@ -65,7 +65,7 @@ class CommandBridge:
         self.producer = Emitter(
             settings.kafka, client_id=f"tocsin-api-{os.getpid()}",
             linger_ms=settings.api.produce_linger_ms,
-            compression="none",  # the worker's consumer (aiokafka) has no lz4 codec
+            compression="none",  # one small command per request: compressing costs CPU only
         )
         self.consumer = Consumer({
             **settings.kafka.librdkafka(),

@@ -156,6 +156,28 @@ def test_bad_commands_get_their_own_codes_and_never_block(worker: Any, real_stac
     assert all(r.message for r in got)
 
 
+def test_compressed_commands_are_read_whatever_the_producer_codec(
+    worker: Any, real_stack: Settings, tenant: str
+) -> None:
+    # Producers choose their compression; Faust's consumer needs cramjam for lz4, zstd and
+    # snappy (without it an lz4 command crashed the worker and blocked its partition).
+    from confluent_kafka import Producer
+
+    results = ResultWatcher(real_stack)
+    sids = {}
+    for codec in ("gzip", "snappy", "lz4", "zstd"):
+        client = CommandClient(real_stack)
+        client.producer = Producer({**real_stack.kafka.librdkafka(),
+                                    "partitioner": "murmur2_random",
+                                    "compression.type": codec})
+        sid = f"{codec}-{uuid.uuid4().hex[:8]}"
+        sids[sid] = codec
+        client.send(create(tenant, sid, now_ms() + 600_000))
+        client.flush()
+    got = results.wait_for(list(sids), 60)
+    assert {sids[s]: r.code for s, r in got.items()} == {c: "ok" for c in sids.values()}
+
+
 def test_duplicate_create_is_idempotent_and_conflict_is_rejected(
     worker: Any, real_stack: Settings, tenant: str
 ) -> None:
