@@ -13,7 +13,6 @@ docs/api.md ("Listing").
 
 from __future__ import annotations
 
-import base64
 import functools
 import itertools
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,7 @@ from typing import Any
 
 import orjson
 
+from api.views import event_view, payload_view
 from streams.recurring import NEVER_MS, jitter_ms, next_runs, occurrences, run_id, series_start
 from topics.codec import recurrence_from_json
 from topics.ids import format_iso_ms, trigger_id
@@ -284,28 +284,13 @@ def parent_view(
         "runs_written": row.get("run_count"),
         "callback": orjson.loads(row["callback"]) if row.get("callback") else None,
     }
-    payload = row.get("payload") or b""
-    if row.get("payload_type") == "json" and payload:
-        view["payload"] = orjson.Fragment(payload)
-    else:
-        view["payload_b64"] = base64.b64encode(payload).decode("ascii")
+    view.update(payload_view(row))
     view["runs"] = {
         "past": [run_view(r) for r in (runs or {}).get("past", [])],
         "next": [run_view(r) for r in (runs or {}).get("next", [])],
     }
-    view["history"] = [_event(e) for e in events]
+    view["history"] = [event_view(e) for e in events]
     return view
-
-
-def _event(e: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "at": _iso(int(e["at_ms"])),
-        "at_ms": e["at_ms"],
-        "event": e["event"],
-        "due_ms": e.get("due_ms"),
-        "trigger_id": e.get("trigger_id"),
-        "detail": e.get("detail"),
-    }
 
 
 def run_row_view(
@@ -335,7 +320,7 @@ def run_row_view(
             "attempts": row.get("delivery_attempts"),
             "at_ms": row.get("delivery_ms"),
         }
-    view["history"] = [_event(e) for e in events]
+    view["history"] = [event_view(e) for e in events]
     return view
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -237,23 +238,29 @@ def schedule_view(
         "trigger_id": row.get("trigger_id"),
         "callback": orjson.loads(row["callback"]) if row.get("callback") else None,
     })
+    view.update(payload_view(row))
+    view["history"] = [event_view(e) for e in (events or [])]
+    return view
+
+
+def payload_view(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A stored payload as the API answers it: JSON as is, anything else base64."""
     payload = row.get("payload") or b""
     if row.get("payload_type") == "json" and payload:
-        view["payload"] = orjson.Fragment(payload)
-    else:
-        view["payload_b64"] = base64.b64encode(payload).decode("ascii")
-    view["history"] = [
-        {
-            "at": format_iso_ms(int(e["at_ms"])),
-            "at_ms": e["at_ms"],
-            "event": e["event"],
-            "due_ms": e.get("due_ms"),
-            "trigger_id": e.get("trigger_id"),
-            "detail": e.get("detail"),
-        }
-        for e in (events or [])
-    ]
-    return view
+        return {"payload": orjson.Fragment(payload)}
+    return {"payload_b64": base64.b64encode(payload).decode("ascii")}
+
+
+def event_view(e: Mapping[str, Any]) -> dict[str, Any]:
+    """One history event of a schedule (``schedule_events``) with a readable time."""
+    return {
+        "at": format_iso_ms(int(e["at_ms"])),
+        "at_ms": e["at_ms"],
+        "event": e["event"],
+        "due_ms": e.get("due_ms"),
+        "trigger_id": e.get("trigger_id"),
+        "detail": e.get("detail"),
+    }
 
 
 def tenant_view(
