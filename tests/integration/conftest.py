@@ -68,6 +68,28 @@ class WorkerProcess:
         return "\n".join(text.splitlines()[-lines:])
 
 
+def wait_worker_ready(
+    settings: Settings, tenant: str, *, worker: WorkerProcess | None = None,
+    timeout_s: float = 90.0,
+) -> None:
+    """A probe create answered means a worker has joined and owns the partitions (the
+    failure shows ``worker``'s log tail when given)."""
+    from streams.client import CommandClient, ResultWatcher
+    from topics.models import CreateCommand, HttpCallback
+
+    client, results = CommandClient(settings), ResultWatcher(settings)
+    sid = f"probe-{os.urandom(4).hex()}"
+    client.send(CreateCommand(tenant=tenant, schedule_id=sid,
+                              due_ms=time.time_ns() // 10**6 + 3_600_000,
+                              callback=HttpCallback(url="https://probe.example/x"),
+                              misfire_tolerance_s=60))
+    client.flush()
+    got = results.wait_for([sid], timeout_s=timeout_s)
+    results.close()
+    tail = f":\n{worker.log_tail()}" if worker is not None else " a probe command"
+    assert sid in got, "worker did not answer" + tail
+
+
 def _env_for(settings: Settings, metrics_port: int, web_port: int) -> dict[str, str]:
     env = dict(os.environ)
     env.update({
@@ -266,20 +288,7 @@ def api_server(api_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPa
             if api.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError("api did not start:\n" + api_log.read_text()[-3000:])
             time.sleep(0.2)
-        # The worker answers a probe command once it owns the partitions.
-        from streams.client import CommandClient, ResultWatcher
-        from topics.models import CreateCommand, HttpCallback
-
-        client, results = CommandClient(api_stack), ResultWatcher(api_stack)
-        sid = f"api-probe-{os.urandom(4).hex()}"
-        client.send(CreateCommand(tenant=tenant, schedule_id=sid,
-                                  due_ms=time.time_ns() // 10**6 + 3_600_000,
-                                  callback=HttpCallback(url="https://probe.example/x"),
-                                  misfire_tolerance_s=60))
-        client.flush()
-        got = results.wait_for([sid], timeout_s=90)
-        results.close()
-        assert sid in got, "worker did not answer:\n" + worker.log_tail()
+        wait_worker_ready(api_stack, tenant, worker=worker)
         yield ApiServer(api_stack, base, admin)
     finally:
         if api.poll() is None:

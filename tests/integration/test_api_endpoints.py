@@ -324,7 +324,8 @@ def test_malformed_and_oversize_requests(api_server: Any, acct: dict[str, Any]) 
     assert st in (400, 431)
 
 
-def test_cli_tenant_and_schedule_commands(api_server: Any) -> None:
+def cli_runner(api_server: Any) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs ``tocsin ARGS...`` as a subprocess on the API server's deployment."""
     import os
 
     env = dict(os.environ,
@@ -338,6 +339,11 @@ def test_cli_tenant_and_schedule_commands(api_server: Any) -> None:
         return subprocess.run([sys.executable, "-m", "tocsin.cli", *args], env=env,
                               cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
 
+    return tocsin
+
+
+def test_cli_tenant_and_schedule_commands(api_server: Any) -> None:
+    tocsin = cli_runner(api_server)
     name = uid("cli")
     out = tocsin("tenant", "register", name, "--json", "--create-quota", "100")
     assert out.returncode == 0, out.stderr

@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 import time
 import uuid
 from datetime import UTC, datetime
@@ -18,8 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_api_endpoints import now_ms, uid, until
-from tocsin.settings import REPO_ROOT
+from tests.integration.test_api_endpoints import cli_runner, now_ms, uid, until
 
 pytestmark = pytest.mark.integration
 
@@ -260,17 +256,7 @@ def test_goscheduler_cron_round_trip(api_server: Any) -> None:
 
 
 def test_cli_recurring_flags(api_server: Any) -> None:
-    env = dict(os.environ,
-               TOCSIN_TOPIC_PREFIX=api_server.settings.topics.prefix,
-               TOCSIN_CASSANDRA_KEYSPACE=api_server.settings.cassandra.keyspace,
-               TOCSIN_COMMAND_PARTITIONS=str(api_server.settings.topics.command_partitions),
-               TOCSIN_FIRE_PARTITIONS=str(api_server.settings.topics.fire_partitions),
-               TOCSIN_LOG_LEVEL="WARNING")
-
-    def tocsin(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "tocsin.cli", *args], env=env,
-                              cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
-
+    tocsin = cli_runner(api_server)
     name = uid("clirec")
     assert tocsin("tenant", "register", name).returncode == 0
     out = tocsin("schedule", "create", name, "c1", "--cron", "*/5 * * * * *",

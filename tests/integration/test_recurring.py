@@ -18,7 +18,7 @@ import orjson
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.materializer import schedule_runs
 from streams.recurring import parse_run_id
-from tests.integration.test_scheduler import wait_worker_ready
+from tests.integration.conftest import wait_worker_ready
 from tocsin.settings import Settings
 from topics.ids import trigger_id
 from topics.models import (

@@ -14,6 +14,7 @@ import pytest
 from streams.binding import check_keyspace
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.store import Store
+from tests.integration.conftest import wait_worker_ready
 from tocsin.settings import Settings
 from topics.ids import trigger_id
 from topics.models import (
@@ -46,17 +47,6 @@ def collect_fires(watcher: FireWatcher, want: set[str], timeout_s: float) -> dic
         for trig, got_ms in watcher.poll(0.5):
             seen.setdefault(trig.trigger_id, []).append((trig, got_ms))
     return seen
-
-
-def wait_worker_ready(settings: Settings, tenant: str, timeout_s: float = 90.0) -> None:
-    """A probe create answered means the worker has joined and owns partitions."""
-    client, results = CommandClient(settings), ResultWatcher(settings)
-    sid = f"probe-{uuid.uuid4().hex[:8]}"
-    client.send(create(tenant, sid, now_ms() + 3_600_000))
-    client.flush()
-    got = results.wait_for([sid], timeout_s=timeout_s)
-    results.close()
-    assert sid in got, "worker did not answer a probe command"
 
 
 @pytest.fixture

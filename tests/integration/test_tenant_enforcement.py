@@ -29,7 +29,13 @@ from proxy.app import ProxyApp
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.partitioner import partition_for
 from streams.store import Store
-from tests.integration.conftest import WorkerProcess, _env_for, _ports, isolated_stack
+from tests.integration.conftest import (
+    WorkerProcess,
+    _env_for,
+    _ports,
+    isolated_stack,
+    wait_worker_ready,
+)
 from tests.integration.test_proxy_delivery import (
     Hit,
     Receiver,
@@ -119,16 +125,7 @@ def _te_stack(own: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     try:
         probe_tenant = uid("probe")
         stack.add_tenant(probe_tenant)
-        client, results = CommandClient(settings), ResultWatcher(settings)
-        sid = uid("probe-")
-        client.send(CreateCommand(tenant=probe_tenant, schedule_id=sid,
-                                  due_ms=now_ms() + 3_600_000,
-                                  callback=HttpCallback(url="https://probe.example/x"),
-                                  misfire_tolerance_s=60))
-        client.flush()
-        got = results.wait_for([sid], timeout_s=90)
-        results.close()
-        assert sid in got, "worker did not answer:\n" + worker.log_tail()
+        wait_worker_ready(settings, probe_tenant, worker=worker)
         yield stack
     finally:
         worker.stop()

@@ -9,6 +9,7 @@ from typing import Any
 
 from streams.store import BucketRow, FiredMark
 from streams.ticker import PartitionTicker, TickerConfig
+from tests.unit.test_streams_ticker import mark_each
 from tocsin.errors import StoreError
 
 NOW = 1_800_000_030_000  # 30 s into a minute
@@ -57,16 +58,7 @@ class FlakyStore:
         return True
 
     async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
-        out: list[BaseException | None] = []
-        for m in marks:
-            try:
-                await self.mark_fired(m.tenant, m.schedule_id, m.trigger_id,
-                                      fired_ms=m.fired_ms, due_ms=m.due_ms,
-                                      retention_s=m.retention_s)
-                out.append(None)
-            except Exception as exc:  # the fake's outage: per-mark outcome like the store
-                out.append(exc)
-        return out
+        return await mark_each(self.mark_fired, marks)
 
     async def mark_missed(self, *args: Any, **kwargs: Any) -> bool:
         self._check()

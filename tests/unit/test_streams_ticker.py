@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
@@ -11,6 +11,22 @@ import pytest
 from streams.store import BucketRow, FiredMark
 from streams.ticker import PartitionTicker, TickerConfig
 from streams.timeline import Entry
+
+
+async def mark_each(
+    mark_fired: Callable[..., Awaitable[bool]], marks: Sequence[FiredMark]
+) -> list[BaseException | None]:
+    """A fake store's ``mark_fired_many``: its ``mark_fired`` per mark, each outcome kept
+    (an error, e.g. the fake's outage, fails its own mark and no other)."""
+    out: list[BaseException | None] = []
+    for m in marks:
+        try:
+            await mark_fired(m.tenant, m.schedule_id, m.trigger_id, fired_ms=m.fired_ms,
+                             due_ms=m.due_ms, retention_s=m.retention_s)
+            out.append(None)
+        except Exception as exc:
+            out.append(exc)
+    return out
 
 
 class FakeStore:
@@ -40,16 +56,7 @@ class FakeStore:
 
     async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
         self.mark_requests.append(len(marks))
-        out: list[BaseException | None] = []
-        for m in marks:
-            try:
-                await self.mark_fired(m.tenant, m.schedule_id, m.trigger_id,
-                                      fired_ms=m.fired_ms, due_ms=m.due_ms,
-                                      retention_s=m.retention_s)
-                out.append(None)
-            except Exception as exc:  # the fake's outage: per-mark outcome like the store
-                out.append(exc)
-        return out
+        return await mark_each(self.mark_fired, marks)
 
     async def mark_missed(self, tenant: str, schedule_id: str, trigger_id: str, *,
                           missed_ms: int, due_ms: int, detail: str | None = None,
