@@ -729,19 +729,18 @@ async def schedule_runs(
     if parent.state == STATE_SCHEDULED and upcoming > 0:
         anchor = parent.anchor_ms or parent.created_ms
         until = parent.materialized_until_ms or 0
-        counted = parent.run_count or 0
+        counted: int | None = parent.run_count or 0
         if until >= NEVER_MS:
-            # Every run was written (max_runs reached): the expression may go on forever,
-            # so count the runs before now from the start instead (at most run_count).
-            counted = len(
-                _occurrences_between(
-                    rec, series_start(rec, anchor), now_ms, anchor, limit=max(0, counted)
-                )
-            )
+            # Every run was written (max_runs or end reached): the expression may go on
+            # forever, so let next_runs count the runs before now from the series start
+            # (bounded by max_runs) instead of walking forward to ``until``.
+            counted = None
         elif until > now_ms:
             # Runs materialised after now were counted but have not happened yet.
-            counted -= len(_occurrences_between(rec, now_ms, until, anchor, limit=max(0, counted)))
-        for nominal in next_runs(rec, now_ms, upcoming, anchor_ms=anchor, counted=max(0, counted)):
+            counted = max(
+                0, (counted or 0) - len(_occurrences_between(rec, now_ms, until, anchor))
+            )
+        for nominal in next_runs(rec, now_ms, upcoming, anchor_ms=anchor, counted=counted):
             rid = run_id(schedule_id, nominal)
             due = nominal + jitter_ms(tenant, rid, rec.jitter_s)
             next_list.append(
@@ -765,12 +764,10 @@ async def schedule_runs(
     }
 
 
-def _occurrences_between(
-    rec: Recurrence, lo: int, hi: int, anchor: int, *, limit: int
-) -> list[int]:
+def _occurrences_between(rec: Recurrence, lo: int, hi: int, anchor: int) -> list[int]:
     out: list[int] = []
     for at in occurrences(rec, lo, anchor_ms=anchor):
-        if at >= hi or len(out) >= limit:
+        if at >= hi:
             break
         out.append(at)
     return out

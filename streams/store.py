@@ -900,15 +900,11 @@ class Store:
         for start in range(0, len(marks), size):
             stmts: list[Stmt] = []
             for m in marks[start : start + size]:
-                ttl = self.keep_s(m.retention_s)
-                params = [ttl, STATE_FIRED, m.fired_ms, m.trigger_id, m.fired_ms]
-                stmts.append(("mark_done", [*params, m.tenant, m.schedule_id]))
-                stmts.append(
-                    self._event_stmt(
-                        m.tenant, m.schedule_id, STATE_FIRED, m.fired_ms, None, m.trigger_id,
-                        m.due_ms, m.retention_s,
-                    )
+                params, event = self._mark_stmts(
+                    STATE_FIRED, m.tenant, m.schedule_id, m.trigger_id, m.fired_ms, m.due_ms,
+                    None, m.retention_s,
                 )
+                stmts += [("mark_done", params), event]
             sends.append(self._run_together("mark_fired", stmts))
         results = await asyncio.gather(*sends, return_exceptions=True)
         out: list[BaseException | None] = []
@@ -938,6 +934,28 @@ class Store:
             retention_s=retention_s,
         )
 
+    def _mark_stmts(
+        self,
+        state: str,
+        tenant: str,
+        schedule_id: str,
+        trigger_id: str,
+        at_ms: int,
+        due_ms: int,
+        detail: str | None,
+        retention_s: int | None,
+    ) -> tuple[list[Any], Stmt]:
+        """The parameters of ``mark_done`` (or, plus a version, ``mark_done_if``) and the
+        event statement that record a fired or missed trigger."""
+        fired_ms = at_ms if state == STATE_FIRED else UNSET_VALUE
+        params: list[Any] = [
+            self.keep_s(retention_s), state, fired_ms, trigger_id, at_ms, tenant, schedule_id
+        ]
+        event = self._event_stmt(
+            tenant, schedule_id, state, at_ms, detail, trigger_id, due_ms, retention_s
+        )
+        return params, event
+
     async def _mark(
         self,
         state: str,
@@ -951,11 +969,8 @@ class Store:
         *,
         retention_s: int | None = None,
     ) -> bool:
-        ttl = self.keep_s(retention_s)
-        fired_ms = at_ms if state == STATE_FIRED else UNSET_VALUE
-        params: list[Any] = [ttl, state, fired_ms, trigger_id, at_ms, tenant, schedule_id]
-        event = self._event_stmt(
-            tenant, schedule_id, state, at_ms, detail, trigger_id, due_ms, retention_s
+        params, event = self._mark_stmts(
+            state, tenant, schedule_id, trigger_id, at_ms, due_ms, detail, retention_s
         )
         if if_version is None:
             # Same partition key in both tables: one request, one mutation.

@@ -64,18 +64,6 @@ class TickerStore(Protocol):
 
     async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]: ...
 
-    async def mark_fired(
-        self,
-        tenant: str,
-        schedule_id: str,
-        trigger_id: str,
-        *,
-        fired_ms: int,
-        due_ms: int,
-        if_version: int | None = None,
-        retention_s: int | None = None,
-    ) -> bool: ...
-
     async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]: ...
 
     async def mark_missed(
