@@ -37,7 +37,13 @@ from urllib.parse import urlsplit
 
 from streams import metrics
 from streams.cache import TtlCache
-from streams.materializer import decide_recurring, is_recurring, repeated_create
+from streams.materializer import (
+    RecurringStore,
+    decide_recurring,
+    due_entries,
+    is_recurring,
+    repeated_create,
+)
 from streams.partitioner import partition_for
 from streams.recurring import NEVER_MS, first_run
 from streams.store import (
@@ -320,6 +326,7 @@ class CommandProcessor:
         # Recurring schedules (streams.materializer), set by the worker: the materialisers
         # of owned partitions (their lock is held for a batch) and their horizon.
         self.materializers: Mapping[int, Any] = {}
+        self._recurring: RecurringStore | None = None
         self.recurring_horizon_ms = 600_000
         self.quotas = QuotaBook(partitions)
         # Tocsin's own topics: a Kafka callback may never produce into them.
@@ -571,21 +578,29 @@ class CommandProcessor:
                 if put or drop:
                     index_writes.append((put, drop, retention))
             recurring = recurring_index_changes(changes)
+            # Parents with a new key get their due-queue entry before their row, too.
+            due = due_entries([c.row for c in changes], self.materializers, now)
 
             async def write_index() -> None:
                 for put, drop, retention in index_writes:
                     await self.store.write_index(put, drop, now_ms=now, retention_s=retention)
                 if recurring:
                     await self.store.write_recurring_index(recurring)
+                if due:
+                    if self._recurring is None:
+                        self._recurring = RecurringStore(self.store)
+                    await self._recurring.put_due(due)
 
             await self.store.apply_schedule_changes(
-                changes, before_commit=write_index if (index_writes or recurring) else None
+                changes,
+                before_commit=write_index if (index_writes or recurring or due) else None,
             )
         for msg, d in decisions:
             if d.change is not None and d.change.row.recurrence is not None:
                 materializer = self.materializers.get(msg.partition)
                 if materializer is not None:
-                    materializer.kick()  # write the new runs now
+                    # Write the new runs now rather than when the reader gets to the entry.
+                    materializer.notify(d.change.row.tenant, d.change.row.schedule_id)
         late = []
         for _, d in decisions:
             if d.hand_over is not None:
@@ -666,6 +681,8 @@ def check_recurring_horizon(rec: Recurrence, horizon_s: int, now_ms: int) -> Non
             f"the first run ({format_iso_ms(first)}) is more than max_horizon_s={horizon_s} "
             "ahead of now; a recurring schedule must first run within the tenant's horizon",
         )
+
+
 def with_default_retry(
     command: Command, config: TenantConfig, existing: ScheduleRow | None
 ) -> Command:

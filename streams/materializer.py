@@ -11,8 +11,11 @@ The parent row is the state of materialisation (migration 003):
 * ``materialized_until_ms``: nominal time of the first occurrence not handled yet - every
   earlier one has its bucket row written, or was dropped by the misfire policy;
 * ``run_count``: occurrences before it (for ``max_runs``);
-* ``materialize_key``: ``partition * 10^13 + when to extend next`` (storage-attached
-  index), so the owner of a partition finds its parents due for extension with one query.
+* ``materialize_key``: ``partition * 10^13 + when to extend next``. Every write of a key
+  also writes an entry of the partition's due queue (``recurring_due``, migration 007: a
+  partitioned queue by minute, ordered by due time), which the owner reads forward like
+  a bucket; an entry is only a hint, the parent's key decides (entries left behind by a
+  later extension are dropped as read).
 
 ``PartitionMaterializer`` runs next to each partition's ticker, in the worker that owns
 the commands partition. One step, for each parent due: plan the runs (pure,
@@ -36,6 +39,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -97,6 +101,54 @@ KEY_SPAN = 10**13
 # Every active parent row is rewritten at least this often, which keeps its TTL (due_ms +
 # retention) from lapsing however sparse its expression is.
 REFRESH_MS = 30 * 24 * 3_600_000
+# The due queue's partitions: one per (command partition, minute), like the fire buckets.
+SLOT_MS = 60_000
+# A minute partition of the due queue is deleted this long after its end, not at once: a
+# command applied by another process in a rebalance may still be writing into it.
+SLOT_GRACE_MS = 10_000
+
+
+def key_time(key: int, partition: int) -> int:
+    """The epoch ms of a ``materialize_key`` (when its parent is due for extension)."""
+    return key - partition * KEY_SPAN
+
+
+def slot_of(at_ms: int) -> int:
+    return at_ms - at_ms % SLOT_MS
+
+
+@dataclass(frozen=True, slots=True)
+class DueEntry:
+    """One row of the due queue: parent (tenant, schedule_id) of ``partition`` is due for
+    extension at ``due_ms`` (its key time, or later if that was already read past)."""
+
+    partition: int
+    due_ms: int
+    tenant: str
+    schedule_id: str
+
+    @property
+    def slot_ms(self) -> int:
+        return slot_of(self.due_ms)
+
+
+def due_entries(rows: Sequence[ScheduleRow], materializers: Any, now_ms: int) -> list[DueEntry]:
+    """The due-queue entries for parent rows about to be written with a new key (none for
+    a key of NEVER). ``materializers``: partition -> its ``PartitionMaterializer`` in this
+    process, if any; its ``position`` keeps each entry ahead of what it has read (callers
+    hold its lock)."""
+    out = []
+    for row in rows:
+        key = row.materialize_key
+        if row.recurrence is None or key is None:
+            continue
+        at = key_time(key, row.partition)
+        if at >= KEY_SPAN - 1 or at < 0:  # never (materialize_key clamps NEVER_MS to this)
+            continue
+        owner = materializers.get(row.partition) if materializers is not None else None
+        due = owner.position(at) if owner is not None else at
+        out.append(DueEntry(row.partition, due, row.tenant, row.schedule_id))
+    return out
 
 
 def materialize_key(partition: int, at_ms: int) -> int:
@@ -372,8 +424,20 @@ def _create(
 
 _RUN_COLUMNS = ("tenant", "schedule_id", "nominal_ms", "run_id", "due_ms", "trigger_id", "version")
 STATEMENTS = {
-    "rec_due": f"SELECT {', '.join(_SCHEDULE_COLUMNS)} FROM {{keyspace}}.schedules "
-    "WHERE materialize_key >= ? AND materialize_key <= ? LIMIT ?",
+    # Only when a partition's reader starts on a keyspace for the first time (no
+    # checkpoint): parents keyed before the due queue existed (migration 007). A filtering
+    # scan of the table, once per partition and keyspace.
+    "rec_keyed_scan": f"SELECT {', '.join(_SCHEDULE_COLUMNS)} FROM {{keyspace}}.schedules "
+    "WHERE materialize_key >= ? AND materialize_key < ? ALLOW FILTERING",
+    "rec_due_put": "INSERT INTO {keyspace}.recurring_due (partition, slot_ms, due_ms, tenant, "
+    "schedule_id) VALUES (?, ?, ?, ?, ?)",
+    "rec_due_read": "SELECT tenant, schedule_id FROM {keyspace}.recurring_due "
+    "WHERE partition = ? AND slot_ms = ? AND due_ms > ? AND due_ms <= ?",
+    "rec_due_drop": "DELETE FROM {keyspace}.recurring_due WHERE partition = ? AND slot_ms = ?",
+    "rec_cursor_get": "SELECT slot_ms, read_upto_ms FROM {keyspace}.materialize_checkpoints "
+    "WHERE partition = ?",
+    "rec_cursor_set": "INSERT INTO {keyspace}.materialize_checkpoints (partition, slot_ms, "
+    "read_upto_ms, updated_ms) VALUES (?, ?, ?, ?)",
     "rec_put_run": f"INSERT INTO {{keyspace}}.recurring_runs ({', '.join(_RUN_COLUMNS)}) "
     f"VALUES ({', '.join('?' for _ in _RUN_COLUMNS)}) USING TTL ?",
     "rec_delete_run": "DELETE FROM {keyspace}.recurring_runs "
@@ -392,16 +456,81 @@ class RecurringStore:
 
     async def prepare(self) -> None:
         if not self._prepared:
-            await self.store.prepare_statements(STATEMENTS)
+            # Several instances may share one store: prepare once per session.
+            if not STATEMENTS.keys() <= getattr(self.store, "_stmts", {}).keys():
+                await self.store.prepare_statements(STATEMENTS)
             self._prepared = True
 
-    async def due_parents(self, partition: int, now_ms: int, limit: int) -> list[ScheduleRow]:
+    async def keyed_parents(self, partition: int) -> list[ScheduleRow]:
+        """Every parent of ``partition`` with a key (bootstrap of a partition's reader)."""
         await self.prepare()
         rows = await self.store._run(
-            "rec_due",
-            (materialize_key(partition, 0), materialize_key(partition, now_ms), limit),
+            "rec_keyed_scan",
+            (materialize_key(partition, 0), materialize_key(partition, NEVER_MS)),
         )
-        return [ScheduleRow(**r) for r in rows]
+        return [ScheduleRow(**r) for r in rows if r.get("partition") == partition]
+
+    async def put_due(self, entries: Sequence[DueEntry]) -> None:
+        """Due-queue entries, one unlogged batch (one mutation) per minute partition."""
+        if not entries:
+            return
+        await self.prepare()
+        by_slot: dict[tuple[int, int], list[Any]] = {}
+        for e in entries:
+            by_slot.setdefault((e.partition, e.slot_ms), []).append(
+                ("rec_due_put", [e.partition, e.slot_ms, e.due_ms, e.tenant, e.schedule_id])
+            )
+        sends = []
+        for stmts in by_slot.values():
+            for i in range(0, len(stmts), 200):
+                sends.append(self.store._run_together("rec_due_put", stmts[i : i + 200]))
+        for result in await asyncio.gather(*sends, return_exceptions=True):
+            if isinstance(result, BaseException):
+                raise result
+
+    async def read_due(
+        self, partition: int, slot_ms: int, after_ms: int, upto_ms: int
+    ) -> list[tuple[str, str]]:
+        """(tenant, schedule_id) of the entries of one minute partition due in
+        (``after_ms``, ``upto_ms``], in due order."""
+        await self.prepare()
+        rows = await self.store._run("rec_due_read", (partition, slot_ms, after_ms, upto_ms))
+        return [(str(r["tenant"]), str(r["schedule_id"])) for r in rows]
+
+    async def drop_due(self, partition: int, slots: Sequence[int]) -> None:
+        await self.prepare()
+        await asyncio.gather(*(self.store._run("rec_due_drop", (partition, s)) for s in slots))
+
+    async def get_cursor(self, partition: int) -> tuple[int, int] | None:
+        """(slot_ms, read_upto_ms) of the partition's reader, None before its first start."""
+        await self.prepare()
+        rows = await self.store._run("rec_cursor_get", (partition,))
+        if not rows or rows[0].get("slot_ms") is None:
+            return None
+        return int(rows[0]["slot_ms"]), int(rows[0]["read_upto_ms"])
+
+    async def set_cursor(
+        self, partition: int, slot_ms: int, read_upto_ms: int, now_ms: int
+    ) -> None:
+        await self.prepare()
+        await self.store._run("rec_cursor_set", (partition, slot_ms, read_upto_ms, now_ms))
+
+    async def get_parents(
+        self, partition: int, ids: Sequence[tuple[str, str]]
+    ) -> list[ScheduleRow]:
+        """The parent rows of ``ids`` that exist and belong to ``partition``, in order."""
+        by_tenant: dict[str, list[str]] = {}
+        for tenant, sid in ids:
+            by_tenant.setdefault(tenant, []).append(sid)
+        tenants = list(by_tenant)
+        found = await asyncio.gather(*(self.store.get_schedules(t, by_tenant[t]) for t in tenants))
+        rows = dict(zip(tenants, found, strict=True))
+        out = []
+        for tenant, sid in ids:
+            raw = rows[tenant].get(sid)
+            if raw is not None and raw.get("partition") == partition:
+                out.append(ScheduleRow(**raw))
+        return out
 
     async def write_runs(self, buckets: Sequence[BucketRow], *, now_ms: int) -> None:
         """Bucket rows of new runs (idempotent overwrites, batched per bucket partition)."""
@@ -548,6 +677,14 @@ class PartitionMaterializer:
         self.extended = 0
         self.runs_written = 0
         self.runs_skipped = 0
+        # The due queue's read position: every entry due at or before ``_read_upto_ms``
+        # was read (those of minutes before ``_slot_ms`` are deleted, or about to be).
+        self._slot_ms: int | None = None
+        self._read_upto_ms = 0
+        self._saved: tuple[int, int] | None = None  # the position last written to the store
+        self._pending: deque[tuple[str, str]] = deque()  # read, not handled yet
+        self._hot: dict[tuple[str, str], None] = {}  # changed by a command just now
+        self._read_slots: list[int] = []  # read to their end; deleted when handled
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"materializer-{self.partition}")
@@ -562,6 +699,18 @@ class PartitionMaterializer:
 
     def kick(self) -> None:
         self._wake.set()
+
+    def notify(self, tenant: str, schedule_id: str) -> None:
+        """A command just wrote this parent: look at it in the next pass (its due-queue
+        entry is the durable record; this only saves waiting for the reader)."""
+        self._hot[(tenant, schedule_id)] = None
+        self._wake.set()
+
+    def position(self, due_ms: int) -> int:
+        """Where a due-queue entry for ``due_ms`` goes so the reader still sees it: not at
+        or before what it has read already (a key in the past is due at once). Call with
+        ``lock`` held, as the command agent and the steps do."""
+        return max(due_ms, self._read_upto_ms + 1)
 
     async def _run(self) -> None:
         backoff = self.config.interval_s
@@ -583,20 +732,121 @@ class PartitionMaterializer:
                 await asyncio.wait_for(self._wake.wait(), timeout=backoff)
 
     async def tick(self, now_ms: int) -> bool:
-        """Extend every parent due at ``now_ms`` (one batch); True if more may be due."""
+        """Extend the parents due at ``now_ms`` (up to one batch); True if more may be due."""
         limit = self.config.parents_per_step
         async with self.lock:
-            parents = await self.store.due_parents(self.partition, now_ms, limit)
+            if self._slot_ms is None:
+                await self._start(now_ms)
+            await self._read_queue(now_ms, limit)
+            ids = list(self._hot)
+            self._hot.clear()
+            while self._pending and len(ids) < limit:
+                ids.append(self._pending.popleft())
+            ids = list(dict.fromkeys(ids))
             cut = False
-            if parents:
-                started = time.perf_counter()
-                cut = await self._extend(parents, now_ms)
-                STEP_SECONDS.observe(time.perf_counter() - started)
-        return cut or len(parents) >= limit
+            if ids:
+                rows = await self.store.get_parents(self.partition, ids)
+                lo, hi = materialize_key(self.partition, 0), materialize_key(self.partition, now_ms)
+                # Entries are hints: only parents whose key is due now are extended (a later
+                # extension or a cancel has moved the key of the others).
+                due = [
+                    r
+                    for r in rows
+                    if r.materialize_key is not None and lo <= r.materialize_key <= hi
+                ]
+                if due:
+                    started = time.perf_counter()
+                    done = await self._extend(due, now_ms)
+                    STEP_SECONDS.observe(time.perf_counter() - started)
+                    cut = done < len(due)
+                    # Not reached this step (catch-up budget): first in the next.
+                    self._pending.extendleft(
+                        (r.tenant, r.schedule_id) for r in reversed(due[done:])
+                    )
+            await self._save_position(now_ms)
+        return cut or bool(self._pending) or bool(self._hot) or self._behind(now_ms)
 
-    async def _extend(self, parents: Sequence[ScheduleRow], now_ms: int) -> bool:
-        """One step over ``parents``; True if it stopped early to bound the catch-up work
-        done under the lock (the rest stay due and come in the next step)."""
+    async def _start(self, now_ms: int) -> None:
+        """Load the read position; on a keyspace's first start, queue the keyed parents
+        (rows written before the due queue existed), due ones at once."""
+        saved = await self.store.get_cursor(self.partition)
+        if saved is not None:
+            self._slot_ms, self._read_upto_ms = saved
+            self._saved = saved
+            return
+        start = slot_of(now_ms)
+        self._slot_ms, self._read_upto_ms = start, start - 1
+        parents = await self.store.keyed_parents(self.partition)
+        hi = materialize_key(self.partition, now_ms)
+        self._pending.extend(
+            (r.tenant, r.schedule_id)
+            for r in parents
+            if r.materialize_key is not None and r.materialize_key <= hi
+        )
+        # The rest get their entry first; the position is saved after them.
+        await self.store.put_due(due_entries(parents, {self.partition: self}, now_ms))
+        self._saved = None
+        await self._save_position(now_ms)
+
+    def _behind(self, now_ms: int) -> bool:
+        """True if the reader has whole minutes left to read."""
+        return self._slot_ms is not None and self._slot_ms + SLOT_MS <= now_ms
+
+    async def _read_queue(self, now_ms: int, limit: int) -> None:
+        """Read the due queue forward to ``now_ms`` (or until ``limit`` entries wait); after
+        an outage up to 16 whole minutes are read at once."""
+        assert self._slot_ms is not None
+        while len(self._pending) < limit:
+            slot = self._slot_ms
+            if slot + SLOT_MS <= now_ms:
+                # Whole minutes behind: read several to their end concurrently.
+                slots = [
+                    slot + i * SLOT_MS for i in range(16) if slot + (i + 1) * SLOT_MS <= now_ms
+                ]
+                reads = await asyncio.gather(
+                    *(
+                        self.store.read_due(
+                            self.partition,
+                            s,
+                            self._read_upto_ms if s == slot else s - 1,
+                            s + SLOT_MS - 1,
+                        )
+                        for s in slots
+                    )
+                )
+                for s, entries in zip(slots, reads, strict=True):
+                    self._pending.extend(entries)
+                    self._read_slots.append(s)
+                self._slot_ms = slots[-1] + SLOT_MS
+                self._read_upto_ms = self._slot_ms - 1
+                continue
+            if now_ms > self._read_upto_ms:
+                self._pending.extend(
+                    await self.store.read_due(self.partition, slot, self._read_upto_ms, now_ms)
+                )
+                self._read_upto_ms = now_ms
+            return
+
+    async def _save_position(self, now_ms: int) -> None:
+        """Once every entry read is handled: delete the minutes read to their end (after a
+        grace) and save the position. A crash before then reads them again: at least once."""
+        if self._pending or self._hot or self._slot_ms is None:
+            return
+        old = [s for s in self._read_slots if s + SLOT_MS + SLOT_GRACE_MS <= now_ms]
+        if old:
+            await self.store.drop_due(self.partition, old)
+            self._read_slots = [s for s in self._read_slots if s not in old]
+        position = (self._slot_ms, self._read_upto_ms)
+        if position != self._saved and (
+            self._saved is None or now_ms - self._saved[1] >= 5_000 or position[0] != self._saved[0]
+        ):
+            await self.store.set_cursor(self.partition, *position, now_ms)
+            self._saved = position
+
+    async def _extend(self, parents: Sequence[ScheduleRow], now_ms: int) -> int:
+        """One step over ``parents``; returns how many of them it handled: fewer than all
+        if it stopped early to bound the catch-up work done under the lock (the rest stay
+        due and come in the next step)."""
         cfg = self.config
         steps: list[tuple[ScheduleRow, Plan, list[BucketRow]]] = []
         retired: list[tuple[ScheduleRow, str | None]] = []
@@ -604,8 +854,8 @@ class PartitionMaterializer:
         # wait), so a step takes at most about this many seconds of them.
         late_budget = max(1, int(cfg.catchup_per_s * _CATCHUP_STEP_S))
         late_planned = 0
-        cut = False
-        for parent in parents:
+        done = len(parents)
+        for index, parent in enumerate(parents):
             if parent.recurrence is None or parent.state != STATE_SCHEDULED:
                 # Nothing to extend any more: take it out of the index.
                 key = materialize_key(parent.partition, NEVER_MS)
@@ -626,7 +876,7 @@ class PartitionMaterializer:
             )
             late_here = sum(1 for r in step.runs if r.due_ms <= now_ms)
             if steps and late_here and late_planned + late_here > late_budget:
-                cut = True
+                done = index
                 break
             late_planned += late_here
             rows = [
@@ -639,7 +889,7 @@ class PartitionMaterializer:
         if retired:
             await self.store.commit(retired, now_ms=now_ms)
         if not steps:
-            return cut
+            return done
         # 1. Rows due after now go to the ticker's memory first: its checkpoint then stays
         #    below them until they fired, whether their minute was loaded or not.
         late: list[BucketRow] = []
@@ -650,20 +900,9 @@ class PartitionMaterializer:
                         self.ticker.offer(row)
                 else:
                     late.append(row)
-        # 2. Bucket rows (idempotent; a repeated step writes the same).
-        await self.store.write_runs([r for _, _, rows in steps for r in rows], now_ms=now_ms)
-        # 3. Catch-up: runs already due fire now, paced, and are acknowledged before the
-        #    commit (a crash before it fires them again: at least once).
-        if late and self.ticker is not None:
-            fires = []
-            for row in sorted(late, key=lambda r: r.due_ms):
-                await self._pacer.take()
-                fires.append(asyncio.ensure_future(self.ticker.fire_now(row)))
-            await asyncio.gather(*fires)
-            RUNS_CAUGHT_UP.inc(len(fires))
-        # 4. Commit: the parents' new state.
+        # The parents' new state (written last, in 4).
         commits = []
-        for parent, step, rows in steps:
+        for parent, step, _rows in steps:
             new = _row_state(
                 parent,
                 until_ms=step.until_ms,
@@ -678,6 +917,25 @@ class PartitionMaterializer:
                     f"{step.skipped[0]} to {step.skipped[-1]}"
                 )
             commits.append((new, note))
+        # 2. Bucket rows (idempotent; a repeated step writes the same) and the due-queue
+        #    entries of the new keys, both before the parents that carry those keys.
+        await asyncio.gather(
+            self.store.write_runs([r for _, _, rows in steps for r in rows], now_ms=now_ms),
+            self.store.put_due(
+                due_entries([new for new, _ in commits], {self.partition: self}, now_ms)
+            ),
+        )
+        # 3. Catch-up: runs already due fire now, paced, and are acknowledged before the
+        #    commit (a crash before it fires them again: at least once).
+        if late and self.ticker is not None:
+            fires = []
+            for row in sorted(late, key=lambda r: r.due_ms):
+                await self._pacer.take()
+                fires.append(asyncio.ensure_future(self.ticker.fire_now(row)))
+            await asyncio.gather(*fires)
+            RUNS_CAUGHT_UP.inc(len(fires))
+        # 4. Commit: the parents' new state.
+        for _, step, rows in steps:
             self.runs_written += len(rows)
             self.runs_skipped += len(step.skipped)
         await self.store.commit(commits, now_ms=now_ms, runs=[rows for _, _, rows in steps])
@@ -685,7 +943,7 @@ class PartitionMaterializer:
         PARENTS_EXTENDED.inc(len(commits))
         RUNS_MATERIALIZED.inc(sum(len(rows) for _, _, rows in steps))
         RUNS_SKIPPED.inc(sum(len(step.skipped) for _, step, _ in steps))
-        return cut
+        return done
 
 
 # -- history ------------------------------------------------------------------------------
@@ -737,9 +995,7 @@ async def schedule_runs(
             counted = None
         elif until > now_ms:
             # Runs materialised after now were counted but have not happened yet.
-            counted = max(
-                0, (counted or 0) - len(_occurrences_between(rec, now_ms, until, anchor))
-            )
+            counted = max(0, (counted or 0) - len(_occurrences_between(rec, now_ms, until, anchor)))
         for nominal in next_runs(rec, now_ms, upcoming, anchor_ms=anchor, counted=counted):
             rid = run_id(schedule_id, nominal)
             due = nominal + jitter_ms(tenant, rid, rec.jitter_s)
@@ -775,11 +1031,14 @@ def _occurrences_between(rec: Recurrence, lo: int, hi: int, anchor: int) -> list
 
 __all__ = [
     "KEY_SPAN",
+    "SLOT_MS",
+    "DueEntry",
     "MaterializerConfig",
     "PartitionMaterializer",
     "RecurringDecision",
     "RecurringStore",
     "decide_recurring",
+    "due_entries",
     "is_recurring",
     "materialize_key",
     "schedule_runs",

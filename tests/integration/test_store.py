@@ -346,11 +346,15 @@ async def test_mark_fired_many_groups_marks_and_records_each(cql_session: Any) -
             got = await s.get_schedule("acme", sid)
             assert got is not None
             assert (got["state"], got["fired_ms"], got["trigger_id"]) == (
-                "fired", now + i, f"trig-{sid}"
+                "fired",
+                now + i,
+                f"trig-{sid}",
             )
             [event] = await s.list_events("acme", sid)
             assert (event["event"], event["trigger_id"], event["due_ms"]) == (
-                "fired", f"trig-{sid}", now
+                "fired",
+                f"trig-{sid}",
+                now,
             )
     finally:
         await s.close()
@@ -377,22 +381,41 @@ async def test_tenants(store: Store) -> None:
     await store.put_tenant("acme", active=True, created_ms=T0, config='{"max": 1}')
     await store.put_tenant("globex", active=False, created_ms=T0 + 1)
     got = await store.get_tenant("acme")
-    assert got == {"tenant": "acme", "active": True, "created_ms": T0, "config": '{"max": 1}',
-                   "signing_secret": None, "updated_ms": None,
-                   "previous_signing_secret": None, "previous_signing_expires_ms": None,
-                   "retired_signing_secret": None, "signing_rotated_ms": None}
+    assert got == {
+        "tenant": "acme",
+        "active": True,
+        "created_ms": T0,
+        "config": '{"max": 1}',
+        "signing_secret": None,
+        "updated_ms": None,
+        "previous_signing_secret": None,
+        "previous_signing_expires_ms": None,
+        "retired_signing_secret": None,
+        "signing_rotated_ms": None,
+    }
     names = {t["tenant"] for t in await store.list_tenants()}
     assert {"acme", "globex"} <= names
 
 
 async def test_signing_key_rotation_is_conditional(store: Store) -> None:
     await store.put_tenant("rotor", active=True, created_ms=T0, signing_secret="k1")
-    assert await store.rotate_signing_key("rotor", expected_current="k1", new_secret="k2",
-                                          previous_expires_ms=None, retired=None, now_ms=T0)
+    assert await store.rotate_signing_key(
+        "rotor",
+        expected_current="k1",
+        new_secret="k2",
+        previous_expires_ms=None,
+        retired=None,
+        now_ms=T0,
+    )
     # A second rotation that read the key before the first one applied loses, no key lost.
-    assert not await store.rotate_signing_key("rotor", expected_current="k1",
-                                              new_secret="k3", previous_expires_ms=None,
-                                              retired=None, now_ms=T0)
+    assert not await store.rotate_signing_key(
+        "rotor",
+        expected_current="k1",
+        new_secret="k3",
+        previous_expires_ms=None,
+        retired=None,
+        now_ms=T0,
+    )
     got = await store.get_tenant("rotor")
     assert got is not None
     assert (got["signing_secret"], got["previous_signing_secret"]) == ("k2", "k1")
@@ -579,10 +602,15 @@ async def test_changes_of_different_record_times_share_their_bucket_batch(
         changes = []
         for i in range(40):
             row = schedule(f"times-{i}", due, partition=partition)
-            changes.append(ScheduleChange(
-                row=row, new_bucket=BucketRow.for_schedule(row, shards=1), old_bucket=None,
-                now_ms=now - 1000 * i, event="created",  # 40 different record times
-            ))
+            changes.append(
+                ScheduleChange(
+                    row=row,
+                    new_bucket=BucketRow.for_schedule(row, shards=1),
+                    old_bucket=None,
+                    now_ms=now - 1000 * i,
+                    event="created",  # 40 different record times
+                )
+            )
         await store.apply_schedule_changes(changes)
         # One bucket partition: one bucket request (the rest are schedule-row commits).
         assert requests.count("write_buckets") + requests.count("put_bucket") == 1, requests
@@ -612,10 +640,16 @@ async def test_before_commit_is_durable_before_any_schedule_row(cql_session: Any
     store = Store(CassandraSettings(keyspace=KEYSPACE))
     await store.connect()
     try:
+
         def change(sid: str) -> ScheduleChange:
             row = schedule(sid, T0 + 80 * MINUTE_MS, partition=31)
-            return ScheduleChange(row=row, new_bucket=BucketRow.for_schedule(row, shards=1),
-                                  old_bucket=None, now_ms=now_ms(), event="created")
+            return ScheduleChange(
+                row=row,
+                new_bucket=BucketRow.for_schedule(row, shards=1),
+                old_bucket=None,
+                now_ms=now_ms(),
+                event="created",
+            )
 
         seen_during: list[object] = []
 
@@ -631,8 +665,69 @@ async def test_before_commit_is_durable_before_any_schedule_row(cql_session: Any
             raise StoreError("index write failed", retriable=True)
 
         with pytest.raises(StoreError):
-            await store.apply_schedule_changes([change("before-2")],
-                                               before_commit=failing_index)
+            await store.apply_schedule_changes([change("before-2")], before_commit=failing_index)
         assert await store.get_schedule("acme", "before-2") is None
     finally:
         await store.close()
+
+
+async def test_recurring_due_queue_on_real_cassandra(store: Store) -> None:
+    """The materialiser's due queue (migration 007): range reads within a minute partition,
+    deleting read minutes, the reader's saved position, the first-start scan of keyed
+    parents (a filtering scan, no index) and reading parents back by id."""
+    from streams.materializer import DueEntry, RecurringStore, materialize_key
+    from streams.recurring import NEVER_MS
+
+    rs = RecurringStore(store)
+    part = 5
+    minute = (now_ms() // 60_000 + 1) * 60_000
+    await rs.put_due(
+        [
+            DueEntry(part, minute + 10, "acme", "b"),
+            DueEntry(part, minute + 5, "acme", "a"),
+            DueEntry(part, minute + 59_999, "acme", "c"),
+            DueEntry(part, minute + 60_000, "acme", "next-minute"),
+        ]
+    )
+    assert await rs.read_due(part, minute, minute - 1, minute + 10) == [
+        ("acme", "a"),
+        ("acme", "b"),
+    ]
+    assert await rs.read_due(part, minute, minute + 10, minute + 59_999) == [("acme", "c")]
+    assert await rs.read_due(part, minute + 60_000, minute, minute + 120_000) == [
+        ("acme", "next-minute")
+    ]
+    await rs.drop_due(part, [minute])
+    assert await rs.read_due(part, minute, 0, minute + 60_000) == []
+    assert await rs.get_cursor(part) is None
+    await rs.set_cursor(part, minute, minute + 10, now_ms())
+    assert await rs.get_cursor(part) == (minute, minute + 10)
+
+    # Parents keyed before the queue existed are found by the first-start scan.
+    keyed = [
+        schedule(
+            f"keyed-{i}",
+            minute,
+            recurrence='{"every_s": 60}',
+            materialize_key=materialize_key(partition_for(f"keyed-{i}", 8), minute - 1000),
+        )
+        for i in range(20)
+    ]
+    target = keyed[0].partition
+    # Done with (cancelled, or every run written): no key, never found.
+    never = schedule(
+        "keyed-never",
+        minute,
+        partition=target,
+        recurrence='{"every_s": 60}',
+        materialize_key=materialize_key(target, NEVER_MS),
+    )
+    for row in [*keyed, never]:
+        await store.put_schedule(row, now_ms=now_ms())
+    found = {r.schedule_id for r in await rs.keyed_parents(target)}
+    assert found == {r.schedule_id for r in keyed if r.partition == target}
+    back = await rs.get_parents(target, [("acme", s) for s in sorted(found)])
+    assert [r.schedule_id for r in back] == sorted(found)
+    # Another partition's parent, or none at all, is not returned.
+    other = next(r for r in keyed if r.partition != target)
+    assert await rs.get_parents(target, [("acme", other.schedule_id), ("acme", "no-such")]) == []

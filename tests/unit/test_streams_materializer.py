@@ -12,9 +12,11 @@ import pytest
 from streams.commands import RawCommand, decide
 from streams.materializer import (
     KEY_SPAN,
+    DueEntry,
     MaterializerConfig,
     PartitionMaterializer,
     decide_recurring,
+    due_entries,
     materialize_key,
 )
 from streams.recurring import NEVER_MS, extend_at
@@ -151,14 +153,51 @@ def test_the_command_agent_routes_recurring_commands_and_never_hands_a_parent_ov
 
 
 class FakeStore:
+    """RecurringStore in memory: parent rows, bucket rows, the due queue (minute slots of
+    (due_ms, tenant, schedule_id)) and the reader's saved position."""
+
     def __init__(self, rows: list[ScheduleRow]) -> None:
         self.rows = {r.schedule_id: r for r in rows}
         self.buckets: dict[str, BucketRow] = {}
         self.commits = 0
+        self.due: dict[tuple[int, int], set[tuple[int, str, str]]] = {}
+        self.cursor: tuple[int, int] | None = None
+        self.reads = 0
+        self.scans = 0
 
-    async def due_parents(self, partition: int, now_ms: int, limit: int) -> list[ScheduleRow]:
-        hi = materialize_key(partition, now_ms)
-        return [r for r in self.rows.values() if (r.materialize_key or 0) <= hi][:limit]
+    async def keyed_parents(self, partition: int) -> list[ScheduleRow]:
+        self.scans += 1
+        never = materialize_key(partition, NEVER_MS)
+        return [r for r in self.rows.values() if (r.materialize_key or never) < never]
+
+    async def put_due(self, entries: Any) -> None:
+        for e in entries:
+            self.due.setdefault((e.partition, e.slot_ms), set()).add(
+                (e.due_ms, e.tenant, e.schedule_id)
+            )
+
+    async def read_due(
+        self, partition: int, slot_ms: int, after_ms: int, upto_ms: int
+    ) -> list[tuple[str, str]]:
+        self.reads += 1
+        found = sorted(self.due.get((partition, slot_ms), set()))
+        return [(t, s) for due, t, s in found if after_ms < due <= upto_ms]
+
+    async def drop_due(self, partition: int, slots: Any) -> None:
+        for slot in slots:
+            self.due.pop((partition, slot), None)
+
+    async def get_cursor(self, partition: int) -> tuple[int, int] | None:
+        return self.cursor
+
+    async def set_cursor(self, partition: int, slot_ms: int, upto_ms: int, now_ms: int) -> None:
+        self.cursor = (slot_ms, upto_ms)
+
+    async def get_parents(self, partition: int, ids: Any) -> list[ScheduleRow]:
+        return [self.rows[s] for _, s in ids if s in self.rows]
+
+    def queued(self) -> set[str]:
+        return {s for entries in self.due.values() for _, _, s in entries}
 
     async def write_runs(self, rows: Any, *, now_ms: int) -> None:
         for row in rows:
@@ -279,3 +318,64 @@ async def test_runs_of_a_schedule_whose_max_runs_are_all_written_answer_at_once(
     assert got is not None
     # Runs at NOW+2 s (past), NOW+4 s and NOW+6 s (written, not run yet): two still to come.
     assert [r["nominal_ms"] for r in got["next"]] == [NOW + 4_000, NOW + 6_000]
+
+
+async def test_the_due_queue_finds_each_parent_at_its_key_time_and_drops_stale_entries() -> None:
+    # First start on a keyspace: one scan queues the parents keyed so far; from then on the
+    # reader only reads the due queue forward, minute by minute.
+    parent = decided(create(EVERY_MINUTE, "q"), None).change.row
+    store, ticker = FakeStore([parent]), FakeTicker()
+    m = PartitionMaterializer(
+        3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H)
+    )
+    assert await m.tick(NOW) is False
+    first_key = store.rows["q"].materialize_key
+    assert first_key is not None and store.scans == 1
+    at = first_key - 3 * KEY_SPAN
+    assert store.queued() == {"q"} and store.rows["q"].materialized_until_ms == NOW + H
+    # A stale entry (a key the parent no longer has) is read and dropped, not extended.
+    await store.put_due([DueEntry(3, NOW + 30_000, "t", "q")])
+    commits = store.commits
+    assert await m.tick(NOW + 31_000) is False
+    assert store.commits == commits
+    # Its real key time comes: extended once, found by reading, not by scanning again.
+    await m.tick(at)
+    assert store.commits == commits + 1 and store.scans == 1
+    assert store.rows["q"].materialized_until_ms > NOW + H
+    # Minutes read to their end are deleted (after the grace) and the position saved.
+    await m.tick(at + 60_000 + 20_000)
+    assert all(slot >= at - at % 60_000 for _, slot in store.due)
+    assert store.cursor is not None and store.cursor[1] == at + 80_000
+    # A restarted reader resumes there: no scan, and the next key is still found.
+    again = PartitionMaterializer(
+        3, store=store, ticker=FakeTicker(), config=MaterializerConfig(horizon_ms=H)
+    )
+    next_key = store.rows["q"].materialize_key
+    assert next_key is not None
+    await again.tick(next_key - 3 * KEY_SPAN)
+    assert store.scans == 1 and store.commits == commits + 2
+
+
+async def test_a_command_entry_for_a_time_already_read_goes_after_the_reader() -> None:
+    store, ticker = FakeStore([]), FakeTicker()
+    m = PartitionMaterializer(
+        3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H)
+    )
+    await m.tick(NOW)  # read up to NOW
+    row = decided(create(EVERY_MINUTE, "late"), None).change.row
+    past = replace(row, materialize_key=materialize_key(3, NOW - 5_000))
+    entries = due_entries([past], {3: m}, NOW)
+    assert [e.due_ms for e in entries] == [NOW + 1]  # not NOW - 5000: the reader is past it
+    # Without a local reader the entry keeps its time; a key of NEVER gets none.
+    assert [e.due_ms for e in due_entries([past], {}, NOW)] == [NOW - 5_000]
+    never = replace(row, materialize_key=materialize_key(3, NEVER_MS))
+    assert due_entries([never], {3: m}, NOW) == []
+    # The command's notify gets it extended in the next pass, before its entry is read.
+    store.rows["late"] = past
+    await store.put_due(entries)
+    await m.tick(NOW)
+    assert store.commits == 0
+    m.notify("t", "late")
+    await m.tick(NOW)
+    assert store.commits == 1
+    assert (store.rows["late"].materialized_until_ms or 0) > (past.materialized_until_ms or 0)
