@@ -175,7 +175,12 @@ class PartitionTicker:
         self.missed = 0
         self._label = str(partition)
         self._store_trouble_logged = 0.0
-        self._store_down = False
+        # Bucket loads and checkpoint writes run beside the loop, not in it: awaiting a slow
+        # Cassandra read there held up every trigger of the partition due meanwhile (the
+        # next minute is read 10 s ahead, while this minute's runs are still firing).
+        self._loader: asyncio.Task[None] | None = None
+        self._load_retry_at_ms = 0
+        self._checkpointer: asyncio.Task[None] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -187,10 +192,11 @@ class PartitionTicker:
         """Stop firing, wait for in-flight triggers (bounded) and write a final checkpoint."""
         self._stopping = True
         self._wake.set()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        for task in (self._task, self._loader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         # Let acknowledged triggers be recorded (bounded), so the checkpoint covers them.
         deadline = time.monotonic() + timeout_s
         while self._inflight and time.monotonic() < deadline:
@@ -200,6 +206,9 @@ class PartitionTicker:
             self._marker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._marker
+        if self._checkpointer is not None:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._checkpointer
         with contextlib.suppress(Exception):
             await self._write_checkpoint(force=True)
         metrics.TIMELINE_SIZE.labels(self._label).set(0)
@@ -281,19 +290,16 @@ class PartitionTicker:
                 },
             )
             while not self._stopping:
-                # A store failure here used to end this task for good: the partition then
-                # never fired again until a rebalance (issue 7, Cassandra stopped). Now it is
-                # retried on the next round (at most a second later); what is already loaded
-                # keeps firing meanwhile, and the unread minute stays unread (the timeline's
-                # loaded horizon and so the checkpoint stay below it), so nothing is skipped.
-                self._store_down = False
-                with self._store_trouble("loading buckets"):
-                    await self._load_due_buckets()
+                # A store failure in a load used to end this task for good: the partition
+                # then never fired again until a rebalance (issue 7, Cassandra stopped). Now
+                # it is retried a second later; what is already loaded keeps firing
+                # meanwhile, and the unread minute stays unread (the timeline's loaded
+                # horizon and so the checkpoint stay below it), so nothing is skipped.
+                self._start_load()
                 await self._admit_due(self.clock_ms())
                 now = self.clock_ms()
                 sent = self._emit_ready(now, limit=self.config.emit_slice)
-                with self._store_trouble("writing the checkpoint"):
-                    await self._write_checkpoint()
+                self._start_checkpoint(now)
                 metrics.TIMELINE_SIZE.labels(self._label).set(len(self.timeline))
                 metrics.INFLIGHT.labels(self._label).set(len(self._inflight))
                 metrics.FIRES_DEFERRED.labels(self._label).set(len(self.pacer))
@@ -313,7 +319,6 @@ class PartitionTicker:
         try:
             yield
         except StoreError as exc:
-            self._store_down = True  # _sleep_until_next then retries in a second, not at once
             now = time.monotonic()
             if now - self._store_trouble_logged > 10:
                 self._store_trouble_logged = now
@@ -328,6 +333,47 @@ class PartitionTicker:
             with self._store_trouble(what):
                 return await call()
             await asyncio.sleep(1.0)
+
+    def _loading(self) -> bool:
+        return self._loader is not None and not self._loader.done()
+
+    def _start_load(self) -> None:
+        """Start reading the buckets that came within the preload window, unless a read
+        is running or failed less than a second ago."""
+        assert self._next_minute_ms is not None
+        now = self.clock_ms()
+        if self._loading() or now < self._load_retry_at_ms:
+            return
+        if self._next_minute_ms > minute_ms(now + self.config.preload_ahead_ms):
+            if not self.ready.is_set():
+                self.ready.set()
+            return
+        self._loader = asyncio.create_task(self._load_in_background())
+
+    async def _load_in_background(self) -> None:
+        loaded = False
+        try:
+            with self._store_trouble("loading buckets"):
+                await self._load_due_buckets()
+                loaded = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("loading buckets failed", extra={"partition": self.partition})
+        if not loaded:
+            self._load_retry_at_ms = self.clock_ms() + 1_000
+        self._wake.set()  # the loop may emit what was loaded
+
+    def _start_checkpoint(self, now: int) -> None:
+        if now - self._last_checkpoint_ms < self.config.checkpoint_interval_ms:
+            return
+        if self._checkpointer is not None and not self._checkpointer.done():
+            return
+        self._checkpointer = asyncio.create_task(self._checkpoint_in_background())
+
+    async def _checkpoint_in_background(self) -> None:
+        with self._store_trouble("writing the checkpoint"):
+            await self._write_checkpoint()
 
     async def _load_due_buckets(self) -> None:
         """Read every bucket whose minute starts before now + preload, one paged read each."""
@@ -357,13 +403,16 @@ class PartitionTicker:
                 # long outage streams out instead of loading every minute into memory first.
                 await self._admit_due(self.clock_ms())
                 self._emit_ready(self.clock_ms())
-                await self._write_checkpoint()
+                self._start_checkpoint(self.clock_ms())
 
     async def _sleep_until_next(self, now: int) -> None:
         assert self._next_minute_ms is not None
         wake_at = now + 1_000  # re-check at least once a second (checkpoint, clock jumps)
-        if not self._store_down:  # (a failed bucket read is retried a second later)
-            wake_at = min(wake_at, self._next_minute_ms - self.config.preload_ahead_ms)
+        if not self._loading():  # (a running load wakes the loop when it is done)
+            wake_at = min(
+                wake_at,
+                max(self._load_retry_at_ms, self._next_minute_ms - self.config.preload_ahead_ms),
+            )
         next_due = self.timeline.next_due_ms()
         if next_due is not None:
             wake_at = min(wake_at, next_due)

@@ -179,3 +179,50 @@ async def test_fire_now_waits_for_kafka(late_ms: int) -> None:
     assert not task.done() and len(sink.sent) == 1
     sink.sent[0][1].set_result((0, 0))
     await asyncio.wait_for(task, 1)
+
+
+async def test_a_slow_bucket_read_does_not_hold_up_what_is_loaded() -> None:
+    # The next minute is read 10 s ahead while this minute's triggers still fire: the read
+    # runs beside the loop, so a trigger due meanwhile is emitted before the read returns.
+    now = [120_000 - 8_000]  # within the preload window of minute 120,000
+    sink = FakeSink()
+    gate = asyncio.Event()
+    reads: list[int] = []
+
+    class SlowStore(FakeStore):
+        async def get_checkpoint(self, partition: int) -> int | None:
+            return 60_000
+
+        async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]:
+            reads.append(minute_ms)
+            if minute_ms == 120_000:
+                await gate.wait()  # Cassandra is slow
+                return [row("next", 120_500)]
+            return [row("now", 113_000)]
+
+    store = SlowStore()
+    config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0)
+    ticker = PartitionTicker(0, store=store, sink=sink, config=config, clock_ms=lambda: now[0])
+    ticker.start()
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if reads == [60_000, 120_000]:
+            break
+    assert reads == [60_000, 120_000] and [k for k, _ in sink.sent] == []
+    now[0] = 113_000
+    ticker._wake.set()
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if sink.sent:
+            break
+    assert [k for k, _ in sink.sent] == [b"now"]  # while the read still waits
+    assert ticker.checkpoint_candidate(now[0]) <= 113_000
+    gate.set()
+    now[0] = 120_500
+    ticker._wake.set()
+    for _ in range(50):
+        await asyncio.sleep(0.01)
+        if len(sink.sent) == 2:
+            break
+    assert [k for k, _ in sink.sent] == [b"now", b"next"]
+    await ticker.stop(timeout_s=0.1)
