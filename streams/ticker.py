@@ -649,6 +649,11 @@ class PartitionTicker:
         candidate = now + 1
         loaded = self.timeline.loaded_until_ms
         candidate = min(candidate, loaded) if loaded else candidate
+        if self._next_minute_ms is not None:
+            # Nothing at or after the first minute not read yet is loaded; this also holds
+            # while the first read is still running (nothing loaded at all), or was cut
+            # short by a stop, when the timeline's loaded horizon is not set yet.
+            candidate = min(candidate, self._next_minute_ms)
         heap = self._inflight_heap
         while heap and heap[0][2] not in self._inflight:
             heapq.heappop(heap)

@@ -226,3 +226,29 @@ async def test_a_slow_bucket_read_does_not_hold_up_what_is_loaded() -> None:
             break
     assert [k for k, _ in sink.sent] == [b"now", b"next"]
     await ticker.stop(timeout_s=0.1)
+
+
+async def test_no_checkpoint_passes_a_first_read_still_running() -> None:
+    # Stopped (a rebalance) while its first bucket read waits: the final checkpoint stays
+    # at the start, not at "now" (which would skip every trigger of the unread minutes).
+    now = [200_000]
+    gate = asyncio.Event()
+
+    class FirstReadSlow(FakeStore):
+        async def get_checkpoint(self, partition: int) -> int | None:
+            return 150_000
+
+        async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]:
+            await gate.wait()
+            return [row("unread", 170_000)]
+
+    store = FirstReadSlow()
+    config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0)
+    ticker = PartitionTicker(0, store=store, sink=FakeSink(), config=config,
+                             clock_ms=lambda: now[0])
+    ticker.start()
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+    assert ticker.checkpoint_candidate(now[0]) <= 150_000
+    await ticker.stop(timeout_s=0.1)
+    assert all(c <= 150_000 for c in store.checkpoints)  # (none written: nothing new)
