@@ -744,27 +744,34 @@ class PartitionMaterializer:
                 ids.append(self._pending.popleft())
             ids = list(dict.fromkeys(ids))
             cut = False
-            if ids:
-                rows = await self.store.get_parents(self.partition, ids)
-                lo, hi = materialize_key(self.partition, 0), materialize_key(self.partition, now_ms)
-                # Entries are hints: only parents whose key is due now are extended (a later
-                # extension or a cancel has moved the key of the others).
-                due = [
-                    r
-                    for r in rows
-                    if r.materialize_key is not None and lo <= r.materialize_key <= hi
-                ]
-                if due:
-                    started = time.perf_counter()
-                    done = await self._extend(due, now_ms)
-                    STEP_SECONDS.observe(time.perf_counter() - started)
-                    cut = done < len(due)
-                    # Not reached this step (catch-up budget): first in the next.
-                    self._pending.extendleft(
-                        (r.tenant, r.schedule_id) for r in reversed(due[done:])
-                    )
+            try:
+                cut = await self._step(ids, now_ms)
+            except BaseException:
+                # Nothing of this batch is known to be done: handle it all again (the step
+                # is idempotent), and do not save a position past it meanwhile.
+                self._pending.extendleft(reversed(ids))
+                raise
             await self._save_position(now_ms)
         return cut or bool(self._pending) or bool(self._hot) or self._behind(now_ms)
+
+    async def _step(self, ids: list[tuple[str, str]], now_ms: int) -> bool:
+        """Extend those of ``ids`` that are due; True if the catch-up budget cut it short
+        (the rest go first into the next step)."""
+        if not ids:
+            return False
+        rows = await self.store.get_parents(self.partition, ids)
+        lo, hi = materialize_key(self.partition, 0), materialize_key(self.partition, now_ms)
+        # Entries are hints: only parents whose key is due now are extended (a later
+        # extension or a cancel has moved the key of the others).
+        due = [r for r in rows if r.materialize_key is not None and lo <= r.materialize_key <= hi]
+        if not due:
+            return False
+        started = time.perf_counter()
+        done = await self._extend(due, now_ms)
+        STEP_SECONDS.observe(time.perf_counter() - started)
+        # Not reached this step (catch-up budget): first in the next.
+        self._pending.extendleft((r.tenant, r.schedule_id) for r in reversed(due[done:]))
+        return done < len(due)
 
     async def _start(self, now_ms: int) -> None:
         """Load the read position; on a keyspace's first start, queue the keyed parents

@@ -379,3 +379,32 @@ async def test_a_command_entry_for_a_time_already_read_goes_after_the_reader() -
     await m.tick(NOW)
     assert store.commits == 1
     assert (store.rows["late"].materialized_until_ms or 0) > (past.materialized_until_ms or 0)
+
+
+async def test_a_failed_step_keeps_its_entries_and_the_saved_position() -> None:
+    # Cassandra fails while the parents read from the queue are extended: they are tried
+    # again in the next step, and the saved position never passes them meanwhile.
+    parent = decided(create(EVERY_MINUTE, "f"), None).change.row
+    store = FakeStore([parent])
+    m = PartitionMaterializer(
+        3, store=store, ticker=FakeTicker(), config=MaterializerConfig(horizon_ms=H)
+    )
+    await m.tick(NOW)
+    key = store.rows["f"].materialize_key
+    assert key is not None
+    at = key - 3 * KEY_SPAN
+    saved = store.cursor
+    commits = store.commits
+    real_commit = store.commit
+
+    async def failing(rows: Any, *, now_ms: int, runs: Any = None) -> None:
+        raise RuntimeError("cassandra gone")
+
+    store.commit = failing  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError):
+        await m.tick(at + 61_000)
+    assert store.cursor == saved and store.commits == commits
+    store.commit = real_commit  # type: ignore[method-assign]
+    assert await m.tick(at + 62_000) is False
+    assert store.commits == commits + 1
+    assert store.cursor is not None and store.cursor[1] == at + 62_000
