@@ -31,6 +31,7 @@ import orjson
 from bench.scheduler import (
     TENANT,
     cleanup,
+    histogram,
     metric,
     now_ms,
     pct,
@@ -173,6 +174,29 @@ def main() -> int:
                     flush=True,
                 )
         fires.close()
+        # Where late fires come from inside the workers (streams.metrics): how often their
+        # event loop woke late, and their Python GC pauses, since the workers started.
+        lag = histogram("tocsin_event_loop_lag_seconds")
+        if lag:
+            total = lag.get("+Inf", 0.0)
+            print(
+                "[measure] event-loop lag over the run: "
+                + ", ".join(
+                    f"> {le} s: {total - lag[le]:.0f}" for le in ("0.1", "0.25", "0.5", "1")
+                )
+                + f" of {total:.0f} wake-ups",
+                flush=True,
+            )
+        for gen in ("0", "1", "2"):
+            pauses = histogram("tocsin_gc_pause_seconds", generation=gen)
+            if pauses:
+                n = pauses.get("+Inf", 0.0)
+                print(
+                    f"[measure] GC generation {gen}: {n:.0f} pauses, {pauses.get('sum', 0):.1f} s "
+                    f"in all, {n - pauses.get('0.1', 0.0):.0f} over 0.1 s, "
+                    f"{n - pauses.get('0.5', 0.0):.0f} over 0.5 s",
+                    flush=True,
+                )
         lateness = list(seen.values()) + [10**9] * (len(expected) - len(seen))
         missing = len(expected) - len(seen)
         if cpu0 is not None and cpu0 >= 0 and wall0 is not None:

@@ -110,6 +110,28 @@ def start_workers(env: dict[str, str], log: Path, count: int) -> list[Worker]:
     return workers
 
 
+def histogram(name: str, **labels: str) -> dict[str, float]:
+    """Cumulative bucket counts (``le`` -> count, plus ``sum``) of a histogram, summed over
+    all workers' /metrics and over the label sets matching ``labels``."""
+    text = b"".join(
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
+        for port in WORKER_PORTS
+    )
+    out: dict[str, float] = {}
+    for line in text.decode().splitlines():
+        head, _, value = line.rpartition(" ")
+        if not head.startswith(name + "_") or any(
+            f'{k}="{v}"' not in head for k, v in labels.items()
+        ):
+            continue
+        if head.startswith(name + "_bucket"):
+            le = head.split('le="', 1)[1].split('"', 1)[0]
+            out[le] = out.get(le, 0.0) + float(value)
+        elif head.startswith(name + "_sum"):
+            out["sum"] = out.get("sum", 0.0) + float(value)
+    return out
+
+
 def metric(name: str) -> float:
     """Sum of a counter over all label sets and all workers' /metrics."""
     text = b"".join(
@@ -295,8 +317,14 @@ def store_future_rows(settings: Settings, count: int, start_index: int) -> None:
                     callback='{"type":"http","url":"https://r.example/cb"}',
                     misfire_tolerance_s=60,
                 )
-                changes.append(ScheduleChange(row=row, new_bucket=BucketRow.for_schedule(
-                    row, shards=1), old_bucket=None, now_ms=stamp))
+                changes.append(
+                    ScheduleChange(
+                        row=row,
+                        new_bucket=BucketRow.for_schedule(row, shards=1),
+                        old_bucket=None,
+                        now_ms=stamp,
+                    )
+                )
             await store.apply_schedule_changes(changes)
             done += len(changes)
             if done % 100_000 < 5_000:
@@ -314,8 +342,11 @@ def phase_memory(settings: Settings, env: dict[str, str], log: Path) -> tuple[fl
     from topics.catalog import catalog, ensure_topics
 
     run = uuid.uuid4().hex[:6]
-    env = {**env, "TOCSIN_TOPIC_PREFIX": f"benchmem.{run}.",
-           "TOCSIN_CASSANDRA_KEYSPACE": f"benchmem_{run}"}
+    env = {
+        **env,
+        "TOCSIN_TOPIC_PREFIX": f"benchmem.{run}.",
+        "TOCSIN_CASSANDRA_KEYSPACE": f"benchmem_{run}",
+    }
     settings = Settings.from_env(env)
     ensure_topics(settings.kafka, catalog(settings.topics).all())
     migrate(settings.cassandra)

@@ -129,6 +129,7 @@ class Worker:
         self.processor.recurring_horizon_ms = self.materializer_config.horizon_ms
         self.app = self._build_app()
         self._started = False
+        self._lag_watch: asyncio.Future[None] | None = None
         self._start_lock = asyncio.Lock()
         self.health = Health()
 
@@ -307,6 +308,8 @@ class Worker:
                 await self.recurring.prepare()
                 self.emitter.start()
                 self.results_emitter.start()
+                metrics.observe_gc_pauses()
+                self._lag_watch = asyncio.ensure_future(metrics.watch_loop_lag())
                 self._started = True
 
     async def _stop_tickers(self, partitions: set[int]) -> None:

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import gc
+import time
+
 from prometheus_client import Counter, Gauge, Histogram
 
 COMMANDS = Counter(
@@ -53,3 +57,45 @@ FIRES_DEFERRED = Gauge(
     "Due triggers waiting in the fair queue (their tenant's fire quota, or their turn)",
     ["partition"],
 )
+
+# Where a worker's time goes when triggers are late although Cassandra and Kafka answer:
+# every trigger of the process is emitted from one event loop, so a long callback, a GC
+# pause or CPU starvation delays them all by the same amount.
+LOOP_LAG = Histogram(
+    "tocsin_event_loop_lag_seconds",
+    "How much later than asked the event loop woke a 0.1 s sleep",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+)
+GC_PAUSE = Histogram(
+    "tocsin_gc_pause_seconds",
+    "Python garbage-collection pauses, by generation",
+    ["generation"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+)
+
+
+async def watch_loop_lag(interval_s: float = 0.1) -> None:
+    """Observe ``LOOP_LAG`` forever (run as a task of the loop to watch)."""
+    loop = asyncio.get_running_loop()
+    while True:
+        asked = loop.time() + interval_s
+        await asyncio.sleep(interval_s)
+        LOOP_LAG.observe(max(0.0, loop.time() - asked))
+
+
+_gc_started: list[float] = []
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    if phase == "start":
+        _gc_started[:] = [time.perf_counter()]
+    elif _gc_started:
+        GC_PAUSE.labels(str(info.get("generation", -1))).observe(
+            time.perf_counter() - _gc_started[0]
+        )
+
+
+def observe_gc_pauses() -> None:
+    """Record every collection's pause in ``GC_PAUSE`` (idempotent)."""
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
