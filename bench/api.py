@@ -94,8 +94,21 @@ def py_spy(pid: int, out: str, seconds: float) -> subprocess.Popen[bytes] | None
         print("[py-spy] not found on PATH; no profile recorded", flush=True)
         return None
     return subprocess.Popen(
-        [exe, "record", "-p", str(pid), "-o", out, "-d", str(int(seconds)), "-r", "50",
-         "-f", "raw", "--nonblocking"],
+        [
+            exe,
+            "record",
+            "-p",
+            str(pid),
+            "-o",
+            out,
+            "-d",
+            str(int(seconds)),
+            "-r",
+            "50",
+            "-f",
+            "raw",
+            "--nonblocking",
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -172,10 +185,18 @@ class RawClient:
     async def post(self, path: str, body: bytes) -> tuple[int, bytes]:
         async with self.slots:
             conn = self.idle.pop() if self.idle else await self._open()
-            data = b"".join((
-                b"POST ", path.encode(), b" HTTP/1.1\r\n", self.head,
-                b"Content-Length: ", str(len(body)).encode(), b"\r\n\r\n", body,
-            ))
+            data = b"".join(
+                (
+                    b"POST ",
+                    path.encode(),
+                    b" HTTP/1.1\r\n",
+                    self.head,
+                    b"Content-Length: ",
+                    str(len(body)).encode(),
+                    b"\r\n\r\n",
+                    body,
+                )
+            )
             try:
                 answer = await conn.request(data)
             except BaseException:
@@ -301,8 +322,9 @@ def main() -> int:
     parser.add_argument("--worker-metrics-port", type=int, default=0, help="0: a free port")
     parser.add_argument("--api-metrics-port", type=int, default=0, help="0: a free port")
     parser.add_argument("--py-spy", metavar="PATH", help="profile the rate phase into PATH-*")
-    parser.add_argument("--client", choices=sorted(CLIENTS), default="raw",
-                        help="the load generator's HTTP client")
+    parser.add_argument(
+        "--client", choices=sorted(CLIENTS), default="raw", help="the load generator's HTTP client"
+    )
     args = parser.parse_args()
 
     run = uuid.uuid4().hex[:6]
@@ -379,13 +401,13 @@ def main() -> int:
         spies = []
         if args.py_spy:
             spies = [
-                p for name, pid in pids.items() if name != "client"
+                p
+                for name, pid in pids.items()
+                if name != "client"
                 if (p := py_spy(pid, f"{args.py_spy}-{name}.txt", args.rate_s)) is not None
             ]
         meter = CpuMeter(pids)
-        rate = asyncio.run(
-            phase_rate(base, key, args.rate_s, args.concurrency, args.client)
-        )
+        rate = asyncio.run(phase_rate(base, key, args.rate_s, args.concurrency, args.client))
         print(
             f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients; "
             + meter.report(),

@@ -79,16 +79,22 @@ def free_port() -> int:
 class Proc:
     """A ``tocsin worker`` or ``python -m proxy`` subprocess in its own process group."""
 
-    def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path,
-                 cwd: Path = REPO_ROOT) -> None:
+    def __init__(
+        self, name: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path = REPO_ROOT
+    ) -> None:
         self.name, self.argv, self.env, self.log, self.cwd = name, argv, env, log, cwd
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proc:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                self.argv, env=self.env, cwd=self.cwd, stdout=out, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, start_new_session=True,
+                self.argv,
+                env=self.env,
+                cwd=self.cwd,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         return self
 
@@ -302,10 +308,12 @@ class Scenario:
         self.chaos, self.name = chaos, name
         run = uuid.uuid4().hex[:6]
         self.env = dict(chaos.env)
-        self.env.update({
-            "TOCSIN_TOPIC_PREFIX": f"chaos.{name}.{run}.",
-            "TOCSIN_CASSANDRA_KEYSPACE": f"chaos_{name}_{run}",
-        })
+        self.env.update(
+            {
+                "TOCSIN_TOPIC_PREFIX": f"chaos.{name}.{run}.",
+                "TOCSIN_CASSANDRA_KEYSPACE": f"chaos_{name}_{run}",
+            }
+        )
         self.settings = Settings.from_env(self.env)
         self.logs = chaos.log_dir / f"{name}-{run}"
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -321,22 +329,37 @@ class Scenario:
 
     # processes
     def worker(self, name: str = "w", **env: str) -> Proc:
-        e = dict(self.env, TOCSIN_METRICS_PORT=str(next(_ports)),
-                 TOCSIN_WORKER_WEB_PORT=str(next(_ports)), **env)
+        e = dict(
+            self.env,
+            TOCSIN_METRICS_PORT=str(next(_ports)),
+            TOCSIN_WORKER_WEB_PORT=str(next(_ports)),
+            **env,
+        )
         # CHAOS_WORKER_ROOT: run the workers from another copy of the code (python -m
         # imports from the working directory first), to measure a fix before and after.
         root = Path(os.environ.get("CHAOS_WORKER_ROOT") or REPO_ROOT)
-        p = Proc(name, [sys.executable, "-m", "tocsin.cli", "worker"], e,
-                 self.logs / f"{name}.log", cwd=root).start()
+        p = Proc(
+            name,
+            [sys.executable, "-m", "tocsin.cli", "worker"],
+            e,
+            self.logs / f"{name}.log",
+            cwd=root,
+        ).start()
         self.procs.append(p)
         return p
 
     def proxy(self, name: str = "proxy", **env: str) -> Proc:
-        e = dict(self.env, TOCSIN_PROXY_MODE="fires",
-                 TOCSIN_PROXY_GROUP_ID=self.settings.topics.prefix + "proxy",
-                 TOCSIN_PROXY_METRICS_PORT="0", TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS="true",
-                 TOCSIN_PROXY_COMMIT_INTERVAL_S="1", TOCSIN_PROXY_SESSION_TIMEOUT_S="6",
-                 TOCSIN_PROXY_RETRY_MAX_DELAY_S="5", **env)
+        e = dict(
+            self.env,
+            TOCSIN_PROXY_MODE="fires",
+            TOCSIN_PROXY_GROUP_ID=self.settings.topics.prefix + "proxy",
+            TOCSIN_PROXY_METRICS_PORT="0",
+            TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS="true",
+            TOCSIN_PROXY_COMMIT_INTERVAL_S="1",
+            TOCSIN_PROXY_SESSION_TIMEOUT_S="6",
+            TOCSIN_PROXY_RETRY_MAX_DELAY_S="5",
+            **env,
+        )
         p = Proc(name, [sys.executable, "-m", "proxy"], e, self.logs / f"{name}.log").start()
         self.procs.append(p)
         return p
@@ -366,13 +389,20 @@ class Scenario:
         from topics.models import CreateCommand, HttpCallback, PayloadType
 
         return CreateCommand(
-            tenant=TENANT, schedule_id=sid, request_id=sid, due_ms=due,
-            payload=orjson.dumps({"k": key or sid, "seq": seq}), payload_type=PayloadType.JSON,
-            callback=HttpCallback(url=url), order_key=key or sid, misfire_tolerance_s=3600,
+            tenant=TENANT,
+            schedule_id=sid,
+            request_id=sid,
+            due_ms=due,
+            payload=orjson.dumps({"k": key or sid, "seq": seq}),
+            payload_type=PayloadType.JSON,
+            callback=HttpCallback(url=url),
+            order_key=key or sid,
+            misfire_tolerance_s=3600,
         )
 
-    def schedule(self, creates: list[Any], *, timeout_s: float = 120.0,
-                 resend_after_s: float = 20.0) -> dict[str, int]:
+    def schedule(
+        self, creates: list[Any], *, timeout_s: float = 120.0, resend_after_s: float = 20.0
+    ) -> dict[str, int]:
         """Send creates like a client that retries: unanswered ones are sent again every
         ``resend_after_s``; returns the count of each result code. Accepted ones are
         expected by the tally."""
@@ -452,8 +482,10 @@ def sc_workers(chaos: Chaos) -> dict[str, Any]:
         counter = FireCounter(s.settings, s.tally)
         counter.start()
         n, t0 = 800, now_ms() + 15_000
-        creates = [s.create(f"w-{i}", due, "https://receiver.example/cb")
-                   for i, due in enumerate(spread(n, t0, 50_000))]
+        creates = [
+            s.create(f"w-{i}", due, "https://receiver.example/cb")
+            for i, due in enumerate(spread(n, t0, 50_000))
+        ]
         s.extra["codes"] = s.schedule(creates)
         time.sleep(max(0, (t0 + 8_000 - now_ms()) / 1000))
         say("workers: SIGKILL worker a mid-burst")
@@ -478,9 +510,17 @@ class Stream(threading.Thread):
     is sent again (same content, so a late first copy answers ``duplicate``). A create is
     acknowledged when its result is ``accepted``; rejections are counted by code."""
 
-    def __init__(self, s: Scenario, receiver: Receiver, *, seconds: float, rate: int,
-                 lead_ms: tuple[int, int], resend_after_s: float = 20.0,
-                 give_up_s: float = 400.0) -> None:
+    def __init__(
+        self,
+        s: Scenario,
+        receiver: Receiver,
+        *,
+        seconds: float,
+        rate: int,
+        lead_ms: tuple[int, int],
+        resend_after_s: float = 20.0,
+        give_up_s: float = 400.0,
+    ) -> None:
         super().__init__(daemon=True, name="stream")
         from streams.client import ResultWatcher
 
@@ -506,8 +546,13 @@ class Stream(threading.Thread):
                     base = now_ms()
                     lo, hi = self.lead_ms
                     for j in range(self.rate):
-                        c = s.create(f"{s.name}-{i}", base + lo + (j * (hi - lo)) // self.rate,
-                                     self.receiver.url, key=f"k{i % 40}", seq=i)
+                        c = s.create(
+                            f"{s.name}-{i}",
+                            base + lo + (j * (hi - lo)) // self.rate,
+                            self.receiver.url,
+                            key=f"k{i % 40}",
+                            seq=i,
+                        )
                         s.client.send(c)
                         pending[c.schedule_id] = (c, t)
                         i += 1
@@ -557,8 +602,7 @@ def sc_broker(chaos: Chaos) -> dict[str, Any]:
         stream.join(420)
         s.extra["codes"] = dict(stream.codes)
         s.wait_all_seen(180)
-        return s.report(scheduled=stream.scheduled,
-                        order_violations=receiver.order_violations())
+        return s.report(scheduled=stream.scheduled, order_violations=receiver.order_violations())
     finally:
         receiver.stop()
         s.close()
@@ -582,14 +626,14 @@ def sc_cassandra(chaos: Chaos) -> dict[str, Any]:
         time.sleep(60)
         say("cassandra: starting Cassandra again")
         chaos.stack.cassandra.start(chaos.java)
-        s.notes.append(f"Cassandra unavailable {time.monotonic() - t0:.0f}s (60 s stopped + "
-                       "start-up)")
+        s.notes.append(
+            f"Cassandra unavailable {time.monotonic() - t0:.0f}s (60 s stopped + start-up)"
+        )
         say("cassandra: back")
         stream.join(420)
         s.extra["codes"] = dict(stream.codes)
         s.wait_all_seen(240)
-        return s.report(scheduled=stream.scheduled,
-                        order_violations=receiver.order_violations())
+        return s.report(scheduled=stream.scheduled, order_violations=receiver.order_violations())
     finally:
         receiver.stop()
         s.close()
@@ -604,8 +648,10 @@ def sc_receiver(chaos: Chaos) -> dict[str, Any]:
         s.proxy("proxy")
         s.wait_ready()
         n, t0 = 400, now_ms() + 12_000
-        creates = [s.create(f"r-{i}", due, receiver.url, key=f"k{i % 20}", seq=i)
-                   for i, due in enumerate(spread(n, t0, 30_000))]
+        creates = [
+            s.create(f"r-{i}", due, receiver.url, key=f"k{i % 20}", seq=i)
+            for i, due in enumerate(spread(n, t0, 30_000))
+        ]
         s.extra["codes"] = s.schedule(creates)
         time.sleep(max(0, (t0 + 5_000 - now_ms()) / 1000))
         say("receiver: refusing connections for 60 s")
@@ -620,10 +666,13 @@ def sc_receiver(chaos: Chaos) -> dict[str, Any]:
         s.wait_all_seen(120)
         seen = s.tally.figures()
         last = max((min(v) for v in s.tally.seen.values()), default=back)
-        return s.report(scheduled=n, order_violations=receiver.order_violations(),
-                        attempts=receiver.attempts,
-                        drained_s_after_recovery=round((last - back) / 1000, 1),
-                        **{"triggers": seen["triggers"]})
+        return s.report(
+            scheduled=n,
+            order_violations=receiver.order_violations(),
+            attempts=receiver.attempts,
+            drained_s_after_recovery=round((last - back) / 1000, 1),
+            **{"triggers": seen["triggers"]},
+        )
     finally:
         receiver.stop()
         s.close()
@@ -638,8 +687,10 @@ def sc_proxy(chaos: Chaos) -> dict[str, Any]:
         first = s.proxy("proxy-a")
         s.wait_ready()
         n, t0 = 800, now_ms() + 12_000
-        creates = [s.create(f"p-{i}", due, receiver.url, key=f"k{i % 40}", seq=i)
-                   for i, due in enumerate(spread(n, t0, 45_000))]
+        creates = [
+            s.create(f"p-{i}", due, receiver.url, key=f"k{i % 40}", seq=i)
+            for i, due in enumerate(spread(n, t0, 45_000))
+        ]
         s.extra["codes"] = s.schedule(creates)
         time.sleep(max(0, (t0 + 10_000 - now_ms()) / 1000))
         say("proxy: SIGKILL proxy a mid-delivery")
@@ -670,8 +721,9 @@ def sc_skew(chaos: Chaos) -> dict[str, Any]:
         counter = FireCounter(s.settings, Tally())
         counter.start()
         n, t0 = 300, now_ms() + 10_000
-        creates = [s.create(f"s-{i}", due, receiver.url) for i, due in
-                   enumerate(spread(n, t0, 20_000))]
+        creates = [
+            s.create(f"s-{i}", due, receiver.url) for i, due in enumerate(spread(n, t0, 20_000))
+        ]
         s.extra["codes"] = s.schedule(creates)
         s.wait_all_seen(90)
         counter.close()
@@ -690,8 +742,14 @@ def sc_skew(chaos: Chaos) -> dict[str, Any]:
 def sc_state_dir(chaos: Chaos) -> dict[str, Any]:
     """``tocsin infra up`` on a read-only and on a full state folder: a clear error, nothing
     started, nothing changed (real tmpfs mounts when root may mount; else a chmod'ed dir)."""
-    results: dict[str, Any] = {"scenario": "state_dir", "acknowledged": 0, "triggers": 0,
-                               "lost": 0, "duplicated": 0, "max_lateness_ms": 0}
+    results: dict[str, Any] = {
+        "scenario": "state_dir",
+        "acknowledged": 0,
+        "triggers": 0,
+        "lost": 0,
+        "duplicated": 0,
+        "max_lateness_ms": 0,
+    }
     base = Path(chaos.env["TOCSIN_STATE_DIR"]) / "fs-probe"
     cases: list[tuple[str, str, Callable[[Path], None]]] = [
         ("read-only", "ro,size=64m", lambda p: None),
@@ -702,30 +760,47 @@ def sc_state_dir(chaos: Chaos) -> dict[str, Any]:
     for label, opts, prep in cases:
         mnt = base / label.split()[0]
         mnt.mkdir(parents=True, exist_ok=True)
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)],
-                                 capture_output=True).returncode == 0
+        mounted = (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(mnt)], capture_output=True
+            ).returncode
+            == 0
+        )
         try:
             if not mounted:
                 outcomes.append(f"{label}: skipped (cannot mount tmpfs here)")
                 continue
             prep(mnt)
             before = _tree_digest(mnt)
-            env = dict(chaos.env, TOCSIN_STATE_DIR=str(mnt / "state"),
-                       TOCSIN_KAFKA_PORT="19192", TOCSIN_KAFKA_CONTROLLER_PORT="19193",
-                       TOCSIN_CASSANDRA_PORT="19142", TOCSIN_CASSANDRA_STORAGE_PORT="17100")
+            env = dict(
+                chaos.env,
+                TOCSIN_STATE_DIR=str(mnt / "state"),
+                TOCSIN_KAFKA_PORT="19192",
+                TOCSIN_KAFKA_CONTROLLER_PORT="19193",
+                TOCSIN_CASSANDRA_PORT="19142",
+                TOCSIN_CASSANDRA_STORAGE_PORT="17100",
+            )
             if label.startswith("read-only"):
                 env["TOCSIN_STATE_DIR"] = str(mnt)
             t = time.monotonic()
-            proc = subprocess.run([sys.executable, "-m", "tocsin.cli", "infra", "up"], env=env,
-                                  cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+            proc = subprocess.run(
+                [sys.executable, "-m", "tocsin.cli", "infra", "up"],
+                env=env,
+                cwd=REPO_ROOT,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             took = time.monotonic() - t
             msg = (proc.stderr.strip().splitlines() or ["(no message)"])[-1]
             started = any(_port_in_use(p) for p in (19192, 19142))
             unchanged = _tree_digest(mnt) == before
             ok = proc.returncode != 0 and not started and unchanged and took < 60
-            outcomes.append(f"{label}: exit {proc.returncode} in {took:.1f}s, "
-                            f"servers started: {started}, state unchanged: {unchanged}, "
-                            f"message: {msg}")
+            outcomes.append(
+                f"{label}: exit {proc.returncode} in {took:.1f}s, "
+                f"servers started: {started}, state unchanged: {unchanged}, "
+                f"message: {msg}"
+            )
             results[f"ok_{label.split()[0]}"] = ok
         finally:
             if mounted:
@@ -812,8 +887,9 @@ def fmt(r: dict[str, Any]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--keep-stack", action="store_true")
     args = parser.parse_args()

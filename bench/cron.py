@@ -182,7 +182,8 @@ def main() -> int:
             print(
                 "[measure] event-loop lag over the run: "
                 + ", ".join(
-                    f"> {le} s: {total - lag[le]:.0f}" for le in ("0.1", "0.25", "0.5", "1")
+                    f"> {le} s: {total - lag.get(le, total):.0f}"
+                    for le in ("0.1", "0.25", "0.5", "1")
                 )
                 + f" of {total:.0f} wake-ups",
                 flush=True,
@@ -193,8 +194,8 @@ def main() -> int:
                 n = pauses.get("+Inf", 0.0)
                 print(
                     f"[measure] GC generation {gen}: {n:.0f} pauses, {pauses.get('sum', 0):.1f} s "
-                    f"in all, {n - pauses.get('0.1', 0.0):.0f} over 0.1 s, "
-                    f"{n - pauses.get('0.5', 0.0):.0f} over 0.5 s",
+                    f"in all, {n - pauses.get('0.1', n):.0f} over 0.1 s, "
+                    f"{n - pauses.get('0.5', n):.0f} over 0.5 s",
                     flush=True,
                 )
         lateness = list(seen.values()) + [10**9] * (len(expected) - len(seen))

@@ -111,7 +111,7 @@ def start_workers(env: dict[str, str], log: Path, count: int) -> list[Worker]:
 
 
 def histogram(name: str, **labels: str) -> dict[str, float]:
-    """Cumulative bucket counts (``le`` -> count, plus ``sum``) of a histogram, summed over
+    """Cumulative bucket counts (``le`` as "%g" -> count, plus ``sum``) of a histogram, summed over
     all workers' /metrics and over the label sets matching ``labels``."""
     text = b"".join(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
@@ -126,7 +126,8 @@ def histogram(name: str, **labels: str) -> dict[str, float]:
             continue
         if head.startswith(name + "_bucket"):
             le = head.split('le="', 1)[1].split('"', 1)[0]
-            out[le] = out.get(le, 0.0) + float(value)
+            key = le if le == "+Inf" else f"{float(le):g}"  # "1.0" -> "1", "0.25" stays
+            out[key] = out.get(key, 0.0) + float(value)
         elif head.startswith(name + "_sum"):
             out["sum"] = out.get("sum", 0.0) + float(value)
     return out
