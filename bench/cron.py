@@ -191,11 +191,12 @@ def main() -> int:
         for gen in ("0", "1", "2"):
             pauses = histogram("tocsin_gc_pause_seconds", generation=gen)
             if pauses:
-                n = pauses.get("+Inf", 0.0)
+                count = pauses.get("+Inf", 0.0)
                 print(
-                    f"[measure] GC generation {gen}: {n:.0f} pauses, {pauses.get('sum', 0):.1f} s "
-                    f"in all, {n - pauses.get('0.1', n):.0f} over 0.1 s, "
-                    f"{n - pauses.get('0.5', n):.0f} over 0.5 s",
+                    f"[measure] GC generation {gen}: {count:.0f} pauses, "
+                    f"{pauses.get('sum', 0):.1f} s in all, "
+                    f"{count - pauses.get('0.1', count):.0f} over 0.1 s, "
+                    f"{count - pauses.get('0.5', count):.0f} over 0.5 s",
                     flush=True,
                 )
         lateness = list(seen.values()) + [10**9] * (len(expected) - len(seen))

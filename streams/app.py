@@ -309,6 +309,7 @@ class Worker:
                 self.emitter.start()
                 self.results_emitter.start()
                 metrics.observe_gc_pauses()
+                metrics.tune_gc_for_worker()
                 self._lag_watch = asyncio.ensure_future(metrics.watch_loop_lag())
                 self._started = True
 

@@ -48,3 +48,14 @@ def test_gc_pauses_are_recorded_by_generation() -> None:
         if s.name.endswith("_count") and s.labels["generation"] == "2"
     )
     assert after == counted + 1
+
+
+def test_worker_gc_tuning_freezes_start_up_and_sets_thresholds() -> None:
+    old = gc.get_threshold()
+    try:
+        metrics.tune_gc_for_worker()
+        assert gc.get_threshold() == metrics.WORKER_GC_THRESHOLDS
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*old)
