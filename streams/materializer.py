@@ -738,8 +738,10 @@ class PartitionMaterializer:
             if self._slot_ms is None:
                 await self._start(now_ms)
             await self._read_queue(now_ms, limit)
-            ids = list(self._hot)
-            self._hot.clear()
+            ids: list[tuple[str, str]] = []
+            while self._hot and len(ids) < limit:  # (a step stays bounded after a big batch)
+                ids.append(next(iter(self._hot)))
+                del self._hot[ids[-1]]
             while self._pending and len(ids) < limit:
                 ids.append(self._pending.popleft())
             ids = list(dict.fromkeys(ids))

@@ -408,3 +408,21 @@ async def test_a_failed_step_keeps_its_entries_and_the_saved_position() -> None:
     assert await m.tick(at + 62_000) is False
     assert store.commits == commits + 1
     assert store.cursor is not None and store.cursor[1] == at + 62_000
+
+
+async def test_a_big_batch_of_new_parents_is_extended_a_bounded_step_at_a_time() -> None:
+    store = FakeStore([])
+    config = MaterializerConfig(horizon_ms=H, parents_per_step=2)
+    m = PartitionMaterializer(3, store=store, ticker=FakeTicker(), config=config)
+    await m.tick(NOW)
+    for i in range(5):
+        store.rows[f"n{i}"] = decided(create(EVERY_MINUTE, f"n{i}"), None).change.row
+        m.notify("t", f"n{i}")
+    steps = []
+    while True:
+        before = store.commits
+        more = await m.tick(NOW)
+        steps.append(store.commits - before)
+        if not more:
+            break
+    assert steps == [2, 2, 1]
