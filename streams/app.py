@@ -29,7 +29,7 @@ from streams import metrics
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
 from streams.emitter import Emitter
-from streams.materializer import MaterializerConfig, PartitionMaterializer, RecurringStore
+from streams.materializer import MaterializerConfig, PartitionMaterializer
 from streams.store import Store
 from streams.ticker import PartitionTicker, TickerConfig
 from tocsin.errors import KafkaError, StoreError
@@ -116,7 +116,7 @@ class Worker:
             clock_ms=self.clock_ms,
         )
         # Recurring schedules: one materialiser per owned partition, next to its ticker.
-        self.recurring = RecurringStore(self.store)
+        self.recurring = self.processor.recurring  # (one RecurringStore per worker)
         self.materializers: dict[int, PartitionMaterializer] = {}
         self.materializer_config = MaterializerConfig(
             horizon_ms=int(sched.recurring_horizon_s * 1000),

@@ -54,6 +54,7 @@ from streams.store import (
     BucketRow,
     ScheduleChange,
     ScheduleRow,
+    load_schedule_rows,
 )
 from streams.tenants import QuotaBook, TenantConfig, host_allowed, stamp_retry, topic_allowed
 from streams.ticker import PartitionTicker, TriggerSink
@@ -326,7 +327,7 @@ class CommandProcessor:
         # Recurring schedules (streams.materializer), set by the worker: the materialisers
         # of owned partitions (their lock is held for a batch) and their horizon.
         self.materializers: Mapping[int, Any] = {}
-        self._recurring: RecurringStore | None = None
+        self.recurring = RecurringStore(store)
         self.recurring_horizon_ms = 600_000
         self.quotas = QuotaBook(partitions)
         # Tocsin's own topics: a Kafka callback may never produce into them.
@@ -371,7 +372,9 @@ class CommandProcessor:
             except CommandRejected as rej:
                 outcomes.append((command, Code(rej.code), rej.message))
 
-        current = await self._load_rows(command for _, command in valid)
+        current = await load_schedule_rows(
+            self.store, ((command.tenant, command.schedule_id) for _, command in valid)
+        )
         decisions: list[tuple[RawCommand, Decision]] = []
         for index, command in valid:
             msg = batch[index]
@@ -533,19 +536,6 @@ class CommandProcessor:
                 f"callback topic {callback.topic!r} is not in the tenant's allowed_kafka_topics",
             )
 
-    async def _load_rows(self, commands: Any) -> dict[tuple[str, str], ScheduleRow]:
-        by_tenant: dict[str, list[str]] = {}
-        for command in commands:
-            by_tenant.setdefault(command.tenant, []).append(command.schedule_id)
-        found = await asyncio.gather(
-            *(self.store.get_schedules(tenant, ids) for tenant, ids in by_tenant.items())
-        )
-        return {
-            (tenant, sid): ScheduleRow(**row)
-            for tenant, rows in zip(by_tenant, found, strict=True)
-            for sid, row in rows.items()
-        }
-
     async def _persist(
         self,
         decisions: list[tuple[RawCommand, Decision]],
@@ -587,9 +577,7 @@ class CommandProcessor:
                 if recurring:
                     await self.store.write_recurring_index(recurring)
                 if due:
-                    if self._recurring is None:
-                        self._recurring = RecurringStore(self.store)
-                    await self._recurring.put_due(due)
+                    await self.recurring.put_due(due)
 
             await self.store.apply_schedule_changes(
                 changes,

@@ -68,6 +68,7 @@ from streams.store import (
     BucketRow,
     ScheduleChange,
     ScheduleRow,
+    load_schedule_rows,
 )
 from tocsin.errors import CommandRejected
 from topics.codec import callback_to_json, recurrence_from_json, recurrence_to_json
@@ -519,18 +520,10 @@ class RecurringStore:
         self, partition: int, ids: Sequence[tuple[str, str]]
     ) -> list[ScheduleRow]:
         """The parent rows of ``ids`` that exist and belong to ``partition``, in order."""
-        by_tenant: dict[str, list[str]] = {}
-        for tenant, sid in ids:
-            by_tenant.setdefault(tenant, []).append(sid)
-        tenants = list(by_tenant)
-        found = await asyncio.gather(*(self.store.get_schedules(t, by_tenant[t]) for t in tenants))
-        rows = dict(zip(tenants, found, strict=True))
-        out = []
-        for tenant, sid in ids:
-            raw = rows[tenant].get(sid)
-            if raw is not None and raw.get("partition") == partition:
-                out.append(ScheduleRow(**raw))
-        return out
+        rows = await load_schedule_rows(self.store, ids)
+        return [
+            row for key in ids if (row := rows.get(key)) is not None and row.partition == partition
+        ]
 
     async def write_runs(self, buckets: Sequence[BucketRow], *, now_ms: int) -> None:
         """Bucket rows of new runs (idempotent overwrites, batched per bucket partition)."""

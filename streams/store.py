@@ -22,7 +22,7 @@ import contextlib
 import heapq
 import re
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -1218,6 +1218,25 @@ def _delete_bucket_stmt(key: BucketKey) -> Stmt:
         "delete_bucket",
         [key.partition, key.minute_ms, key.shard, key.due_ms, key.tenant, key.schedule_id],
     )
+
+
+async def load_schedule_rows(
+    store: Any, keys: Iterable[tuple[str, str]]
+) -> dict[tuple[str, str], ScheduleRow]:
+    """The stored rows of (tenant, schedule_id) ``keys``, one ``get_schedules`` (IN
+    queries) per tenant, concurrently; keys without a row are left out. ``store``: a
+    ``Store`` or anything with its ``get_schedules``."""
+    by_tenant: dict[str, list[str]] = {}
+    for tenant, schedule_id in keys:
+        by_tenant.setdefault(tenant, []).append(schedule_id)
+    found = await asyncio.gather(
+        *(store.get_schedules(tenant, ids) for tenant, ids in by_tenant.items())
+    )
+    return {
+        (tenant, sid): ScheduleRow(**row)
+        for tenant, rows in zip(by_tenant, found, strict=True)
+        for sid, row in rows.items()
+    }
 
 
 def _row_bytes(row: BucketRow) -> int:

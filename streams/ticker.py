@@ -338,17 +338,15 @@ class PartitionTicker:
         return self._loader is not None and not self._loader.done()
 
     def _start_load(self) -> None:
-        """Start reading the buckets that came within the preload window, unless a read
-        is running or failed less than a second ago."""
+        """Start ``_load_due_buckets`` when a minute came within the preload window, unless
+        a read is running or failed less than a second ago. (The check is repeated here
+        only so that the loop does not start a task each round for nothing.)"""
         assert self._next_minute_ms is not None
         now = self.clock_ms()
         if self._loading() or now < self._load_retry_at_ms:
             return
-        if self._next_minute_ms > minute_ms(now + self.config.preload_ahead_ms):
-            if not self.ready.is_set():
-                self.ready.set()
-            return
-        self._loader = asyncio.create_task(self._load_in_background())
+        if self._next_minute_ms <= minute_ms(now + self.config.preload_ahead_ms):
+            self._loader = asyncio.create_task(self._load_in_background())
 
     async def _load_in_background(self) -> None:
         loaded = False
