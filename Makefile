@@ -10,7 +10,7 @@ TOCSIN := $(BIN)/tocsin
 PYTEST_ARGS ?=
 
 .PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy \
-        demo bench bench-scheduler bench-proxy bench-cron bench-api chaos api clean deploy-tools deploy-check
+        demo bench bench-scheduler bench-proxy bench-cron bench-api bench-cassandra chaos api clean deploy-tools deploy-check
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
@@ -89,6 +89,10 @@ bench-cron: setup
 # REST API: synchronous creates through `tocsin api` (docs/api.md).
 bench-api: setup
 	$(BIN)/python -m bench.api
+
+# Cassandra round trip with and without TCP_NODELAY (bench/cassandra_latency.py).
+bench-cassandra: up
+	$(BIN)/python -m bench.cassandra_latency
 
 bench: bench-scheduler bench-proxy
 

@@ -1,9 +1,10 @@
 """REST API benchmark (``make bench-api``): synchronous creates through ``tocsin api``.
 
-Runs on this machine against the local stack with one real ``tocsin worker`` and one
-``tocsin api`` subprocess, in a fresh topic prefix and keyspace (removed at the end). A
-tenant is registered through the admin API; every create is signed by the API and waits
-for its command result (request-reply over Kafka), exactly as a client would use it.
+Runs on this machine against the local stack with real ``tocsin worker`` processes
+(``--workers``, default 1) and one ``tocsin api`` subprocess, in a fresh topic prefix and
+keyspace (removed at the end). A tenant is registered through the admin API; every
+create is signed by the API and waits for its command result (request-reply over Kafka),
+exactly as a client would use it.
 
 1. rate: ``--concurrency`` clients send synchronous creates back to back for ``--rate-s``
    seconds; rate = answers 201 with result code ``ok`` / elapsed seconds.
@@ -16,7 +17,12 @@ requests on real connections, each answered by the API only once the worker's re
 back, but without aiohttp's client machinery, which cost about as much CPU per request as
 the API on these shared two cores. ``--client aiohttp`` uses aiohttp's client instead.
 
-Ports: the API, the worker's web and metrics ports and the API's metrics port are free
+After the latency phase, a breakdown read back from the topics themselves says where a
+create's time went: from the command's record timestamp (the API produced it) to the
+start of the worker batch that applied it (the result's ``at_ms``), and from there to the
+result's record timestamp (the worker answered).
+
+Ports: the API, the workers' web and metrics ports and the API's metrics port are free
 ports picked at start (``--api-port`` etc. fix them), so the bench never collides with
 another benchmark or test run on the machine.
 
@@ -46,12 +52,14 @@ import urllib.parse
 import urllib.request
 import uuid
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import orjson
 
 from bench.scheduler import Worker, cleanup, pct
 from tocsin.settings import REPO_ROOT, Settings
+from topics.catalog import catalog
 
 
 def now_ms() -> int:
@@ -86,6 +94,88 @@ class CpuMeter:
         ]
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         return "; ".join(parts) + f"; load average {load}"
+
+
+def breakdown(settings: Settings, since_ms: int, until_ms: int) -> str:
+    """Where a synchronous create's time went, from the records themselves: the command's
+    timestamp (the API produced it), the result's ``at_ms`` (the worker's batch started)
+    and the result's timestamp (the worker produced the answer), for the commands produced
+    in [since_ms, until_ms). p50/p99 of each leg, in ms."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topics = catalog(settings.topics)
+    consumer = Consumer({**settings.kafka.librdkafka(), "group.id": f"bench-{uuid.uuid4().hex}",
+                         "enable.auto.commit": False})
+    try:
+        def read(topic: str, partitions: int) -> list[Any]:
+            tps = consumer.offsets_for_times(
+                [TopicPartition(topic, p, since_ms) for p in range(partitions)], 10)
+            ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+                    for p in range(partitions)]
+            consumer.assign(tps)
+            left = sum(max(0, end - tp.offset) for tp, end in zip(tps, ends, strict=True)
+                       if tp.offset >= 0)
+            out = []
+            while left > 0:
+                batch = consumer.consume(10_000, 2.0)
+                if not batch:
+                    break
+                left -= len(batch)
+                out.extend(m for m in batch if m.error() is None)
+            consumer.unassign()
+            return out
+
+        sent = {}
+        for m in read(topics.commands.name, topics.commands.partitions):
+            ts = m.timestamp()[1]
+            if since_ms <= ts < until_ms:
+                sent[orjson.loads(m.value()).get("request_id")] = ts
+        to_start, in_worker, total = [], [], []
+        for m in read(topics.command_results.name, topics.command_results.partitions):
+            doc = orjson.loads(m.value())
+            produced = sent.get(doc.get("request_id"))
+            if produced is None:
+                continue
+            to_start.append(doc["at_ms"] - produced)
+            in_worker.append(m.timestamp()[1] - doc["at_ms"])
+            total.append(m.timestamp()[1] - produced)
+    finally:
+        consumer.close()
+
+    def leg(name: str, xs: list[int]) -> str:
+        return f"{name} p50 {pct(xs, 0.5):.0f} / p99 {pct(xs, 0.99):.0f} ms"
+
+    return (f"{len(total)} commands: " + leg("command produced -> worker batch start", to_start)
+            + "; " + leg("batch start -> result produced", in_worker) + "; "
+            + leg("command -> result", total))
+
+
+def wait_partitions_owned(workers: list[Worker], settings: Settings, deadline: float) -> None:
+    """Until every commands partition is owned and every worker owns some (the group has
+    settled): a rebalance during a measured phase would stall it."""
+    from topics.catalog import catalog
+
+    total = catalog(settings.topics).commands.partitions
+    while True:
+        owned = [owned_partitions(w) for w in workers]
+        if sum(owned) == total and all(n > 0 for n in owned[:total]):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the workers own {owned} of {total} partitions")
+        time.sleep(0.5)
+
+
+def owned_partitions(worker: Worker) -> int:
+    port = worker.env["TOCSIN_METRICS_PORT"]
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0
+    for line in text.splitlines():
+        if line.startswith("tocsin_owned_partitions "):
+            return int(float(line.split()[1]))
+    return 0
 
 
 def py_spy(pid: int, out: str, seconds: float) -> subprocess.Popen[bytes] | None:
@@ -318,8 +408,11 @@ def main() -> int:
     parser.add_argument("--latency-rate", type=int, default=500)
     parser.add_argument("--latency-s", type=float, default=20)
     parser.add_argument("--api-port", type=int, default=0, help="0: a free port")
-    parser.add_argument("--worker-web-port", type=int, default=0, help="0: a free port")
-    parser.add_argument("--worker-metrics-port", type=int, default=0, help="0: a free port")
+    parser.add_argument(
+        "--workers", type=int, default=1,
+        help="worker processes (they split the commands partitions; one Python process is "
+             "bound to about one core, as in bench-cron)",
+    )
     parser.add_argument("--api-metrics-port", type=int, default=0, help="0: a free port")
     parser.add_argument("--py-spy", metavar="PATH", help="profile the rate phase into PATH-*")
     parser.add_argument(
@@ -335,8 +428,6 @@ def main() -> int:
         {
             "TOCSIN_TOPIC_PREFIX": f"bench.{run}.",
             "TOCSIN_CASSANDRA_KEYSPACE": f"bench_{run}",
-            "TOCSIN_METRICS_PORT": str(args.worker_metrics_port or free_port()),
-            "TOCSIN_WORKER_WEB_PORT": str(args.worker_web_port or free_port()),
             "TOCSIN_LOG_LEVEL": "WARNING",
             "TOCSIN_API_PORT": str(port),
             "TOCSIN_ADMIN_KEY": admin,
@@ -350,8 +441,15 @@ def main() -> int:
     migrate(settings.cassandra)
     state = settings.stack.state_dir
     state.mkdir(parents=True, exist_ok=True)
-    worker = Worker(env, state / f"bench-api-worker-{run}.log")
-    worker.start()
+    workers = []
+    for i in range(max(1, args.workers)):
+        worker = Worker(
+            dict(env, TOCSIN_METRICS_PORT=str(free_port()),
+                 TOCSIN_WORKER_WEB_PORT=str(free_port())),
+            state / f"bench-api-worker-{run}-{i}.log",
+        )
+        worker.start()
+        workers.append(worker)
     api_log = state / f"bench-api-{run}.log"
     with api_log.open("ab") as out:
         api = subprocess.Popen(
@@ -389,8 +487,11 @@ def main() -> int:
         while asyncio.run(phase_rate(base, key, 0.01, 1)) == 0:
             if time.monotonic() > probe_deadline:
                 raise SystemExit("the worker does not answer")
-        assert worker.proc is not None
-        pids = {"api": api.pid, "worker": worker.proc.pid, "client": os.getpid()}
+        wait_partitions_owned(workers, settings, probe_deadline)
+        pids = {"api": api.pid, "client": os.getpid()}
+        for i, worker in enumerate(workers):
+            assert worker.proc is not None
+            pids[f"worker{i}" if len(workers) > 1 else "worker"] = worker.proc.pid
         # The local stack's servers too (shared with whatever else runs on the machine).
         for name in ("kafka", "cassandra"):
             pid_file = state / name / "server.pid"
@@ -416,6 +517,7 @@ def main() -> int:
         for spy in spies:
             spy.wait(60)
         meter = CpuMeter(pids)
+        latency_from_ms = now_ms()
         lat, failed = asyncio.run(
             phase_latency(base, key, args.latency_rate, args.latency_s, args.client)
         )
@@ -425,6 +527,8 @@ def main() -> int:
             f"p99 {pct([int(x) for x in lat], 0.99):.0f} ms; " + meter.report(),
             flush=True,
         )
+        print(f"[latency] breakdown: {breakdown(settings, latency_from_ms, now_ms())}",
+              flush=True)
         results += [
             f"RESULT api_create_p50_ms={pct([int(x) for x in lat], 0.5):.0f} ms",
             f"RESULT api_create_rate={rate:.0f} creates/s",
@@ -437,7 +541,8 @@ def main() -> int:
                 api.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(api.pid, signal.SIGKILL)
-        worker.stop()
+        for worker in workers:
+            worker.stop()
         cleanup(settings)
     for line in results:
         print(line)

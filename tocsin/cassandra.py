@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import ssl
 from typing import Any
 
@@ -37,6 +38,11 @@ def make_cluster(
         "port": settings.port,
         "execution_profiles": {EXEC_PROFILE_DEFAULT: ExecutionProfile(**profile_options)},
         "connect_timeout": 5,
+        # The driver leaves Nagle's algorithm on, and a request written in two segments
+        # then waits for the server's delayed ACK: 43 ms for a lone 12-row batch against
+        # 1.3 ms with TCP_NODELAY (bench/cassandra_latency.py), the bulk of every
+        # synchronous create's time (BENCHMARKS.md, REST API).
+        "sockopts": [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
     }
     if protocol_version is not None:
         kwargs["protocol_version"] = protocol_version

@@ -58,6 +58,9 @@ class KafkaSettings:
         conf: dict[str, Any] = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
+            # librdkafka leaves Nagle's algorithm on: a request written behind another one
+            # still unacknowledged waits for the broker's (delayed) ACK.
+            "socket.nagle.disable": True,
         }
         optional = {
             "sasl.mechanism": self.sasl_mechanism,

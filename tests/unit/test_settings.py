@@ -11,7 +11,22 @@ def test_defaults_point_at_the_local_stack() -> None:
     assert s.kafka.bootstrap_servers == "127.0.0.1:9092"
     assert s.cassandra.contact_points == ("127.0.0.1",)
     assert s.kafka.librdkafka() == {"bootstrap.servers": "127.0.0.1:9092",
-                                    "security.protocol": "PLAINTEXT"}
+                                    "security.protocol": "PLAINTEXT",
+                                    "socket.nagle.disable": True}
+
+
+def test_cassandra_connections_disable_nagle() -> None:
+    """Without TCP_NODELAY a lone request waited ~40 ms for the server's delayed ACK
+    (bench/cassandra_latency.py); every cluster the project builds sets it."""
+    import socket
+
+    from tocsin.cassandra import make_cluster
+
+    cluster = make_cluster(CassandraSettings())
+    try:
+        assert (socket.IPPROTO_TCP, socket.TCP_NODELAY, 1) in cluster.sockopts
+    finally:
+        cluster.shutdown()
 
 
 def test_existing_clusters_with_sasl_and_tls() -> None:

@@ -1,0 +1,96 @@
+"""Cassandra round trip with and without TCP_NODELAY (``make bench-cassandra``).
+
+Why it exists: cassandra-driver leaves Nagle's algorithm on unless ``sockopts`` says
+otherwise. A request the driver writes in more than one segment then waits for the
+server's delayed ACK (about 40 ms on Linux) before its last segment leaves, so a lone
+request (nothing else in flight to push the ACK back) took ~43 ms on an idle local node.
+Every Cassandra call of the worker, the ticker and the API paid it whenever it was
+alone on its connection. ``tocsin.cassandra.make_cluster`` now sets TCP_NODELAY.
+
+Against the local stack's Cassandra, in a scratch keyspace (dropped at the end): waves
+of ``--concurrency`` unlogged batches of ``--rows`` rows (one partition each, the shape
+of the command agent's bucket writes), sent together and awaited, ``--waves`` times,
+with the project's cluster settings, once as they are (TCP_NODELAY) and once with
+``sockopts=[]`` (the driver's default). Prints ``RESULT`` lines last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import uuid
+
+from tocsin.cassandra import make_cluster
+from tocsin.settings import Settings
+
+
+def measure(sockopts: list[tuple[int, int, int]] | None, args: argparse.Namespace) -> list[float]:
+    from cassandra.query import BatchStatement, BatchType
+
+    settings = Settings.from_env().cassandra
+    overrides = {} if sockopts is None else {"sockopts": sockopts}
+    cluster = make_cluster(settings, **overrides)
+    session = cluster.connect()
+    try:
+        ks = args.keyspace
+        session.execute(
+            f"CREATE KEYSPACE IF NOT EXISTS {ks} WITH replication = "
+            "{'class': 'SimpleStrategy', 'replication_factor': 1}"
+        )
+        session.execute(
+            f"CREATE TABLE IF NOT EXISTS {ks}.rows "
+            "(p int, m bigint, c text, v blob, PRIMARY KEY ((p, m), c))"
+        )
+        insert = session.prepare(f"INSERT INTO {ks}.rows (p, m, c, v) VALUES (?, ?, ?, ?)")
+        waves_ms = []
+        for wave in range(args.waves + 5):  # the first 5 warm up
+            batches = []
+            for p in range(args.concurrency):
+                batch = BatchStatement(batch_type=BatchType.UNLOGGED)
+                for _ in range(args.rows):
+                    batch.add(insert, (p, wave, uuid.uuid4().hex, b"x" * 300))
+                batches.append(batch)
+            t0 = time.perf_counter()
+            futures = [session.execute_async(b) for b in batches]
+            for f in futures:
+                f.result()
+            if wave >= 5:
+                waves_ms.append((time.perf_counter() - t0) * 1000)
+        return waves_ms
+    finally:
+        cluster.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--waves", type=int, default=50)
+    parser.add_argument("--rows", type=int, default=12)
+    parser.add_argument("--concurrency", type=int, default=1)
+    parser.add_argument("--keyspace", default=f"bench_nodelay_{uuid.uuid4().hex[:6]}")
+    args = parser.parse_args()
+    results = {}
+    try:
+        for name, sockopts in (("driver_default", []), ("tocsin", None)):
+            waves = sorted(measure(sockopts, args))
+            p50, p99 = statistics.median(waves), waves[int(0.99 * (len(waves) - 1))]
+            print(
+                f"[{name}] {args.waves} waves of {args.concurrency} x {args.rows}-row batches: "
+                f"p50 {p50:.1f} ms, p99 {p99:.1f} ms",
+                flush=True,
+            )
+            results[name] = p50
+    finally:
+        cluster = make_cluster(Settings.from_env().cassandra)
+        try:
+            cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {args.keyspace}")
+        finally:
+            cluster.shutdown()
+    print(f"RESULT cassandra_wave_p50_ms_driver_default={results['driver_default']:.1f} ms")
+    print(f"RESULT cassandra_wave_p50_ms_tcp_nodelay={results['tocsin']:.1f} ms")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
