@@ -38,10 +38,10 @@ def make_cluster(
         "port": settings.port,
         "execution_profiles": {EXEC_PROFILE_DEFAULT: ExecutionProfile(**profile_options)},
         "connect_timeout": 5,
-        # The driver leaves Nagle's algorithm on, and a request written in two segments
-        # then waits for the server's delayed ACK: 43 ms for a lone 12-row batch against
-        # 1.3 ms with TCP_NODELAY (bench/cassandra_latency.py), the bulk of every
-        # synchronous create's time (BENCHMARKS.md, REST API).
+        # The driver leaves Nagle's algorithm on, and a request over about 4 KB (here an
+        # 11-row batch: every grouped write of the command agent and the ticker) then waits
+        # for the server's delayed ACK: 43.6 ms instead of 0.9 ms for a lone 11-row batch;
+        # smaller requests are not delayed (make bench-cassandra, BENCHMARKS.md).
         "sockopts": [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
     }
     if protocol_version is not None:
