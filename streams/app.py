@@ -211,6 +211,7 @@ class Worker:
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]
         async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
             mine = {tp.partition for tp in assigned if tp.topic == self.catalog.commands.name}
+            set_fetch_max_wait(app, s.scheduler.consumer_fetch_max_wait_ms)
             await self._ensure_started()
             await self._stop_tickers(set(self.tickers) - mine)
             for partition in sorted(mine - set(self.tickers)):
@@ -321,6 +322,26 @@ class Worker:
             await asyncio.gather(*(t.stop() for t in stopping))
             log.info("partitions released", extra={"partitions": sorted(partitions)})
         metrics.OWNED_PARTITIONS.set(len(self.tickers))
+
+
+def set_fetch_max_wait(app: faust.App, ms: int) -> int | None:
+    """Give the worker's Kafka consumer a fetch wait of ``ms`` (settings.py says why) and
+    return the value it now uses, None if the consumer could not be reached.
+
+    Faust creates its aiokafka consumer with fetch_max_wait_ms=1500 and no setting for it;
+    aiokafka's fetcher reads the value for every request it builds, so setting it once the
+    consumer runs (at each assignment) applies from the next fetch. The attribute path is
+    private to the pinned faust-streaming and aiokafka (constraints.txt): an upgrade that
+    moves it is reported here and by the integration test reading the metric back."""
+    try:
+        fetcher = app.consumer._thread._consumer._fetcher  # type: ignore[attr-defined]
+        fetcher._fetch_max_wait_ms = ms
+        used = int(fetcher._fetch_max_wait_ms)
+    except AttributeError as exc:
+        log.warning("cannot set the consumer's fetch wait", extra={"error": repr(exc)})
+        return None
+    metrics.CONSUMER_FETCH_MAX_WAIT.set(used)
+    return used
 
 
 def skewed_clock(skew_ms: int) -> Callable[[], int]:

@@ -45,6 +45,10 @@ CHECKPOINT_LAG = Gauge(
     "tocsin_checkpoint_lag_seconds", "Now minus the fire checkpoint", ["partition"]
 )
 CONSUMER_LAG = Gauge("tocsin_consumer_lag_messages", "Commands not yet processed", ["partition"])
+CONSUMER_FETCH_MAX_WAIT = Gauge(
+    "tocsin_consumer_fetch_max_wait_ms",
+    "The fetch wait the worker's Kafka consumer really uses (read back from it)",
+)
 OWNED_PARTITIONS = Gauge("tocsin_owned_partitions", "Commands partitions this worker fires")
 DELIVERIES = Counter("tocsin_deliveries_recorded_total", "Delivery outcomes recorded", ["outcome"])
 FIRES_THROTTLED = Counter(

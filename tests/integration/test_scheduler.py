@@ -80,6 +80,23 @@ def test_create_fires_at_its_due_second(worker: Any, real_stack: Settings, tenan
         assert isinstance(trig.callback, HttpCallback)
 
 
+def test_worker_consumer_uses_the_configured_fetch_wait(worker: Any) -> None:
+    """Faust fixes aiokafka's fetch wait at 1500 ms, with which the command agent could
+    settle seconds behind the commands topic (settings: consumer_fetch_max_wait_ms). The
+    worker sets it through private attributes of the pinned faust-streaming and aiokafka,
+    so this reads back what the running consumer really uses."""
+    import urllib.request
+
+    want = Settings.from_env(worker.env).scheduler.consumer_fetch_max_wait_ms
+    assert want != 1500
+    port = worker.env["TOCSIN_METRICS_PORT"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    used = [float(line.split()[1]) for line in text.splitlines()
+            if line.startswith("tocsin_consumer_fetch_max_wait_ms ")]
+    assert used == [float(want)], worker.log_tail()
+
+
 def test_reschedule_cancel_and_already_fired(worker: Any, real_stack: Settings,
                                              tenant: str) -> None:
     client, results = CommandClient(real_stack), ResultWatcher(real_stack)
