@@ -156,7 +156,40 @@ def ensure_topics(
                 raise KafkaError(f"cannot create topic {name}: {exc}") from exc
         log.info("topics created", extra={"topics": sorted(s.name for s in missing)})
         _wait_for_leaders(admin, [s.name for s in missing], timeout_s)
+        _wait_for_offsets(admin, missing, timeout_s)
     return outcome
+
+
+def _wait_for_offsets(admin: Any, specs: list[TopicSpec], timeout_s: float) -> None:
+    """Metadata can name a leader a moment before that broker serves the partition: an
+    offset lookup then still answers NOT_LEADER_FOR_PARTITION (a fresh-stack CI run failed
+    on one). Wait until every created partition answers one."""
+    import time
+
+    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka.admin import OffsetSpec  # type: ignore[attr-defined]
+
+    pending = {(s.name, p) for s in specs for p in range(s.partitions)}
+    deadline = time.monotonic() + timeout_s
+    last: Exception | None = None
+    while pending and time.monotonic() < deadline:
+        latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
+        futures = admin.list_offsets(
+            {TopicPartition(t, p): latest for t, p in pending}, request_timeout=timeout_s
+        )
+        for tp, fut in futures.items():
+            try:
+                fut.result(timeout=timeout_s)
+                pending.discard((tp.topic, tp.partition))
+            except KafkaException as exc:
+                last = exc
+        if pending:
+            time.sleep(0.1)
+    if pending:
+        raise KafkaError(
+            f"{len(pending)} partitions of new topics answer no offsets after "
+            f"{timeout_s:.0f}s: {last}", retriable=True,
+        )
 
 
 def _wait_for_leaders(admin: Any, names: list[str], timeout_s: float) -> None:
