@@ -57,7 +57,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.scheduler import Worker, cleanup, pct
+from bench.scheduler import WORKER_PORTS, cleanup, metric, pct, start_workers
 from tocsin.settings import REPO_ROOT, Settings
 from topics.catalog import catalog
 
@@ -150,32 +150,19 @@ def breakdown(settings: Settings, since_ms: int, until_ms: int) -> str:
             + leg("command -> result", total))
 
 
-def wait_partitions_owned(workers: list[Worker], settings: Settings, deadline: float) -> None:
+def wait_partitions_owned(total: int, deadline: float) -> None:
     """Until every commands partition is owned and every worker owns some (the group has
     settled): a rebalance during a measured phase would stall it."""
-    from topics.catalog import catalog
-
-    total = catalog(settings.topics).commands.partitions
     while True:
-        owned = [owned_partitions(w) for w in workers]
-        if sum(owned) == total and all(n > 0 for n in owned[:total]):
+        try:
+            owned = [metric("tocsin_owned_partitions", [port]) for port in WORKER_PORTS]
+        except OSError:  # a worker's metrics server is not up yet
+            owned = []
+        if owned and sum(owned) == total and all(n > 0 for n in owned[:total]):
             return
         if time.monotonic() > deadline:
             raise SystemExit(f"the workers own {owned} of {total} partitions")
         time.sleep(0.5)
-
-
-def owned_partitions(worker: Worker) -> int:
-    port = worker.env["TOCSIN_METRICS_PORT"]
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return 0
-    for line in text.splitlines():
-        if line.startswith("tocsin_owned_partitions "):
-            return int(float(line.split()[1]))
-    return 0
 
 
 def py_spy(pid: int, out: str, seconds: float) -> subprocess.Popen[bytes] | None:
@@ -435,21 +422,15 @@ def main() -> int:
     )
     settings = Settings.from_env(env)
     from schema.migrate import migrate
-    from topics.catalog import catalog, ensure_topics
+    from topics.catalog import ensure_topics
 
     ensure_topics(settings.kafka, catalog(settings.topics).all())
     migrate(settings.cassandra)
     state = settings.stack.state_dir
     state.mkdir(parents=True, exist_ok=True)
-    workers = []
-    for i in range(max(1, args.workers)):
-        worker = Worker(
-            dict(env, TOCSIN_METRICS_PORT=str(free_port()),
-                 TOCSIN_WORKER_WEB_PORT=str(free_port())),
-            state / f"bench-api-worker-{run}-{i}.log",
-        )
-        worker.start()
-        workers.append(worker)
+    workers = start_workers(
+        env, state / f"bench-api-worker-{run}.log", args.workers, ports=free_port
+    )
     api_log = state / f"bench-api-{run}.log"
     with api_log.open("ab") as out:
         api = subprocess.Popen(
@@ -487,7 +468,7 @@ def main() -> int:
         while asyncio.run(phase_rate(base, key, 0.01, 1)) == 0:
             if time.monotonic() > probe_deadline:
                 raise SystemExit("the worker does not answer")
-        wait_partitions_owned(workers, settings, probe_deadline)
+        wait_partitions_owned(catalog(settings.topics).commands.partitions, probe_deadline)
         pids = {"api": api.pid, "client": os.getpid()}
         for i, worker in enumerate(workers):
             assert worker.proc is not None

@@ -28,6 +28,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import orjson
@@ -93,16 +94,21 @@ class Worker:
 WORKER_PORTS: list[int] = [METRICS_PORT]
 
 
-def start_workers(env: dict[str, str], log: Path, count: int) -> list[Worker]:
+def start_workers(
+    env: dict[str, str], log: Path, count: int, *, ports: Callable[[], int] | None = None
+) -> list[Worker]:
     """``count`` worker processes of one deployment (they share its consumer group and
-    split its partitions), each with its own metrics port, listed in WORKER_PORTS."""
+    split its partitions), each with its own metrics port, listed in WORKER_PORTS.
+    ``ports``: where each metrics and web port comes from (e.g. a free-port finder); by
+    default fixed ports from METRICS_PORT."""
     WORKER_PORTS[:] = []
     workers = []
     for i in range(max(1, count)):
-        port = METRICS_PORT + 10 * i
+        port = METRICS_PORT + 10 * i if ports is None else ports()
+        web = port + 1 if ports is None else ports()
         WORKER_PORTS.append(port)
         worker = Worker(
-            {**env, "TOCSIN_METRICS_PORT": str(port), "TOCSIN_WORKER_WEB_PORT": str(port + 1)},
+            {**env, "TOCSIN_METRICS_PORT": str(port), "TOCSIN_WORKER_WEB_PORT": str(web)},
             log,
         )
         worker.start()
@@ -133,11 +139,12 @@ def histogram(name: str, **labels: str) -> dict[str, float]:
     return out
 
 
-def metric(name: str) -> float:
-    """Sum of a counter over all label sets and all workers' /metrics."""
+def metric(name: str, ports: Sequence[int] | None = None) -> float:
+    """Sum of a counter or gauge over all label sets and the /metrics of ``ports`` (default:
+    all workers')."""
     text = b"".join(
         urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read()
-        for port in WORKER_PORTS
+        for port in (WORKER_PORTS if ports is None else ports)
     )
     total = 0.0
     for line in text.decode().splitlines():

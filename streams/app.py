@@ -324,9 +324,9 @@ class Worker:
         metrics.OWNED_PARTITIONS.set(len(self.tickers))
 
 
-def set_fetch_max_wait(app: faust.App, ms: int) -> int | None:
+def set_fetch_max_wait(app: faust.App, ms: int) -> None:
     """Give the worker's Kafka consumer a fetch wait of ``ms`` (settings.py says why) and
-    return the value it now uses, None if the consumer could not be reached.
+    publish the value it now uses as ``tocsin_consumer_fetch_max_wait_ms``.
 
     Faust creates its aiokafka consumer with fetch_max_wait_ms=1500 and no setting for it;
     aiokafka's fetcher reads the value for every request it builds, so setting it once the
@@ -339,9 +339,8 @@ def set_fetch_max_wait(app: faust.App, ms: int) -> int | None:
         used = int(fetcher._fetch_max_wait_ms)
     except AttributeError as exc:
         log.warning("cannot set the consumer's fetch wait", extra={"error": repr(exc)})
-        return None
+        return
     metrics.CONSUMER_FETCH_MAX_WAIT.set(used)
-    return used
 
 
 def skewed_clock(skew_ms: int) -> Callable[[], int]:

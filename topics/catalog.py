@@ -155,15 +155,15 @@ def ensure_topics(
                     continue
                 raise KafkaError(f"cannot create topic {name}: {exc}") from exc
         log.info("topics created", extra={"topics": sorted(s.name for s in missing)})
-        _wait_for_leaders(admin, [s.name for s in missing], timeout_s)
-        _wait_for_offsets(admin, missing, timeout_s)
+        _wait_until_served(admin, missing, timeout_s)
     return outcome
 
 
-def _wait_for_offsets(admin: Any, specs: list[TopicSpec], timeout_s: float) -> None:
-    """Metadata can name a leader a moment before that broker serves the partition: an
-    offset lookup then still answers NOT_LEADER_FOR_PARTITION (a fresh-stack CI run failed
-    on one). Wait until every created partition answers one."""
+def _wait_until_served(admin: Any, specs: list[TopicSpec], timeout_s: float) -> None:
+    """Created topics answer "not leader" for a moment, so a caller's first produce or
+    offset lookup could fail: wait until every new partition answers an offset lookup.
+    (Waiting for metadata to name a leader was not enough: it can do so before that broker
+    serves the partition, and a fresh-stack CI run failed on NOT_LEADER_FOR_PARTITION.)"""
     import time
 
     from confluent_kafka import KafkaException, TopicPartition
@@ -174,9 +174,12 @@ def _wait_for_offsets(admin: Any, specs: list[TopicSpec], timeout_s: float) -> N
     last: Exception | None = None
     while pending and time.monotonic() < deadline:
         latest = OffsetSpec.latest()  # type: ignore[no-untyped-call]
-        futures = admin.list_offsets(
-            {TopicPartition(t, p): latest for t, p in pending}, request_timeout=timeout_s
-        )
+        try:
+            futures = admin.list_offsets(
+                {TopicPartition(t, p): latest for t, p in pending}, request_timeout=timeout_s
+            )
+        except KafkaException as exc:  # e.g. the new topics not in the client's metadata yet
+            last, futures = exc, {}
         for tp, fut in futures.items():
             try:
                 fut.result(timeout=timeout_s)
@@ -190,24 +193,3 @@ def _wait_for_offsets(admin: Any, specs: list[TopicSpec], timeout_s: float) -> N
             f"{len(pending)} partitions of new topics answer no offsets after "
             f"{timeout_s:.0f}s: {last}", retriable=True,
         )
-
-
-def _wait_for_leaders(admin: Any, names: list[str], timeout_s: float) -> None:
-    """Created topics answer "not leader" until each partition has one: wait for that, so
-    a caller's first produce or offset lookup does not fail."""
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        topics = admin.list_topics(timeout=timeout_s).topics
-        if all(
-            name in topics
-            and topics[name].partitions
-            and all(p.leader >= 0 for p in topics[name].partitions.values())
-            for name in names
-        ):
-            return
-        time.sleep(0.1)
-    raise KafkaError(
-        f"topics {names} have no partition leaders after {timeout_s:.0f}s", retriable=True
-    )
