@@ -155,15 +155,18 @@ def ensure_topics(
                     continue
                 raise KafkaError(f"cannot create topic {name}: {exc}") from exc
         log.info("topics created", extra={"topics": sorted(s.name for s in missing)})
-        _wait_until_served(admin, missing, timeout_s)
+        _wait_for_leaders(admin, [s.name for s in missing], timeout_s)
+        _wait_for_offsets(admin, missing, timeout_s)
     return outcome
 
 
-def _wait_until_served(admin: Any, specs: list[TopicSpec], timeout_s: float) -> None:
-    """Created topics answer "not leader" for a moment, so a caller's first produce or
-    offset lookup could fail: wait until every new partition answers an offset lookup.
-    (Waiting for metadata to name a leader was not enough: it can do so before that broker
-    serves the partition, and a fresh-stack CI run failed on NOT_LEADER_FOR_PARTITION.)"""
+def _wait_for_offsets(admin: Any, specs: list[TopicSpec], timeout_s: float) -> None:
+    """Metadata can name a leader a moment before that broker serves the partition: an
+    offset lookup then still answers NOT_LEADER_FOR_PARTITION (a fresh-stack CI run failed
+    on one). Wait until every created partition answers one. Runs after
+    ``_wait_for_leaders``, which it does not replace: those ``list_topics`` calls are also
+    what refreshes the admin client's metadata, without which ``list_offsets`` kept
+    answering "No leaders found" for 30 s (a CI run with this wait alone)."""
     import time
 
     from confluent_kafka import KafkaException, TopicPartition
@@ -193,3 +196,24 @@ def _wait_until_served(admin: Any, specs: list[TopicSpec], timeout_s: float) -> 
             f"{len(pending)} partitions of new topics answer no offsets after "
             f"{timeout_s:.0f}s: {last}", retriable=True,
         )
+
+
+def _wait_for_leaders(admin: Any, names: list[str], timeout_s: float) -> None:
+    """Created topics answer "not leader" until each partition has one: wait for that, so
+    a caller's first produce or offset lookup does not fail."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        topics = admin.list_topics(timeout=timeout_s).topics
+        if all(
+            name in topics
+            and topics[name].partitions
+            and all(p.leader >= 0 for p in topics[name].partitions.values())
+            for name in names
+        ):
+            return
+        time.sleep(0.1)
+    raise KafkaError(
+        f"topics {names} have no partition leaders after {timeout_s:.0f}s", retriable=True
+    )
