@@ -25,7 +25,7 @@ import faust
 import orjson
 from faust.types import TP
 
-from streams import metrics
+from streams import drain, metrics
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
 from streams.emitter import Emitter
@@ -212,6 +212,8 @@ class Worker:
         async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
             mine = {tp.partition for tp in assigned if tp.topic == self.catalog.commands.name}
             set_fetch_max_wait(app, s.scheduler.consumer_fetch_max_wait_ms)
+            if s.scheduler.inline_handover:
+                drain.install(app.consumer)
             await self._ensure_started()
             await self._stop_tickers(set(self.tickers) - mine)
             for partition in sorted(mine - set(self.tickers)):

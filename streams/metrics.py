@@ -49,6 +49,12 @@ CONSUMER_FETCH_MAX_WAIT = Gauge(
     "tocsin_consumer_fetch_max_wait_ms",
     "The fetch wait the worker's Kafka consumer really uses (read back from it)",
 )
+CONSUMER_HANDOVERS = Counter(
+    "tocsin_consumer_handovers_total",
+    "Fetched records handed to the streams, by path (streams.drain): inline, or waited "
+    "(the delivery suspended: buffer full or flow control)",
+    ["path"],
+)
 OWNED_PARTITIONS = Gauge("tocsin_owned_partitions", "Commands partitions this worker fires")
 DELIVERIES = Counter("tocsin_deliveries_recorded_total", "Delivery outcomes recorded", ["outcome"])
 FIRES_THROTTLED = Counter(

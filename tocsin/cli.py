@@ -7,6 +7,7 @@ error, 3 not found, 4 rejected by the scheduler, 5 no answer in time (is a worke
 from __future__ import annotations
 
 import argparse
+import asyncio
 import sys
 import time
 from collections.abc import Sequence
@@ -154,12 +155,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def use_event_loop(name: str) -> None:
+    """Make ``name`` ("uvloop" or "asyncio") the loop of every asyncio loop this process
+    creates from now on: aiohttp's ``run_app``, Faust's worker and its consumer thread, the
+    proxy's writer threads and each ``asyncio.run``. (cassandra-driver runs its own libev
+    loop, librdkafka its own threads: neither is affected.)"""
+    if name == "uvloop":
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    else:
+        asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env()
         setup_logging(settings.log_level, settings.log_format)
+        use_event_loop(settings.event_loop)
         result: int = args.func(args, settings)
         return result
     except TocsinError as exc:

@@ -97,6 +97,33 @@ def test_worker_consumer_uses_the_configured_fetch_wait(worker: Any) -> None:
     assert used == [float(want)], worker.log_tail()
 
 
+def test_worker_uses_the_fast_record_hand_over(worker: Any, real_stack: Settings,
+                                               tenant: str) -> None:
+    """The worker hands fetched records to its command stream inline (streams.drain)
+    rather than through Faust's per-record task race. The hand-over shadows a method of
+    Faust's consumer, so this checks that the running worker really takes that path: its
+    inline counter grows by at least the commands sent (a removed ``install``, or a Faust
+    that no longer calls ``wait_first``, leaves it flat)."""
+    import urllib.request
+
+    port = worker.env["TOCSIN_METRICS_PORT"]
+
+    def inline() -> float:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return sum(float(line.split()[1]) for line in text.splitlines()
+                   if line.startswith('tocsin_consumer_handovers_total{path="inline"}'))
+
+    before = inline()
+    client, results = CommandClient(real_stack), ResultWatcher(real_stack)
+    ids = [f"ho-{uuid.uuid4().hex[:8]}" for _ in range(20)]
+    for sid in ids:
+        client.send(create(tenant, sid, now_ms() + 600_000))
+    client.flush()
+    assert {r.code for r in results.wait_for(ids, 30).values()} == {"ok"}
+    assert inline() - before >= len(ids), worker.log_tail()
+
+
 def test_reschedule_cancel_and_already_fired(worker: Any, real_stack: Settings,
                                              tenant: str) -> None:
     client, results = CommandClient(real_stack), ResultWatcher(real_stack)

@@ -66,3 +66,34 @@ def test_command_batch_wait_and_api_linger_are_read_from_the_environment() -> No
                            "TOCSIN_API_PRODUCE_LINGER_MS": "0"})
     assert s.scheduler.command_batch_wait_ms == 5
     assert s.api.produce_linger_ms == 0
+
+
+def test_event_loop_and_inline_handover_are_read_from_the_environment() -> None:
+    default = Settings.from_env({})
+    assert default.event_loop == "uvloop"
+    assert default.scheduler.inline_handover is True
+    s = Settings.from_env({"TOCSIN_EVENT_LOOP": "asyncio", "TOCSIN_INLINE_HANDOVER": "false"})
+    assert s.event_loop == "asyncio"
+    assert s.scheduler.inline_handover is False
+    with pytest.raises(ConfigError, match="TOCSIN_EVENT_LOOP must be one of uvloop, asyncio"):
+        Settings.from_env({"TOCSIN_EVENT_LOOP": "trio"})
+
+
+def test_use_event_loop_sets_the_loop_of_new_asyncio_loops() -> None:
+    import asyncio
+
+    import uvloop
+
+    from tocsin.cli import use_event_loop
+
+    try:
+        use_event_loop("uvloop")
+        loop = asyncio.new_event_loop()
+        assert isinstance(loop, uvloop.Loop)
+        loop.close()
+        use_event_loop("asyncio")
+        loop = asyncio.new_event_loop()
+        assert not isinstance(loop, uvloop.Loop)
+        loop.close()
+    finally:
+        asyncio.set_event_loop_policy(None)
