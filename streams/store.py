@@ -58,8 +58,6 @@ DEFAULT_MAX_IN_FLIGHT = 256
 # are single-partition by construction.
 DEFAULT_MAX_BATCH_BYTES = 40_000
 DEFAULT_RETENTION_S = 7 * 24 * 3600
-# Cassandra 5 speaks v5; pass protocol_version=None to Store to negotiate with older servers.
-DEFAULT_PROTOCOL_VERSION = 5
 
 _KEYSPACE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 
@@ -253,7 +251,7 @@ class Store:
         max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
         max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
         commit_group_size: int = 1,
-        protocol_version: int | None = DEFAULT_PROTOCOL_VERSION,
+        protocol_version: int | None = None,  # None: settings.protocol_version
         bucket_read_hook: Callable[[float, int], None] | None = None,
     ) -> None:
         if not _KEYSPACE_RE.match(settings.keyspace):

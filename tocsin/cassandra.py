@@ -12,15 +12,16 @@ from tocsin.settings import CassandraSettings
 def make_cluster(
     settings: CassandraSettings,
     *,
-    protocol_version: int | None = 5,
+    protocol_version: int | None = None,
     profile: dict[str, Any] | None = None,
     **overrides: Any,
 ) -> Any:
     """A Cluster for these settings; the caller connects and shuts it down.
 
-    ``protocol_version``: Cassandra 5 speaks v5; None lets the driver negotiate (older
-    servers). ``profile``: more options of the default execution profile (consistency,
-    row factory...). ``overrides``: other Cluster arguments (e.g. ``connect_timeout``)."""
+    ``protocol_version``: None takes ``settings.protocol_version`` (4 by default, settings
+    say why; 0 there lets the driver negotiate). ``profile``: more options of the default
+    execution profile (consistency, row factory...). ``overrides``: other Cluster
+    arguments (e.g. ``connect_timeout``)."""
     from cassandra.auth import PlainTextAuthProvider
     from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
     from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
@@ -44,8 +45,9 @@ def make_cluster(
         # smaller requests are not delayed (make bench-cassandra, BENCHMARKS.md).
         "sockopts": [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
     }
-    if protocol_version is not None:
-        kwargs["protocol_version"] = protocol_version
+    version = settings.protocol_version if protocol_version is None else protocol_version
+    if version:
+        kwargs["protocol_version"] = version
     if settings.username:
         kwargs["auth_provider"] = PlainTextAuthProvider(settings.username, settings.password or "")
     if settings.ssl_ca_location:

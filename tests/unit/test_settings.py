@@ -29,6 +29,24 @@ def test_cassandra_connections_disable_nagle() -> None:
         cluster.shutdown()
 
 
+def test_cassandra_protocol_version_comes_from_the_settings() -> None:
+    from tocsin.cassandra import make_cluster
+
+    assert Settings.from_env({}).cassandra.protocol_version == 4
+    for env, want in (({}, 4), ({"TOCSIN_CASSANDRA_PROTOCOL_VERSION": "5"}, 5)):
+        cluster = make_cluster(Settings.from_env(env).cassandra)
+        try:
+            assert cluster.protocol_version == want
+            assert cluster._protocol_version_explicit
+        finally:
+            cluster.shutdown()
+    negotiated = make_cluster(CassandraSettings(protocol_version=0))
+    try:
+        assert not negotiated._protocol_version_explicit
+    finally:
+        negotiated.shutdown()
+
+
 def test_existing_clusters_with_sasl_and_tls() -> None:
     s = Settings.from_env({
         "TOCSIN_KAFKA_BOOTSTRAP_SERVERS": "b1:9093,b2:9093",
