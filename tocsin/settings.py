@@ -96,9 +96,9 @@ class CassandraSettings:
     request_timeout_s: float = 10.0
     # Native protocol version (0: negotiate the highest both sides speak). v4, not
     # Cassandra 5's v5: v5 wraps every frame in checksummed segments whose CRC24 the
-    # driver computes in pure Python, which cost 15-20 % more client CPU per request here
-    # (insert 191-214 vs 233-249 us, 16-row batch 437-449 vs 532-547 us; BENCHMARKS.md),
-    # and the client's CPU is what bounds the worker. TCP (and TLS) still check the bytes.
+    # driver computes in pure Python, which cost 8-20 % more client CPU per request here
+    # (make bench-cassandra: insert 219 vs 260 us, 16-row batch 440 vs 535 us), and the
+    # client's CPU is what bounds the worker. TCP (and TLS) still check the bytes.
     protocol_version: int = 4
 
     def replication_cql(self) -> str:
