@@ -315,6 +315,11 @@ class Worker:
                 metrics.tune_gc_for_worker()
                 self._lag_watch = asyncio.ensure_future(metrics.watch_loop_lag())
                 self._started = True
+                log.info(
+                    "worker edges connected",
+                    # The standard loop, always (settings: event_loop says why).
+                    extra={"event_loop": type(asyncio.get_running_loop()).__module__},
+                )
 
     async def _stop_tickers(self, partitions: set[int]) -> None:
         materializers = [self.materializers.pop(p) for p in partitions if p in self.materializers]
@@ -378,6 +383,8 @@ def run_worker(settings: Settings) -> None:
     # Before joining the consumer group: on another deployment's keyspace this worker
     # would tick that deployment's bucket partitions and move its checkpoints.
     check_keyspace(settings, owner=f"{socket.gethostname()}:{os.getpid()}")
+    # The standard loop whatever TOCSIN_EVENT_LOOP says (settings: event_loop, why).
+    asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
     worker = Worker(settings)
     serve_health(
         worker.health, settings.scheduler.metrics_port, addr=settings.scheduler.metrics_addr

@@ -96,14 +96,16 @@ def install(consumer: Any) -> None:
         delivery, suspension = coros
         try:
             yielded = delivery.send(None)
-        except StopIteration:
+        except StopIteration as stop:
             suspension.close()
             inline()
-            return WaitResults([delivery], [None], False)
+            return WaitResults([delivery], [stop.value], False)
         except BaseException:
             suspension.close()
             raise
         waited()
+        # (wait_first starts _finish's task before anything can cancel it, so the half-run
+        # delivery is always resumed, and closed or finished by it.)
         return await original(_finish(delivery, yielded), suspension)
 
     consumer.wait_first = wait_first

@@ -157,9 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def use_event_loop(name: str) -> None:
     """Make ``name`` ("uvloop" or "asyncio") the loop of every asyncio loop this process
-    creates from now on: aiohttp's ``run_app``, Faust's worker and its consumer thread, the
-    proxy's writer threads and each ``asyncio.run``. (cassandra-driver runs its own libev
-    loop, librdkafka its own threads: neither is affected.)"""
+    creates from now on: aiohttp's ``run_app``, the proxy's writer threads and each
+    ``asyncio.run``. The worker sets the standard loop again before it starts (settings:
+    ``event_loop`` says why). (cassandra-driver runs its own libev loop, librdkafka its own
+    threads: neither is affected.)"""
     if name == "uvloop":
         import uvloop
 

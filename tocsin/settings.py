@@ -215,9 +215,13 @@ class Settings:
     api: ApiSettings = field(default_factory=ApiSettings)
     log_level: str = "INFO"
     log_format: str = "json"  # json or text
-    # Every tocsin process's asyncio loop: "uvloop" (libuv; less CPU per wake-up, which the
-    # API and the worker do thousands of times a second: bench-api 682 -> 724 creates/s)
-    # or "asyncio" (the standard library's selector loop).
+    # The asyncio loop of the API, the proxy and the command line: "uvloop" (libuv; less
+    # CPU per wake-up, which the API does thousands of times a second) or "asyncio" (the
+    # standard library's). The worker always runs the standard loop: its Kafka consumer is
+    # aiokafka (through Faust), which catches only OSError when writing to a connection
+    # the broker closed, and uvloop raises RuntimeError there, which ends the consumer's
+    # group coordination (aio-libs/aiokafka#1038, open): a broker restart or an idle
+    # connection closed after connections.max.idle.ms would stall the worker.
     event_loop: str = "uvloop"
 
     @classmethod

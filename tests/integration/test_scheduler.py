@@ -122,6 +122,9 @@ def test_worker_uses_the_fast_record_hand_over(worker: Any, real_stack: Settings
     client.flush()
     assert {r.code for r in results.wait_for(ids, 30).values()} == {"ok"}
     assert inline() - before >= len(ids), worker.log_tail()
+    # And on the standard asyncio loop, not uvloop (aiokafka#1038; settings: event_loop).
+    log = worker.log_path.read_text(errors="replace")
+    assert "worker edges connected" in log and "uvloop" not in log, worker.log_tail()
 
 
 def test_reschedule_cancel_and_already_fired(worker: Any, real_stack: Settings,

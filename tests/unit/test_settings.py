@@ -104,6 +104,7 @@ def test_use_event_loop_sets_the_loop_of_new_asyncio_loops() -> None:
 
     from tocsin.cli import use_event_loop
 
+    previous = asyncio.get_event_loop_policy()
     try:
         use_event_loop("uvloop")
         loop = asyncio.new_event_loop()
@@ -114,4 +115,4 @@ def test_use_event_loop_sets_the_loop_of_new_asyncio_loops() -> None:
         assert not isinstance(loop, uvloop.Loop)
         loop.close()
     finally:
-        asyncio.set_event_loop_policy(None)
+        asyncio.set_event_loop_policy(previous)

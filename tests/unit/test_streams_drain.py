@@ -143,3 +143,32 @@ async def test_install_is_idempotent() -> None:
     first = c.wait_first
     drain.install(c)
     assert c.wait_first is first
+
+
+async def test_other_calls_keep_the_original_wait_first() -> None:
+    """mode's Service.wait() reaches wait_first with one awaitable and often a timeout
+    (Faust's consumer waits for its flow to resume that way): those keep the original
+    behaviour, timeout included, and are not counted as hand-overs."""
+    c = consumer()
+    resumed = Event()
+    inline, waited = count("inline"), count("waited")
+    result = await c.wait(resumed, timeout=0.05)  # nothing sets it: times out
+    assert result.result is None and result.stopped is True  # (mode reports a timeout so)
+    resumed.set()
+    result = await c.wait(resumed, timeout=1)
+    assert result.result is True and result.stopped is False
+    assert (count("inline"), count("waited")) == (inline, waited)
+
+
+async def test_a_stopped_consumer_takes_the_original_path() -> None:
+    c = consumer()
+    c._stopped.set()
+    ran: list[bool] = []
+
+    async def deliver() -> None:
+        ran.append(True)
+
+    inline = count("inline")
+    result = await asyncio.wait_for(c.wait_first(deliver(), c.suspend_flow.wait()), 2)
+    assert result.stopped is True  # the original reports the stop
+    assert count("inline") == inline
