@@ -90,7 +90,8 @@ bench-cron: setup
 bench-api: setup
 	$(BIN)/python -m bench.api
 
-# Cassandra round trip with and without TCP_NODELAY (bench/cassandra_latency.py).
+# Cassandra round trip with and without TCP_NODELAY, and the driver's CPU per request with
+# protocol v4 and v5 (bench/cassandra_latency.py).
 bench-cassandra: up
 	$(BIN)/python -m bench.cassandra_latency
 

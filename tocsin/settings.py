@@ -37,6 +37,10 @@ def _float(env: Mapping[str, str], name: str, default: float) -> float:
         raise ConfigError(f"TOCSIN_{name} must be a number, got {raw!r}") from exc
 
 
+def _bool(env: Mapping[str, str], name: str, default: bool) -> bool:
+    return _get(env, name, "true" if default else "false").lower() in ("1", "true", "yes")
+
+
 def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str, ...]) -> str:
     raw = _get(env, name, default).strip().lower()
     if raw not in allowed:
@@ -287,10 +291,9 @@ class Settings:
                 command_batch_size=_int(e, "COMMAND_BATCH_SIZE", 500),
                 command_batch_wait_ms=_int(e, "COMMAND_BATCH_WAIT_MS", 20),
                 consumer_fetch_max_wait_ms=_int(e, "CONSUMER_FETCH_MAX_WAIT_MS", 100),
-                inline_handover=_get(e, "INLINE_HANDOVER", "true").lower() in ("1", "true", "yes"),
+                inline_handover=_bool(e, "INLINE_HANDOVER", True),
                 commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
-                require_signed_commands=_get(e, "REQUIRE_SIGNED_COMMANDS", "true").lower()
-                in ("1", "true", "yes"),
+                require_signed_commands=_bool(e, "REQUIRE_SIGNED_COMMANDS", True),
                 session_timeout_s=_float(e, "SESSION_TIMEOUT_S", 10.0),
                 recurring_horizon_s=_float(e, "RECURRING_HORIZON_S", 600.0),
                 recurring_max_runs_per_step=_int(e, "RECURRING_MAX_RUNS_PER_STEP", 500),

@@ -80,20 +80,24 @@ def test_create_fires_at_its_due_second(worker: Any, real_stack: Settings, tenan
         assert isinstance(trig.callback, HttpCallback)
 
 
+def worker_metric(worker: Any, prefix: str) -> list[float]:
+    """The values of the worker's /metrics lines that start with ``prefix``."""
+    import urllib.request
+
+    port = worker.env["TOCSIN_METRICS_PORT"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    return [float(line.split()[1]) for line in text.splitlines() if line.startswith(prefix)]
+
+
 def test_worker_consumer_uses_the_configured_fetch_wait(worker: Any) -> None:
     """Faust fixes aiokafka's fetch wait at 1500 ms, with which the command agent could
     settle seconds behind the commands topic (settings: consumer_fetch_max_wait_ms). The
     worker sets it through private attributes of the pinned faust-streaming and aiokafka,
     so this reads back what the running consumer really uses."""
-    import urllib.request
-
     want = Settings.from_env(worker.env).scheduler.consumer_fetch_max_wait_ms
     assert want != 1500
-    port = worker.env["TOCSIN_METRICS_PORT"]
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    used = [float(line.split()[1]) for line in text.splitlines()
-            if line.startswith("tocsin_consumer_fetch_max_wait_ms ")]
+    used = worker_metric(worker, "tocsin_consumer_fetch_max_wait_ms ")
     assert used == [float(want)], worker.log_tail()
 
 
@@ -104,15 +108,8 @@ def test_worker_uses_the_fast_record_hand_over(worker: Any, real_stack: Settings
     Faust's consumer, so this checks that the running worker really takes that path: its
     inline counter grows by at least the commands sent (a removed ``install``, or a Faust
     that no longer calls ``wait_first``, leaves it flat)."""
-    import urllib.request
-
-    port = worker.env["TOCSIN_METRICS_PORT"]
-
     def inline() -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            text = r.read().decode()
-        return sum(float(line.split()[1]) for line in text.splitlines()
-                   if line.startswith('tocsin_consumer_handovers_total{path="inline"}'))
+        return sum(worker_metric(worker, 'tocsin_consumer_handovers_total{path="inline"}'))
 
     before = inline()
     client, results = CommandClient(real_stack), ResultWatcher(real_stack)

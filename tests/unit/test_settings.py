@@ -116,3 +116,16 @@ def test_use_event_loop_sets_the_loop_of_new_asyncio_loops() -> None:
         loop.close()
     finally:
         asyncio.set_event_loop_policy(previous)
+
+
+def test_boolean_settings_accept_1_true_yes_in_any_case() -> None:
+    from proxy.settings import ProxySettings
+
+    assert Settings.from_env({}).scheduler.require_signed_commands is True
+    assert ProxySettings.from_env({}).allow_private_targets is False
+    for raw, want in (("1", True), ("TRUE", True), ("Yes", True), ("0", False), ("no", False)):
+        s = Settings.from_env({"TOCSIN_REQUIRE_SIGNED_COMMANDS": raw,
+                               "TOCSIN_INLINE_HANDOVER": raw})
+        assert (s.scheduler.require_signed_commands, s.scheduler.inline_handover) == (want, want)
+        proxy = ProxySettings.from_env({"TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": raw})
+        assert proxy.allow_private_targets is want
