@@ -10,7 +10,7 @@ TOCSIN := $(BIN)/tocsin
 PYTEST_ARGS ?=
 
 .PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy \
-        demo bench bench-scheduler bench-proxy bench-cron bench-api bench-cassandra chaos api clean deploy-tools deploy-check
+        demo bench bench-scheduler bench-proxy bench-cron bench-api bench-api-floor bench-cassandra chaos api clean deploy-tools deploy-check
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
@@ -89,6 +89,11 @@ bench-cron: setup
 # REST API: synchronous creates through `tocsin api` (docs/api.md).
 bench-api: setup
 	$(BIN)/python -m bench.api
+
+# The same with workers that skip Cassandra (bench/storeless_worker.py): the create path's
+# floor on this machine, for BENCHMARKS.md's analysis; nothing is stored.
+bench-api-floor: setup
+	$(BIN)/python -m bench.api --worker-store none
 
 # Cassandra round trip with and without TCP_NODELAY, and the driver's CPU per request with
 # protocol v4 and v5 (bench/cassandra_latency.py).

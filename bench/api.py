@@ -33,6 +33,12 @@ py-spy profile of the API and of the worker during the rate phase (collapsed
 stacks ``PATH-api.txt`` and ``PATH-worker.txt``, one line per stack with its sample count,
 for flamegraph.pl or speedscope; py-spy must be on PATH and allowed to attach).
 
+``--worker-store none`` measures the path's floor instead: the workers run
+``bench.storeless_worker``, the real worker with its command agent's Cassandra read and
+writes patched out (nothing is stored). The API, Kafka, Faust's consumer, decoding,
+validation, tenants and results are unchanged, so the figures (named ``*_storeless``) say
+how fast synchronous creates could be on this machine if persisting them cost nothing.
+
 Prints ``RESULT name=value unit`` lines last.
 """
 
@@ -400,6 +406,10 @@ def main() -> int:
         help="worker processes (they split the commands partitions; one Python process is "
              "bound to about one core, as in bench-cron)",
     )
+    parser.add_argument(
+        "--worker-store", choices=("cassandra", "none"), default="cassandra",
+        help="none: workers that skip Cassandra (bench.storeless_worker), the path's floor",
+    )
     parser.add_argument("--api-metrics-port", type=int, default=0, help="0: a free port")
     parser.add_argument("--py-spy", metavar="PATH", help="profile the rate phase into PATH-*")
     parser.add_argument(
@@ -428,8 +438,13 @@ def main() -> int:
     migrate(settings.cassandra)
     state = settings.stack.state_dir
     state.mkdir(parents=True, exist_ok=True)
+    storeless = args.worker_store == "none"
+    if storeless:
+        print("[bound] workers skip Cassandra (bench.storeless_worker): NOTHING is stored; "
+              "these figures are the path's floor, not the scheduler's", flush=True)
     workers = start_workers(
-        env, state / f"bench-api-worker-{run}.log", args.workers, ports=free_port
+        env, state / f"bench-api-worker-{run}.log", args.workers, ports=free_port,
+        command=("bench.storeless_worker",) if storeless else ("tocsin.cli", "worker"),
     )
     api_log = state / f"bench-api-{run}.log"
     with api_log.open("ab") as out:
@@ -510,10 +525,11 @@ def main() -> int:
         )
         print(f"[latency] breakdown: {breakdown(settings, latency_from_ms, now_ms())}",
               flush=True)
+        suffix = "_storeless" if storeless else ""
         results += [
-            f"RESULT api_create_p50_ms={pct([int(x) for x in lat], 0.5):.0f} ms",
-            f"RESULT api_create_rate={rate:.0f} creates/s",
-            f"RESULT api_create_p99_ms={pct([int(x) for x in lat], 0.99):.0f} ms",
+            f"RESULT api_create_p50_ms{suffix}={pct([int(x) for x in lat], 0.5):.0f} ms",
+            f"RESULT api_create_rate{suffix}={rate:.0f} creates/s",
+            f"RESULT api_create_p99_ms{suffix}={pct([int(x) for x in lat], 0.99):.0f} ms",
         ]
     finally:
         if api.poll() is None:

@@ -54,14 +54,18 @@ def pct(values: list[int], q: float) -> float:
 
 
 class Worker:
-    def __init__(self, env: dict[str, str], log: Path) -> None:
-        self.env, self.log = env, log
+    """A worker process: ``tocsin worker``, or ``command`` (bench.api's storeless bound)."""
+
+    def __init__(
+        self, env: dict[str, str], log: Path, command: Sequence[str] = ("tocsin.cli", "worker")
+    ) -> None:
+        self.env, self.log, self.command = env, log, tuple(command)
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tocsin.cli", "worker"],
+                [sys.executable, "-m", *self.command],
                 env=self.env,
                 cwd=REPO_ROOT,
                 stdout=out,
@@ -95,12 +99,18 @@ WORKER_PORTS: list[int] = [METRICS_PORT]
 
 
 def start_workers(
-    env: dict[str, str], log: Path, count: int, *, ports: Callable[[], int] | None = None
+    env: dict[str, str],
+    log: Path,
+    count: int,
+    *,
+    ports: Callable[[], int] | None = None,
+    command: Sequence[str] = ("tocsin.cli", "worker"),
 ) -> list[Worker]:
     """``count`` worker processes of one deployment (they share its consumer group and
     split its partitions), each with its own metrics port, listed in WORKER_PORTS.
     ``ports``: where each metrics and web port comes from (e.g. a free-port finder); by
-    default fixed ports from METRICS_PORT."""
+    default fixed ports from METRICS_PORT. ``command``: the module (and arguments) run with
+    ``python -m``."""
     WORKER_PORTS[:] = []
     workers = []
     for i in range(max(1, count)):
@@ -110,6 +120,7 @@ def start_workers(
         worker = Worker(
             {**env, "TOCSIN_METRICS_PORT": str(port), "TOCSIN_WORKER_WEB_PORT": str(web)},
             log,
+            command,
         )
         worker.start()
         workers.append(worker)
