@@ -6,7 +6,9 @@ the command agent's own decode, validation and result. Everything is the real wo
 except two calls of the command processor, patched in this process only:
 
 - ``load_schedule_rows`` answers "no row" without reading (every create is new);
-- ``CommandProcessor._persist`` returns without writing (no bucket, index or schedule row).
+- ``CommandProcessor._persist`` returns without writing (no bucket, index or schedule row);
+  it also skips handing new schedules to the ticker, which the benchmark's creates (due an
+  hour ahead) would not reach anyway.
 
 Commands are answered ``ok`` and **nothing is stored**, so this is never a scheduler: it
 exists so the benchmark can show how far the targets are from the path's floor. Tenants are

@@ -20,6 +20,17 @@ def test_the_patched_names_exist_with_the_signatures_the_patches_replace() -> No
     )
 
 
+def test_the_command_agent_still_reads_and_writes_through_the_patched_names() -> None:
+    # Otherwise the patches would be dead and bench-api-floor would measure the real worker.
+    used = set(streams.commands.CommandProcessor._process_batch.__code__.co_names)
+    assert {"load_schedule_rows", "_persist"} <= used
+    for real, patched in (
+        (streams.commands.load_schedule_rows, storeless_worker._no_rows),
+        (streams.commands.CommandProcessor._persist, storeless_worker._no_writes),
+    ):
+        assert inspect.iscoroutinefunction(real) and inspect.iscoroutinefunction(patched)
+
+
 def test_the_storeless_read_finds_nothing_and_consumes_its_keys() -> None:
     keys = iter([("t", "a"), ("t", "b")])
     assert asyncio.run(storeless_worker._no_rows(object(), keys)) == {}
