@@ -63,7 +63,7 @@ from typing import Any
 import aiohttp
 import orjson
 
-from bench.scheduler import WORKER_PORTS, cleanup, metric, pct, start_workers
+from bench.scheduler import WORKER_COMMAND, WORKER_PORTS, cleanup, metric, pct, start_workers
 from tocsin.settings import REPO_ROOT, Settings
 from topics.catalog import catalog
 
@@ -440,11 +440,11 @@ def main() -> int:
     state.mkdir(parents=True, exist_ok=True)
     storeless = args.worker_store == "none"
     if storeless:
-        print("[bound] workers skip Cassandra (bench.storeless_worker): NOTHING is stored; "
+        print("[floor] workers skip Cassandra (bench.storeless_worker): NOTHING is stored; "
               "these figures are the path's floor, not the scheduler's", flush=True)
     workers = start_workers(
         env, state / f"bench-api-worker-{run}.log", args.workers, ports=free_port,
-        command=("bench.storeless_worker",) if storeless else ("tocsin.cli", "worker"),
+        command=("bench.storeless_worker",) if storeless else WORKER_COMMAND,
     )
     api_log = state / f"bench-api-{run}.log"
     with api_log.open("ab") as out:

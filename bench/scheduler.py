@@ -53,11 +53,15 @@ def pct(values: list[int], q: float) -> float:
     return float(s[min(len(s) - 1, int(q * len(s)))])
 
 
+# ``python -m`` arguments of a worker process (bench.api's floor runs another module).
+WORKER_COMMAND: tuple[str, ...] = ("tocsin.cli", "worker")
+
+
 class Worker:
-    """A worker process: ``tocsin worker``, or ``command`` (bench.api's storeless bound)."""
+    """A worker process: ``tocsin worker``, or ``command`` (bench.api's storeless floor)."""
 
     def __init__(
-        self, env: dict[str, str], log: Path, command: Sequence[str] = ("tocsin.cli", "worker")
+        self, env: dict[str, str], log: Path, command: Sequence[str] = WORKER_COMMAND
     ) -> None:
         self.env, self.log, self.command = env, log, tuple(command)
         self.proc: subprocess.Popen[bytes] | None = None
@@ -104,7 +108,7 @@ def start_workers(
     count: int,
     *,
     ports: Callable[[], int] | None = None,
-    command: Sequence[str] = ("tocsin.cli", "worker"),
+    command: Sequence[str] = WORKER_COMMAND,
 ) -> list[Worker]:
     """``count`` worker processes of one deployment (they share its consumer group and
     split its partitions), each with its own metrics port, listed in WORKER_PORTS.

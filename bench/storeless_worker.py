@@ -1,4 +1,4 @@
-"""A ``tocsin worker`` whose command agent skips Cassandra: the upper bound of bench-api.
+"""A ``tocsin worker`` whose command agent skips Cassandra: the create path's floor.
 
 Used only by ``python -m bench.api --worker-store none`` to measure what the rest of the
 create path costs on this machine: the API, request-reply over Kafka, Faust's consumer and
