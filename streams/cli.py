@@ -64,10 +64,25 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
             created = asyncio.run(
                 _with_store(settings, lambda s: register_tenant(s, args.name, config, active=True))
             )
-        except (ValueError, TenantExists) as exc:
+        except TenantExists as exc:
+            if args.exist_ok:
+                # Setup scripts re-run on every upgrade: an existing tenant keeps its keys
+                # and configuration untouched.
+                print(f"tenant {args.name} is already registered; left unchanged")
+                return EXIT_OK
+            print(
+                f"error: {exc}; its keys and configuration are left unchanged (a new "
+                f"signing key: `tocsin tenant rotate-key {args.name}`; an API key: POST "
+                f"/v1/tenants/{args.name}/keys; new limits: PATCH /v1/tenants/{args.name})",
+                file=sys.stderr,
+            )
+            return EXIT_FAIL
+        except ValueError as exc:
             print(f"error: {exc}", file=sys.stderr)
             return EXIT_FAIL
-        if args.json:
+        if args.no_print_keys:
+            print(f"tenant {created['tenant']} registered (keys not printed)")
+        elif args.json:
             print(orjson.dumps(created, option=orjson.OPT_INDENT_2).decode())
         else:
             print(
@@ -78,27 +93,6 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
         return EXIT_OK
     if args.action == "rotate-key":
         return _rotate_key(args, settings)
-    if args.action == "add":
-
-        async def add(store: Any) -> None:
-            import time
-
-            from topics.signing import new_signing_key
-
-            await store.put_tenant(
-                args.name,
-                active=True,
-                created_ms=time.time_ns() // 10**6,
-                config="{}",
-                signing_secret=new_signing_key(),
-            )
-
-        asyncio.run(_with_store(settings, add))
-        print(
-            f"tenant {args.name} registered (with a new signing key; "
-            "`tocsin tenant register` also issues an API key)"
-        )
-        return EXIT_OK
     rows = asyncio.run(_with_store(settings, lambda s: s.list_tenants()))
     out = []
     for r in sorted(rows, key=lambda r: r["tenant"]):
@@ -501,13 +495,25 @@ def register(sub: Any) -> None:
     tenant = sub.add_parser(
         "tenant",
         help="register and list tenants, rotate signing keys",
-        description="register: a tenant with a signing key and an API key (printed once); "
-        "add: a tenant with a signing key and no API key; list; rotate-key: issue a new "
+        description="register: a tenant with a signing key and an API key (printed once; "
+        "an existing name is refused, or left unchanged with --exist-ok); list; "
+        "rotate-key: issue a new "
         "signing key, the previous one staying valid until --retire-previous (or for "
         "--previous-valid-s seconds).",
     )
-    tenant.add_argument("action", choices=["register", "add", "list", "rotate-key"])
+    tenant.add_argument("action", choices=["register", "list", "rotate-key"])
     tenant.add_argument("name", nargs="?")
+    tenant.add_argument(
+        "--exist-ok",
+        action="store_true",
+        help="register: an existing tenant is left unchanged and the exit code is 0",
+    )
+    tenant.add_argument(
+        "--no-print-keys",
+        action="store_true",
+        help="register: do not print the new keys (setup jobs whose output is logged; "
+        "issue keys later with rotate-key and the REST API)",
+    )
     tenant.add_argument("--create-quota", type=float, help="commands/s (0 = unlimited)")
     tenant.add_argument("--fire-quota", type=int, help="fires/min (0 = unlimited)")
     tenant.add_argument("--max-payload-bytes", type=int)

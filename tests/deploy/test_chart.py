@@ -335,9 +335,9 @@ def test_setup_job_runs_setup_then_registers_the_tenants(render: Callable[..., R
     script = [line.strip() for line in prod["args"][0].splitlines() if line.strip()]
     assert script == [
         "tocsin setup",
-        "tocsin tenant add 'acme'",
-        "tocsin tenant add 'globex'",
-        "tocsin tenant add 'initech'",
+        "tocsin tenant register 'acme' --exist-ok --no-print-keys",
+        "tocsin tenant register 'globex' --exist-ok --no-print-keys",
+        "tocsin tenant register 'initech' --exist-ok --no-print-keys",
     ]
 
 
