@@ -492,7 +492,7 @@ def main() -> int:
         for name in ("kafka", "cassandra"):
             pid_file = state / name / "server.pid"
             with contextlib.suppress(OSError, ValueError):
-                pid = int(pid_file.read_text().strip())
+                pid = int(pid_file.read_text().split()[0])
                 cpu_s(pid)
                 pids[name] = pid
         spies = []

@@ -80,6 +80,26 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _proc_start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with
+    the pid, it names one process for good, since a pid is reused but never with the same
+    start time."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _proc_cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
+            "utf-8", "replace"
+        )
+    except OSError:
+        return ""
+
+
 def _port_open(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
@@ -167,6 +187,15 @@ def resolve_jars(name: str, state_dir: Path, jars_dir: Path | None = None) -> Pa
 # ----------------------------------------------------------------------------- servers
 
 
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while _pid_alive(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
 class _Server:
     name: str
     port: int
@@ -193,14 +222,26 @@ class _Server:
 
     # shared lifecycle
     def pid(self) -> int | None:
+        """The pid of the server this stack started, or None: the pid file's pid counts only
+        while that process is alive, has the start time recorded with it and runs with this
+        server's home folder on its command line. A stale file whose pid the system gave to
+        another process must never get that process signalled."""
         try:
-            return int(self.pid_file.read_text().strip())
-        except (OSError, ValueError):
+            words = self.pid_file.read_text().split()
+            pid = int(words[0])
+            started = int(words[1]) if len(words) > 1 else None
+        except (OSError, ValueError, IndexError):
             return None
+        if not _pid_alive(pid):
+            return None
+        if started is not None and _proc_start_ticks(pid) != started:
+            return None
+        if str(self.home) not in _proc_cmdline(pid):
+            return None
+        return pid
 
     def running(self) -> bool:
-        pid = self.pid()
-        return pid is not None and _pid_alive(pid)
+        return self.pid() is not None
 
     def status(self) -> ServerStatus:
         running = self.running()
@@ -236,7 +277,7 @@ class _Server:
                 cwd=self.home,
                 start_new_session=True,
             )
-        self.pid_file.write_text(str(proc.pid))
+        self.pid_file.write_text(f"{proc.pid} {_proc_start_ticks(proc.pid) or ''}".strip() + "\n")
         # Reap the child if it exits while we are still here (avoids zombie false-alive).
         threading.Thread(target=proc.wait, daemon=True).start()
         return self._wait_ready(started)
@@ -265,21 +306,23 @@ class _Server:
             f"Last lines of {self.main_log}:\n{_tail(self.main_log)}"
         )
 
-    def stop(self, timeout_s: float = 60.0) -> bool:
+    def stop(self, timeout_s: float = 60.0, kill_timeout_s: float = 15.0) -> bool:
         pid = self.pid()
-        if pid is None or not _pid_alive(pid):
+        if pid is None:
+            if self.pid_file.exists():
+                log.info("stale pid file, nothing signalled", extra={"server": self.name})
             self.pid_file.unlink(missing_ok=True)
             return False
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _pid_alive(pid):
-            time.sleep(0.2)
-        if _pid_alive(pid):
+        if not _wait_gone(pid, timeout_s):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pid, signal.SIGKILL)
-            while _pid_alive(pid):
-                time.sleep(0.1)
+            if not _wait_gone(pid, kill_timeout_s):
+                raise InfraError(
+                    f"{self.name} (pid {pid}) is still alive {kill_timeout_s:.0f}s after "
+                    "SIGKILL (a process stuck in the kernel); its pid file is kept"
+                )
         self.pid_file.unlink(missing_ok=True)
         return True
 
