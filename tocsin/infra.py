@@ -187,6 +187,15 @@ def resolve_jars(name: str, state_dir: Path, jars_dir: Path | None = None) -> Pa
 # ----------------------------------------------------------------------------- servers
 
 
+def ports_taken_message(taken: list[tuple[int, str]]) -> str:
+    lines = [f"  port {port} ({var})" for port, var in taken]
+    return (
+        "ports taken by processes this stack did not start:\n" + "\n".join(lines) + "\n"
+        "stop them, set the variables named to free ports, or set TOCSIN_PORT_OFFSET=N to "
+        "move every port of the stack, worker, proxy and API by N"
+    )
+
+
 def _wait_gone(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while _pid_alive(pid):
@@ -215,6 +224,13 @@ class _Server:
 
     def ready(self) -> bool:
         raise NotImplementedError
+
+    def ports(self) -> list[tuple[int, str]]:
+        """Every port the server listens on, with the variable that moves it."""
+        raise NotImplementedError
+
+    def taken_ports(self) -> list[tuple[int, str]]:
+        return [(port, var) for port, var in self.ports() if _port_open(port)]
 
     @property
     def main_log(self) -> Path:
@@ -254,11 +270,8 @@ class _Server:
             if self.ready():
                 return 0.0
             return self._wait_ready(time.monotonic())
-        if _port_open(self.port):
-            raise InfraError(
-                f"port {self.port} is taken by a process this stack did not start; stop it "
-                f"or set TOCSIN_{self.name.upper()}_PORT to use another port"
-            )
+        if taken := self.taken_ports():
+            raise InfraError(ports_taken_message(taken))
         jars = resolve_jars(self.name, self.stack.state_dir, self.stack.jars_dir)
         try:
             (self.home / "logs").mkdir(parents=True, exist_ok=True)
@@ -329,6 +342,12 @@ class _Server:
 
 class KafkaServer(_Server):
     name = "kafka"
+
+    def ports(self) -> list[tuple[int, str]]:
+        return [
+            (self.stack.kafka_port, "TOCSIN_KAFKA_PORT"),
+            (self.stack.kafka_controller_port, "TOCSIN_KAFKA_CONTROLLER_PORT"),
+        ]
 
     def __init__(self, stack: StackSettings) -> None:
         super().__init__(stack)
@@ -420,6 +439,12 @@ def _kafka_cluster_id() -> str:
 
 class CassandraServer(_Server):
     name = "cassandra"
+
+    def ports(self) -> list[tuple[int, str]]:
+        return [
+            (self.stack.cassandra_port, "TOCSIN_CASSANDRA_PORT"),
+            (self.stack.cassandra_storage_port, "TOCSIN_CASSANDRA_STORAGE_PORT"),
+        ]
 
     def __init__(self, stack: StackSettings) -> None:
         super().__init__(stack)
@@ -539,6 +564,10 @@ class Stack:
     def up(self) -> dict[str, float]:
         """Start what is not running; return each server's seconds-to-ready."""
         self._check_state_dir()
+        # Every busy port at once, before minutes of resolving jars.
+        taken = [p for server in self.servers if not server.running() for p in server.taken_ports()]
+        if taken:
+            raise InfraError(ports_taken_message(taken))
         java = find_java(self.stack)
         # Resolve jars one after the other: two Maven runs sharing ~/.m2 can corrupt it.
         for server in self.servers:

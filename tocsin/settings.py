@@ -48,6 +48,21 @@ def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str,
     return raw
 
 
+def _port(env: Mapping[str, str], name: str, default: int) -> int:
+    """A listening port: TOCSIN_<name> if set, else the default moved by TOCSIN_PORT_OFFSET,
+    so a second stack on one machine moves every port with one variable."""
+    if f"TOCSIN_{name}" in env:
+        port = _int(env, name, default)
+    else:
+        port = default + _int(env, "PORT_OFFSET", 0)
+    if not 0 < port < 65536:
+        raise ConfigError(
+            f"TOCSIN_{name} (or the default {default} + TOCSIN_PORT_OFFSET) must be a port "
+            f"number, got {port}"
+        )
+    return port
+
+
 def _opt(env: Mapping[str, str], name: str) -> str | None:
     value = env.get(f"TOCSIN_{name}")
     return value if value else None
@@ -232,8 +247,8 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         e: Mapping[str, str] = os.environ if env is None else env
         stack_defaults = StackSettings()
-        kafka_port = _int(e, "KAFKA_PORT", stack_defaults.kafka_port)
-        cassandra_port = _int(e, "CASSANDRA_PORT", stack_defaults.cassandra_port)
+        kafka_port = _port(e, "KAFKA_PORT", stack_defaults.kafka_port)
+        cassandra_port = _port(e, "CASSANDRA_PORT", stack_defaults.cassandra_port)
         return cls(
             kafka=KafkaSettings(
                 bootstrap_servers=_get(e, "KAFKA_BOOTSTRAP_SERVERS", f"127.0.0.1:{kafka_port}"),
@@ -270,9 +285,9 @@ class Settings:
             stack=StackSettings(
                 state_dir=Path(_get(e, "STATE_DIR", str(stack_defaults.state_dir))),
                 kafka_port=kafka_port,
-                kafka_controller_port=_int(e, "KAFKA_CONTROLLER_PORT", 9093),
+                kafka_controller_port=_port(e, "KAFKA_CONTROLLER_PORT", 9093),
                 cassandra_port=cassandra_port,
-                cassandra_storage_port=_int(e, "CASSANDRA_STORAGE_PORT", 7000),
+                cassandra_storage_port=_port(e, "CASSANDRA_STORAGE_PORT", 7000),
                 kafka_heap_mib=_int(e, "KAFKA_HEAP_MIB", 512),
                 cassandra_heap_mib=_int(e, "CASSANDRA_HEAP_MIB", 1024),
                 start_timeout_s=_float(e, "STACK_START_TIMEOUT_S", 240.0),
@@ -285,9 +300,9 @@ class Settings:
                 bucket_shards=_int(e, "BUCKET_SHARDS", 1),
                 preload_ahead_s=_float(e, "PRELOAD_AHEAD_S", 10.0),
                 fired_retention_s=_int(e, "FIRED_RETENTION_S", 7 * 24 * 3600),
-                metrics_port=_int(e, "METRICS_PORT", 9464),
+                metrics_port=_port(e, "METRICS_PORT", 9464),
                 metrics_addr=_get(e, "METRICS_ADDR", "0.0.0.0"),
-                worker_web_port=_int(e, "WORKER_WEB_PORT", 6066),
+                worker_web_port=_port(e, "WORKER_WEB_PORT", 6066),
                 command_batch_size=_int(e, "COMMAND_BATCH_SIZE", 500),
                 command_batch_wait_ms=_int(e, "COMMAND_BATCH_WAIT_MS", 20),
                 consumer_fetch_max_wait_ms=_int(e, "CONSUMER_FETCH_MAX_WAIT_MS", 100),
@@ -303,7 +318,7 @@ class Settings:
             ),
             api=ApiSettings(
                 host=_get(e, "API_HOST", "127.0.0.1"),
-                port=_int(e, "API_PORT", 8480),
+                port=_port(e, "API_PORT", 8480),
                 admin_key=_opt(e, "ADMIN_KEY"),
                 request_timeout_s=_float(e, "API_REQUEST_TIMEOUT_S", 10.0),
                 max_body_bytes=_int(e, "API_MAX_BODY_BYTES", 256 * 1024),

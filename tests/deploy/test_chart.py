@@ -57,7 +57,7 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 def code_setting_names() -> set[str]:
     """Every TOCSIN_* variable the code reads through the settings helpers."""
     names: set[str] = set()
-    pattern = re.compile(r'_(?:get|int|float|opt|bool|choice)\(\s*\w+,\s*"([A-Z][A-Z0-9_]*)"')
+    pattern = re.compile(r'_(?:get|int|float|opt|bool|choice|port)\(\s*\w+,\s*"([A-Z][A-Z0-9_]*)"')
     for package in ("tocsin", "proxy", "streams", "topics", "schema"):
         for path in (ROOT / package).rglob("*.py"):
             names.update(f"TOCSIN_{n}" for n in pattern.findall(path.read_text()))

@@ -129,3 +129,21 @@ def test_boolean_settings_accept_1_true_yes_in_any_case() -> None:
         assert (s.scheduler.require_signed_commands, s.scheduler.inline_handover) == (want, want)
         proxy = ProxySettings.from_env({"TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": raw})
         assert proxy.allow_private_targets is want
+
+
+def test_one_port_offset_moves_every_listening_port() -> None:
+    from proxy.settings import ProxySettings
+
+    env = {"TOCSIN_PORT_OFFSET": "100"}
+    s = Settings.from_env(env)
+    st = s.stack
+    assert (st.kafka_port, st.kafka_controller_port) == (9192, 9193)
+    assert (st.cassandra_port, st.cassandra_storage_port) == (9142, 7100)
+    assert s.kafka.bootstrap_servers == "127.0.0.1:9192" and s.cassandra.port == 9142
+    assert (s.scheduler.metrics_port, s.scheduler.worker_web_port) == (9564, 6166)
+    assert s.api.port == 8580
+    assert ProxySettings.from_env(env).metrics_port == 9565
+    # A variable set explicitly wins over the offset.
+    assert Settings.from_env({**env, "TOCSIN_KAFKA_PORT": "5000"}).stack.kafka_port == 5000
+    with pytest.raises(ConfigError, match="TOCSIN_PORT_OFFSET"):
+        Settings.from_env({"TOCSIN_PORT_OFFSET": "60000"})
