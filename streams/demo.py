@@ -35,6 +35,48 @@ def _percentile(values: list[int], q: float) -> float:
     return float(ordered[min(len(ordered) - 1, int(q * len(ordered)))])
 
 
+def _ms(values: list[int], q: float) -> str:
+    """A percentile for people: ``-`` before there is anything to measure, never ``nan``."""
+    return f"{_percentile(values, q):.0f} ms" if values else "- ms"
+
+
+def progress_line(
+    accepted: int, fired: int, delivered: int, count: int, lateness: list[int]
+) -> str:
+    return (
+        f"[demo] accepted {accepted}/{count}  fired {fired}/{count}  "
+        f"delivered {delivered}/{count}  "
+        f"emit lateness p50 {_ms(lateness, 0.5)} p99 {_ms(lateness, 0.99)}"
+    )
+
+
+def summary_lines(
+    *,
+    count: int,
+    accepted: int,
+    rejected: int,
+    fired: int,
+    duplicates: int,
+    lateness: list[int],
+    delivered: int,
+    duplicate_deliveries: int,
+    delivery_lateness: list[int],
+) -> list[str]:
+    """The summary the demo ends with (the README shows one from a real run)."""
+    early = sum(1 for v in lateness if v < 0)
+    return [
+        "[demo] summary",
+        f"  scheduled  {count} (accepted {accepted}, rejected {rejected})",
+        f"  fired      {fired}   duplicates {duplicates}   early {early}",
+        f"  missed     {count - fired}",
+        f"  lateness   p50 {_ms(lateness, 0.5)}   p99 {_ms(lateness, 0.99)}   "
+        f"max {max(lateness, default=0)} ms   (emit time - due time)",
+        f"  delivered  {delivered} over HTTP   duplicate deliveries {duplicate_deliveries}",
+        f"  delivery   p50 {_ms(delivery_lateness, 0.5)}   p99 {_ms(delivery_lateness, 0.99)}"
+        "   (receive time - due time)",
+    ]
+
+
 def _register_tenant(settings: Settings, tenant: str) -> None:
     from streams.store import Store
 
@@ -221,13 +263,7 @@ def _drive(
             lateness.append(trig.emitted_ms - trig.due_ms)
         if time.monotonic() >= next_report:
             next_report += 5
-            print(
-                f"[demo] accepted {accepted}/{count}  fired {len(seen)}/{count}  "
-                f"delivered {delivered()}/{count}  "
-                f"emit lateness p50 {_percentile(lateness, 0.5):.0f} ms "
-                f"p99 {_percentile(lateness, 0.99):.0f} ms",
-                flush=True,
-            )
+            print(progress_line(accepted, len(seen), delivered(), count, lateness), flush=True)
         for name, proc in (("worker", worker), ("proxy", proxy)):
             if proc.poll() is not None:
                 print(f"[demo] the {name} exited unexpectedly; see its log", flush=True)
@@ -236,20 +272,18 @@ def _drive(
     early = sum(1 for v in lateness if v < 0)
     arrivals = {tid: at for tid, at in list(receiver.arrivals.items()) if tid in due}
     e2e = [at - due[tid] for tid, at in arrivals.items()]
-    print("[demo] summary", flush=True)
-    print(f"  scheduled  {count} (accepted {accepted}, rejected {rejected})")
-    print(f"  fired      {len(seen)}   duplicates {duplicates}   early {early}")
-    print(f"  missed     {missed}")
-    print(
-        f"  lateness   p50 {_percentile(lateness, 0.5):.0f} ms   "
-        f"p99 {_percentile(lateness, 0.99):.0f} ms   max {max(lateness, default=0)} ms"
-        "   (emit time - due time)"
-    )
-    print(f"  delivered  {len(arrivals)} over HTTP   duplicate deliveries {receiver.duplicates}")
-    print(
-        f"  delivery   p50 {_percentile(e2e, 0.5):.0f} ms   p99 {_percentile(e2e, 0.99):.0f} ms"
-        "   (receive time - due time)"
-    )
+    for line in summary_lines(
+        count=count,
+        accepted=accepted,
+        rejected=rejected,
+        fired=len(seen),
+        duplicates=duplicates,
+        lateness=lateness,
+        delivered=len(arrivals),
+        duplicate_deliveries=receiver.duplicates,
+        delivery_lateness=e2e,
+    ):
+        print(line, flush=True)
     for closable in (results, fires):
         closable.close()
     return 0 if missed == 0 and early == 0 and len(arrivals) == count else 1
