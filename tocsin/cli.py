@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import orjson
 
@@ -169,12 +170,25 @@ def use_event_loop(name: str) -> None:
         asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())
 
 
+# Long-running servers log structured lines at INFO for a log pipeline; the commands a
+# person runs print their own progress, so their log lines show from WARNING up (unless
+# TOCSIN_LOG_LEVEL says otherwise).
+_SERVERS = frozenset({"worker", "proxy", "api"})
+
+
+def log_level_for(command: str, configured: str, env: Mapping[str, str]) -> str:
+    if command in _SERVERS or "TOCSIN_LOG_LEVEL" in env:
+        return configured
+    return "WARNING"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env()
-        setup_logging(settings.log_level, settings.log_format)
+        setup_logging(log_level_for(args.command, settings.log_level, os.environ),
+                      settings.log_format)
         use_event_loop(settings.event_loop)
         result: int = args.func(args, settings)
         return result

@@ -6,6 +6,7 @@ reader of ``os.environ`` in the code base, so a test can build settings from a p
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,9 @@ class KafkaSettings:
             # (unlike cassandra-driver's, tocsin/cassandra.py); off so that a request queued
             # behind an unacknowledged one never waits for the broker's delayed ACK.
             "socket.nagle.disable": True,
+            # librdkafka prints to stderr itself unless given a logger: through ours, its
+            # lines are structured and filtered like every other.
+            "logger": logging.getLogger("tocsin.librdkafka"),
         }
         optional = {
             "sasl.mechanism": self.sasl_mechanism,
