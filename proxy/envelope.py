@@ -225,6 +225,9 @@ def fire_request(trigger: Trigger, callback: HttpCallback) -> Request:
         ("Tocsin-Tenant", _header_value(trigger.tenant)),
         ("Tocsin-Due-Ms", str(trigger.due_ms)),
         ("Tocsin-Emit-Attempt", str(trigger.attempt)),
+        # The key whose triggers are delivered one at a time, in order: a receiver can
+        # check or use that order without parsing the payload.
+        ("Tocsin-Order-Key", _header_value(trigger.order_key)),
         # Stable across re-emits and proxy retries: receivers can drop duplicates with it.
         ("Idempotency-Key", trigger.trigger_id),
     ]

@@ -65,6 +65,16 @@ def test_fire_request_from_trigger(decode) -> None:
     assert h["Content-Type"] == "application/json" and h["Tocsin-Schedule-Id"] == "s1"
 
 
+def test_fire_request_names_the_order_key() -> None:
+    from proxy.envelope import trigger_decoder
+
+    e = env(value=trigger_json(order_key="account-42\r\nX-Injected: 1"))
+    prepare_fire(e, trigger_decoder())
+    assert e.request is not None
+    value = dict(e.request.headers)["Tocsin-Order-Key"]
+    assert value.startswith("account-42") and "\r" not in value and "\n" not in value
+
+
 def test_bad_triggers_become_invalid_envelopes() -> None:
     from proxy.envelope import trigger_decoder
 
