@@ -15,9 +15,11 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
+from tocsin import settings_doc as sd
 from tocsin.errors import TocsinError
 from tocsin.logs import setup_logging
-from tocsin.settings import Settings
+from tocsin.settings import REPO_ROOT, Settings
+from tocsin.settings_doc import Process
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REJECTED = 0, 1, 2, 3, 4
 EXIT_TIMEOUT = 5
@@ -120,6 +122,36 @@ def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
     return code
 
 
+def cmd_settings(args: argparse.Namespace, settings: Settings) -> int:
+    processes = [sd.Process(args.process)] if args.process else list(sd.Process)
+    if args.write:
+        for page in sorted({sd.TABLE_PAGES[p] for p in processes}):
+            path = REPO_ROOT / page
+            text = path.read_text()
+            for process in processes:
+                if sd.TABLE_PAGES[process] == page:
+                    text = replace_block(text, process)
+            path.write_text(text)
+            print(f"{page}: settings tables written")
+        return EXIT_OK
+    for process in processes:
+        if args.markdown:
+            print(f"### {process.value}\n\n{sd.markdown_table(process)}\n")
+        else:
+            for s in sd.of(process):
+                print(f"{process.value:7s} {s.variable:40s} {s.default:18s} {s.meaning}")
+    return EXIT_OK
+
+
+def replace_block(text: str, process: Process) -> str:
+    """``text`` with the generated settings block of ``process`` brought up to date."""
+    begin = text.find(sd.begin_marker(process))
+    end = text.find(sd.END_MARKER, begin)
+    if begin < 0 or end < 0:
+        raise TocsinError(f"no {sd.begin_marker(process)} ... {sd.END_MARKER} block to replace")
+    return text[:begin] + sd.block(process) + text[end + len(sd.END_MARKER):]
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -144,6 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
         "setup", help="topics create + db migrate + bind the keyspace to this prefix"
     )
     setup.set_defaults(func=cmd_setup)
+
+    settings_cmd = sub.add_parser(
+        "settings", help="every TOCSIN_* variable by process, with its default and meaning"
+    )
+    settings_cmd.add_argument("--markdown", action="store_true", help="as Markdown tables")
+    settings_cmd.add_argument("--process", choices=[p.value for p in Process])
+    settings_cmd.add_argument(
+        "--write", action="store_true", help="bring the docs pages' generated tables up to date"
+    )
+    settings_cmd.set_defaults(func=cmd_settings)
 
     from proxy.cli import register as register_proxy
     from streams.cli import register as register_streams

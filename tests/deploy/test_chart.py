@@ -20,6 +20,7 @@ import pytest
 from proxy.settings import ProxySettings
 from tocsin.errors import ConfigError
 from tocsin.settings import ApiSettings, SchedulerSettings, Settings
+from tocsin.settings_doc import names_read_by_code
 
 from .conftest import CHART, PROD_VALUES, ROOT, SCENARIOS, Rendered, Tools, helm_template, pins, run
 
@@ -56,12 +57,7 @@ def matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
 
 def code_setting_names() -> set[str]:
     """Every TOCSIN_* variable the code reads through the settings helpers."""
-    names: set[str] = set()
-    pattern = re.compile(r'_(?:get|int|float|opt|bool|choice|port)\(\s*\w+,\s*"([A-Z][A-Z0-9_]*)"')
-    for package in ("tocsin", "proxy", "streams", "topics", "schema"):
-        for path in (ROOT / package).rglob("*.py"):
-            names.update(f"TOCSIN_{n}" for n in pattern.findall(path.read_text()))
-    return names
+    return names_read_by_code(ROOT)
 
 
 def kubeconform(tools: Tools, text: str, version: str) -> None:
