@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import os
 import sys
 import time
@@ -229,8 +230,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         settings = Settings.from_env()
-        setup_logging(log_level_for(args.command, settings.log_level, os.environ),
-                      settings.log_format)
+        level = log_level_for(args.command, settings.log_level, os.environ)
+        setup_logging(level, settings.log_format)
+        if args.command not in _SERVERS and "TOCSIN_LOG_LEVEL" not in os.environ:
+            # librdkafka warns of conditions it retries by itself (GETPID while a new
+            # broker loads its coordinator); a person needs only what it gives up on.
+            logging.getLogger("tocsin.librdkafka").setLevel(logging.ERROR)
         use_event_loop(settings.event_loop)
         result: int = args.func(args, settings)
         return result
