@@ -61,6 +61,8 @@ _HTTP: dict[str, int] = {
     Code.TOO_LARGE: 413,
     Code.KEY_MISMATCH: 500,  # the API keys commands itself: a bug if it happens
     Code.WRONG_PARTITION: 500,
+    Code.STORE_REJECTED: 422,
+    Code.INTERNAL_ERROR: 500,
 }
 
 

@@ -32,7 +32,6 @@ from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer
 from streams.store import Store
 from streams.ticker import PartitionTicker, TickerConfig
-from tocsin.errors import KafkaError, StoreError
 from tocsin.health import Health
 from tocsin.health import serve as serve_health
 from tocsin.logs import setup_logging
@@ -114,6 +113,7 @@ class Worker:
             tenant_ttl_s=settings.api.tenant_cache_ttl_s,
             require_signed=sched.require_signed_commands,
             clock_ms=self.clock_ms,
+            fired_retention_s=sched.fired_retention_s,
         )
         # Recurring schedules: one materialiser per owned partition, next to its ticker.
         self.recurring = self.processor.recurring  # (one RecurringStore per worker)
@@ -180,7 +180,7 @@ class Worker:
                     )
                     for e in events
                 ]
-                await self._process_until_stored(batch)
+                await self.processor.process_until_answered(batch)
                 self._observe_lag(app, events)
 
         deliveries = app.topic(
@@ -259,28 +259,6 @@ class Worker:
             high = app.consumer.highwater(tp)
             if high is not None:
                 metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, high - offset - 1))
-
-    async def _process_until_stored(self, batch: list[RawCommand]) -> None:
-        """Process a batch, retrying while Cassandra or Kafka is unavailable (issue 7).
-
-        Before, a StoreError escaped the agent: Faust restarted the crashed agent and the
-        batch's records were acknowledged unprocessed, so their commands got no result at
-        all. Now commands wait (neither rejected nor lost) until the store answers. A retry
-        after a partial write is safe: each schedule row records the offset it applied, so
-        the replay is answered with the original outcome and nothing is applied twice."""
-        delay = 0.5
-        while True:
-            try:
-                await self.processor.process_batch(batch)
-                return
-            except (StoreError, KafkaError) as exc:
-                # (KafkaError: results not acknowledged, e.g. the broker restarting.)
-                log.warning(
-                    "store or broker unavailable; retrying the command batch",
-                    extra={"commands": len(batch), "error": str(exc), "retry_s": delay},
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
 
     async def _record_delivery(self, outcome: dict[str, Any]) -> None:
         try:

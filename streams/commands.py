@@ -30,12 +30,13 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
 from streams import metrics
+from streams.buckets import max_due_ms
 from streams.cache import TtlCache
 from streams.materializer import (
     RecurringStore,
@@ -47,6 +48,7 @@ from streams.materializer import (
 from streams.partitioner import partition_for
 from streams.recurring import NEVER_MS, first_run
 from streams.store import (
+    DEFAULT_RETENTION_S,
     STATE_CANCELLED,
     STATE_FIRED,
     STATE_MISSED,
@@ -58,7 +60,7 @@ from streams.store import (
 )
 from streams.tenants import QuotaBook, TenantConfig, host_allowed, stamp_retry, topic_allowed
 from streams.ticker import PartitionTicker, TriggerSink
-from tocsin.errors import CommandRejected
+from tocsin.errors import CommandRejected, TocsinError
 from topics.codec import callback_from_json, callback_to_json, encode_result
 from topics.codes import ACCEPTED_CODES, Code
 from topics.ids import format_iso_ms
@@ -78,6 +80,10 @@ from topics.signing import SigningKeys, check_signature, header_map
 from topics.validation import Limits, check_not_past, decode_command, salvage_ids
 
 log = logging.getLogger("tocsin.commands")
+
+# Backoff of a batch waiting for Cassandra or Kafka to come back.
+RETRY_FIRST_S = 0.5
+RETRY_MAX_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,8 +316,12 @@ class CommandProcessor:
         tenant_ttl_s: float = 5.0,
         require_signed: bool = True,
         results_sink: TriggerSink | None = None,
+        fired_retention_s: int = DEFAULT_RETENTION_S,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
+        self.sleep = sleep
         self.require_signed = require_signed
+        self.fired_retention_s = fired_retention_s
         self.store = store
         self.sink = sink
         # Where results go (default: ``sink``). The worker gives results a producer without
@@ -512,6 +522,9 @@ class CommandProcessor:
                 )
             if command.recurrence is not None and horizon is not None:
                 check_recurring_horizon(command.recurrence, horizon, now)
+            retention = config.retention_s or self.fired_retention_s
+            first = due if command.recurrence is None else first_run(command.recurrence, now)
+            check_storable(first, now, retention)
             if command.callback is not None:
                 self._check_callback(command.callback, config)
         return config
@@ -600,6 +613,86 @@ class CommandProcessor:
             # committed) only once Kafka has the trigger - a crash before replays the command.
             await asyncio.gather(*late)
 
+    async def process_until_answered(self, batch: Sequence[RawCommand]) -> None:
+        """Process a batch until every command in it is answered.
+
+        A retriable failure (Cassandra or Kafka unavailable, a timeout) is waited out with
+        backoff: the commands are neither rejected nor lost, and a retry after a partial
+        write is safe, since each schedule row records the offset it applied (a replay is
+        answered with the original outcome, nothing is applied twice). Any other failure
+        (the store refusing a write for good, a bug) cannot succeed by waiting, so the
+        batch is split and its commands applied one at a time: the one that fails on its
+        own is answered ``store_rejected`` or ``internal_error`` and every other command
+        proceeds. Nothing leaves this method unanswered, and it raises nothing but
+        cancellation."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                await self.process_batch(batch)
+                return
+            except Exception as exc:
+                if not (isinstance(exc, TocsinError) and exc.retriable):
+                    failure = exc
+                    break
+                log.warning(
+                    "store or broker unavailable; retrying the command batch",
+                    extra={"commands": len(batch), "error": str(exc), "retry_s": delay},
+                )
+                await self.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+        if len(batch) > 1:
+            log.warning(
+                "a command batch failed for good; applying its commands one at a time",
+                extra={"commands": len(batch), "error": str(failure)},
+            )
+            for msg in batch:
+                await self.process_until_answered([msg])
+            return
+        if isinstance(failure, TocsinError):
+            code, text = Code.STORE_REJECTED, str(failure)
+        else:
+            log.error(
+                "command failed unexpectedly", exc_info=failure,
+                extra={"partition": batch[0].partition, "offset": batch[0].offset},
+            )
+            code, text = Code.INTERNAL_ERROR, f"{type(failure).__name__}: {failure}"
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                await self.answer(batch[0], code, text)
+                return
+            except TocsinError as exc:
+                log.warning(
+                    "cannot send a command's answer; retrying",
+                    extra={"error": str(exc), "retry_s": delay},
+                )
+                await self.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+
+    async def answer(self, msg: RawCommand, code: Code, text: str) -> CommandResult:
+        """Answer one command with ``code`` without applying it (a command whose batch
+        failed for a reason of its own); waits until Kafka acknowledges the answer."""
+        now = self.clock_ms()
+        command: Command | None
+        try:
+            command = decode_command(msg.value or b"", key=msg.key, now_ms=now, limits=self.limits)
+        except CommandRejected:
+            command = None
+        result = self._result(msg, command, code, text, now)
+        labels = (str(result.command or "unknown"), str(result.status), str(code))
+        metrics.COMMANDS.labels(*labels).inc()
+        log.warning(
+            "command rejected on its own",
+            extra={"code": str(code), "reason": text, "partition": msg.partition,
+                   "offset": msg.offset, "schedule_id": result.schedule_id},
+        )
+        await self.results_sink.send(
+            self.results_topic,
+            key=(result.schedule_id or "").encode() or None,
+            value=encode_result(result),
+        )
+        return result
+
     def _hand_to_ticker(self, row: ScheduleRow, now: int) -> Any:
         ticker = self.tickers.get(row.partition)
         if ticker is None:
@@ -653,6 +746,23 @@ def recurring_index_changes(
         if row.recurrence is not None and change.event in ("created", "cancelled"):
             out.append((row.tenant, row.schedule_id, row.created_ms, change.event == "cancelled"))
     return out
+
+
+def check_storable(first_ms: int | None, now_ms: int, retention_s: int) -> None:
+    """Rows of a schedule first due at ``first_ms`` must be storable at all (pure): kept
+    until due plus ``retention_s``, which Cassandra allows up to a 20-year TTL
+    (streams.buckets.max_due_ms); later is ``beyond_horizon``, whatever the tenant's own
+    horizon."""
+    if first_ms is None or first_ms >= NEVER_MS:
+        return
+    limit = max_due_ms(now_ms, retention_s)
+    if first_ms > limit:
+        raise CommandRejected(
+            Code.BEYOND_HORIZON,
+            f"{format_iso_ms(first_ms)} is later than Tocsin can store a schedule "
+            f"({format_iso_ms(limit)}: Cassandra's 20 years of TTL less {retention_s} s of "
+            "retention)",
+        )
 
 
 def check_recurring_horizon(rec: Recurrence, horizon_s: int, now_ms: int) -> None:

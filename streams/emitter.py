@@ -14,6 +14,7 @@ import threading
 from collections import deque
 from typing import Any
 
+from confluent_kafka import KafkaError as KafkaCode
 from confluent_kafka import KafkaException, Producer
 
 from tocsin.errors import KafkaError
@@ -111,7 +112,9 @@ class Emitter:
                 # Local queue full: let the poll thread drain it (rare; sized for bursts).
                 self._producer.poll(0.01)
             except KafkaException as exc:
-                raise KafkaError(f"cannot produce to {topic}: {exc}") from exc
+                raise KafkaError(
+                    f"cannot produce to {topic}: {exc}", retriable=produce_retriable(exc.args[0])
+                ) from exc
 
     async def flush(self, timeout_s: float = 30.0) -> int:
         return await asyncio.to_thread(self._producer.flush, timeout_s)
@@ -125,6 +128,26 @@ class Emitter:
             self._hand_over()
 
 
+# What no retry can fix: the record itself is refused (too large, malformed). Every other
+# produce failure (timeouts, brokers down, leaders moving, a full queue) is the cluster's
+# state, which retrying with backoff outlives; librdkafka's own retriable() flag is False
+# for message timeouts, which are exactly that.
+_PERMANENT = frozenset(
+    {
+        KafkaCode.MSG_SIZE_TOO_LARGE,
+        KafkaCode.INVALID_MSG,
+        KafkaCode.INVALID_MSG_SIZE,
+        KafkaCode.INVALID_RECORD,
+    }
+)
+
+
+def produce_retriable(err: Any) -> bool:
+    """Whether a produce error (a confluent_kafka.KafkaError) may succeed if tried again."""
+    code = err.code() if hasattr(err, "code") else None
+    return code not in _PERMANENT
+
+
 def _settle_all(batch: list[tuple[asyncio.Future[Any], str, Any, Any]]) -> None:
     """On the event loop: resolve the futures of one poll round's delivery reports."""
     for fut, topic, err, position in batch:
@@ -132,7 +155,7 @@ def _settle_all(batch: list[tuple[asyncio.Future[Any], str, Any, Any]]) -> None:
             continue
         if err is not None:
             fut.set_exception(
-                KafkaError(f"delivery to {topic} failed: {err}", retriable=bool(err.retriable()))
+                KafkaError(f"delivery to {topic} failed: {err}", retriable=produce_retriable(err))
             )
         else:
             fut.set_result(position)

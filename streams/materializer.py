@@ -576,18 +576,10 @@ class RecurringStore:
             if runs is not None:
                 group.extend(self._history_stmts(row, runs[index], now_ms))
             per_parent.append(group)
-        size = max(1, getattr(self.store, "commit_group_size", 1))
-        sends = []
-        chunk: list[Any] = []
-        count = 0
-        for group in per_parent:
-            if chunk and (count >= size or len(chunk) + len(group) > 200):
-                sends.append(self.store._run_together("rec_commit", chunk))
-                chunk, count = [], 0
-            chunk.extend(group)
-            count += 1
-        if chunk:
-            sends.append(self.store._run_together("rec_commit", chunk))
+        sends = [
+            self.store._run_together("rec_commit", [s for i in batch for s in per_parent[i]])
+            for batch in self.store.pack(per_parent)
+        ]
         results = await asyncio.gather(*sends, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException):

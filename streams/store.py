@@ -803,12 +803,17 @@ class Store:
                 )
             stmts.extend(change.commit_with)
             commits.append(stmts)
-        group = self.commit_group_size
         await _gather_all(
             [
-                self._run_together("put_schedule", [s for c in commits[i : i + group] for s in c])
-                for i in range(0, len(commits), group)
+                self._run_together("put_schedule", [s for i in batch for s in commits[i]])
+                for batch in self.pack(commits)
             ]
+        )
+
+    def pack(self, groups: Sequence[Sequence[Stmt]]) -> list[list[int]]:
+        """``pack_groups`` with this store's count and byte limits."""
+        return pack_groups(
+            groups, max_count=self.commit_group_size, max_bytes=self.max_batch_bytes
         )
 
     # -- fire bookkeeping ------------------------------------------------------------------
@@ -893,23 +898,25 @@ class Store:
         update and event stay one mutation, the group is just one request instead of many
         (the ticker records every fire, so per-request client CPU is what limits burst and
         recurring fire rates on a small box)."""
-        size = self.commit_group_size
-        sends = []
-        for start in range(0, len(marks), size):
-            stmts: list[Stmt] = []
-            for m in marks[start : start + size]:
-                params, event = self._mark_stmts(
-                    STATE_FIRED, m.tenant, m.schedule_id, m.trigger_id, m.fired_ms, m.due_ms,
-                    None, m.retention_s,
-                )
-                stmts += [("mark_done", params), event]
-            sends.append(self._run_together("mark_fired", stmts))
-        results = await asyncio.gather(*sends, return_exceptions=True)
-        out: list[BaseException | None] = []
-        for index, result in enumerate(results):
-            count = min(size, len(marks) - index * size)
-            error = result if isinstance(result, BaseException) else None
-            out.extend([error] * count)
+        groups: list[list[Stmt]] = []
+        for m in marks:
+            params, event = self._mark_stmts(
+                STATE_FIRED, m.tenant, m.schedule_id, m.trigger_id, m.fired_ms, m.due_ms,
+                None, m.retention_s,
+            )
+            groups.append([("mark_done", params), event])
+        batches = self.pack(groups)
+        results = await asyncio.gather(
+            *(
+                self._run_together("mark_fired", [s for i in batch for s in groups[i]])
+                for batch in batches
+            ),
+            return_exceptions=True,
+        )
+        out: list[BaseException | None] = [None] * len(marks)
+        for batch, result in zip(batches, results, strict=True):
+            for i in batch:
+                out[i] = result if isinstance(result, BaseException) else None
         return out
 
     async def mark_missed(
@@ -1235,6 +1242,39 @@ async def load_schedule_rows(
         for tenant, rows in zip(by_tenant, found, strict=True)
         for sid, row in rows.items()
     }
+
+
+def _stmt_bytes(stmt: Stmt) -> int:
+    """A generous estimate of a statement's share of a batch (for packing): its values'
+    lengths plus a fixed cost per value and statement."""
+    size = 64
+    for value in stmt[1]:
+        size += 16 + (len(value) if isinstance(value, bytes | str) else 8)
+    return size
+
+
+def pack_groups(
+    groups: Sequence[Sequence[Stmt]], *, max_count: int, max_bytes: int
+) -> list[list[int]]:
+    """Indexes of ``groups`` packed into batches (pure): each group (statements sharing one
+    partition key, which must stay one mutation) goes whole into one batch; a batch holds
+    at most ``max_count`` groups and ``max_bytes`` estimated bytes, except that a group
+    larger than ``max_bytes`` goes alone. Cassandra refuses a multi-partition batch over
+    batch_size_fail_threshold (50 KiB stock) but never a single-partition one, so a group
+    alone is always accepted whatever its size."""
+    packed: list[list[int]] = []
+    current: list[int] = []
+    size = 0
+    for index, group in enumerate(groups):
+        nbytes = sum(_stmt_bytes(stmt) for stmt in group)
+        if current and (len(current) >= max_count or size + nbytes > max_bytes):
+            packed.append(current)
+            current, size = [], 0
+        current.append(index)
+        size += nbytes
+    if current:
+        packed.append(current)
+    return packed
 
 
 def _row_bytes(row: BucketRow) -> int:

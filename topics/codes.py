@@ -41,6 +41,8 @@ class Code(StrEnum):
     CALLBACK_NOT_ALLOWED = "callback_not_allowed"
     BEYOND_HORIZON = "beyond_horizon"
     SIGNING_KEY_RETIRED = "signing_key_retired"
+    STORE_REJECTED = "store_rejected"
+    INTERNAL_ERROR = "internal_error"
 
     @property
     def doc(self) -> str:
@@ -95,6 +97,14 @@ DOCS: dict[Code, str] = {
         "The command is signed with a signing key of the tenant that was rotated out and "
         "retired; sign with the tenant's current key."
     ),
+    Code.STORE_REJECTED: (
+        "Cassandra or Kafka refused this command's data for good (the message says why); "
+        "nothing was applied, and repeating the same command gets the same answer."
+    ),
+    Code.INTERNAL_ERROR: (
+        "The worker failed on this command in a way it did not expect (a bug, logged with "
+        "its traceback); nothing was applied. The other commands of its batch proceeded."
+    ),
 }
 
 ACCEPTED_CODES: frozenset[Code] = frozenset({Code.OK, Code.DUPLICATE})
@@ -113,6 +123,8 @@ STATEFUL_CODES: frozenset[Code] = frozenset(
         Code.WRONG_PARTITION,
         Code.QUOTA_EXCEEDED,
         Code.BAD_SIGNATURE,
+        Code.STORE_REJECTED,
+        Code.INTERNAL_ERROR,
         Code.CALLBACK_NOT_ALLOWED,
         Code.BEYOND_HORIZON,
         Code.SIGNING_KEY_RETIRED,

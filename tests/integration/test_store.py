@@ -731,3 +731,33 @@ async def test_recurring_due_queue_on_real_cassandra(store: Store) -> None:
     # Another partition's parent, or none at all, is not returned.
     other = next(r for r in keyed if r.partition != target)
     assert await rs.get_parents(target, [("acme", other.schedule_id), ("acme", "no-such")]) == []
+
+
+async def test_commit_groups_of_large_rows_stay_under_the_stock_batch_limit(
+    cql_session: Any,
+) -> None:
+    """16 schedules of 32 KiB payload in one call: grouped 16 per batch they would be 512 KiB,
+    ten times Cassandra's stock batch_size_fail_threshold (the local stack runs with it)."""
+    from streams.store import ScheduleChange
+
+    s = Store(CassandraSettings(keyspace=KEYSPACE), commit_group_size=16)
+    await s.connect()
+    try:
+        now = now_ms()
+        partition = 40
+        changes = []
+        for i in range(16):
+            row = schedule(f"large-{i}", now + 500_000 + i, partition=partition,
+                           payload=b"x" * (32 * 1024))
+            changes.append(ScheduleChange(row=row, new_bucket=BucketRow.for_schedule(row, shards=1),
+                                          old_bucket=None, now_ms=now, event="created"))
+        # A row over the limit on its own is written alone (a single-partition batch).
+        huge = schedule("huge-0", now + 500_000, partition=partition, payload=b"y" * 60_000)
+        changes.append(ScheduleChange(row=huge, new_bucket=BucketRow.for_schedule(huge, shards=1),
+                                      old_bucket=None, now_ms=now, event="created"))
+        await s.apply_schedule_changes(changes)
+        for change in changes:
+            got = await s.get_schedule("acme", change.row.schedule_id)
+            assert got is not None and got["payload"] == change.row.payload
+    finally:
+        await s.close()
