@@ -4,12 +4,17 @@ Without the single flight, every request that arrives while an entry is expired 
 store itself: at a few hundred requests per second through the API, each tenant and API
 key expiry (every ``TOCSIN_TENANT_CACHE_TTL_S``) sent a burst of identical Cassandra reads.
 Now the first caller loads and the others wait for that same load.
+
+Keys come from outside (tenant names, API key ids in requests that may be random), so the
+cache holds at most ``max_entries``, dropping the least recently used: a flood of unknown
+keys costs reads, never memory.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Generic, TypeVar
 
@@ -17,10 +22,14 @@ K = TypeVar("K")
 V = TypeVar("V")
 
 
+DEFAULT_MAX_ENTRIES = 10_000
+
+
 class TtlCache(Generic[K, V]):
     """``get(key)``: the cached value while fresh, else ``load(key)`` (shared by concurrent
     callers). ``ttl_s(value)``: how long a loaded value stays fresh (e.g. shorter for
-    "not found"). A load that fails is not cached; its callers get the error."""
+    "not found"). A load that fails is not cached; its callers get the error. At most
+    ``max_entries`` values are kept (least recently used dropped first)."""
 
     def __init__(
         self,
@@ -28,16 +37,21 @@ class TtlCache(Generic[K, V]):
         *,
         ttl_s: Callable[[V], float],
         clock: Callable[[], float] = time.monotonic,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be >= 1, got {max_entries}")
         self._load = load
         self._ttl_s = ttl_s
         self._clock = clock
-        self._entries: dict[K, tuple[float, V]] = {}
+        self._max_entries = max_entries
+        self._entries: OrderedDict[K, tuple[float, V]] = OrderedDict()
         self._loading: dict[K, asyncio.Task[V]] = {}
 
     async def get(self, key: K) -> V:
         hit = self._entries.get(key)
         if hit is not None and hit[0] > self._clock():
+            self._entries.move_to_end(key)
             return hit[1]
         task = self._loading.get(key)
         if task is None:
@@ -65,6 +79,9 @@ class TtlCache(Generic[K, V]):
             self._loading[key] = task
         return hit[1] if hit is not None else None
 
+    def __len__(self) -> int:
+        return len(self._entries)
+
     def invalidate(self, key: K) -> None:
         """Forget ``key``: the next ``get`` loads again (a load already in flight still
         answers its callers but is not cached)."""
@@ -77,6 +94,9 @@ class TtlCache(Generic[K, V]):
             value = await self._load(key)
             if self._loading.get(key) is me:  # not invalidated meanwhile
                 self._entries[key] = (self._clock() + self._ttl_s(value), value)
+                self._entries.move_to_end(key)
+                while len(self._entries) > self._max_entries:
+                    self._entries.popitem(last=False)
             return value
         finally:
             if self._loading.get(key) is me:

@@ -124,3 +124,18 @@ async def test_peek_never_waits_serves_stale_and_refreshes_once_in_the_backgroun
     await asyncio.sleep(0.01)
     assert cache.peek("acme") == "acme-v1"
     assert loader.calls == ["acme", "acme", "acme"]
+
+
+async def test_a_flood_of_unknown_keys_is_bounded_and_keeps_the_busy_ones() -> None:
+    loader, now = Loader(), [0.0]
+    loader.release.set()
+    cache: TtlCache[str, str | None] = TtlCache(
+        loader, ttl_s=lambda v: 5.0, clock=lambda: now[0], max_entries=100
+    )
+    assert await cache.get("acme") == "acme-v0"
+    for i in range(5_000):  # random, well-formed, unknown keys
+        await cache.get(f"random-{i}")
+        if i % 50 == 0:
+            await cache.get("acme")  # a real key in use stays cached
+    assert len(cache) <= 100
+    assert loader.calls.count("acme") == 1
