@@ -26,14 +26,38 @@ class BlockedAddress(OSError):
     """Every address of a callback host is one the proxy may not call."""
 
 
+# IPv6 ranges that carry (or translate to) an IPv4 address, or that Python versions have
+# called global although they are not: an explicit list, so the guard does not depend on
+# the interpreter's ``is_global`` tables.
+_NAT64 = (
+    ipaddress.IPv6Network("64:ff9b::/96"),  # well-known NAT64 prefix (RFC 6052)
+    ipaddress.IPv6Network("64:ff9b:1::/48"),  # local-use NAT64 (RFC 8215)
+)
+_REFUSED_V6 = (
+    ipaddress.IPv6Network("2002::/16"),  # 6to4: embeds an IPv4 address
+    ipaddress.IPv6Network("2001::/32"),  # Teredo: embeds an IPv4 address
+    ipaddress.IPv6Network("fec0::/10"),  # site-local (deprecated, still routed internally)
+    ipaddress.IPv6Network("::/96"),  # IPv4-compatible (deprecated)
+    ipaddress.IPv6Network("100::/64"),  # discard-only
+    ipaddress.IPv6Network("2001:db8::/32"),  # documentation
+)
+
+
 def address_allowed(address: str) -> bool:
-    """Whether the proxy may connect to this IP address (text form)."""
+    """Whether the proxy may connect to this IP address (text form).
+
+    An IPv6 address that embeds an IPv4 one (mapped, NAT64, 6to4, Teredo) is refused
+    outright rather than judged by the IPv4 inside: in a DNS64/NAT64 cluster
+    64:ff9b::a00:1 reaches 10.0.0.1, and a public callback never needs these forms."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            ip = ip.ipv4_mapped
+        elif any(ip in net for net in _NAT64 + _REFUSED_V6):
+            return False
     return bool(ip.is_global) and not ip.is_multicast
 
 

@@ -132,6 +132,10 @@ def test_api_keys_store_only_a_salted_hash() -> None:
     "127.0.0.1", "127.1.2.3", "10.0.0.1", "172.16.5.4", "192.168.1.1", "169.254.169.254",
     "100.64.0.1", "0.0.0.0", "224.0.0.1", "::1", "fe80::1", "fd00::1", "::ffff:127.0.0.1",
     "::", "not an ip",
+    # IPv6 forms that reach IPv4 or internal networks, whatever the interpreter's is_global
+    "64:ff9b::a00:1", "64:ff9b::808:808", "64:ff9b:1::a00:1", "2002:a00:1::1",
+    "2002:808:808::1", "2001:0:4136:e378:8000:63bf:3fff:fdd2", "fec0::1", "::10.0.0.1",
+    "100::1", "2001:db8::1",
 ])
 def test_internal_addresses_are_refused(address: str) -> None:
     assert not address_allowed(address)
