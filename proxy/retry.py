@@ -116,15 +116,20 @@ Decision = Done | Retry | DeadLetter
 # ---- policy ------------------------------------------------------------------------------
 
 
+DEFAULT_MAX_RETRY_AGE_S = 86_400.0
+
+
 @dataclass(frozen=True, kw_only=True)
 class RetryPolicy:
-    """Knobs of the return-code policy. ``max_retry_age_s`` 0 means retry without limit."""
+    """Knobs of the return-code policy. ``max_retry_age_s`` 0 means retry without limit;
+    the default gives up after a day (a dead letter can be redriven, a trigger retried for
+    ever pins its partition's commit position)."""
 
     base_delay_s: float = 0.2
     max_delay_s: float = 60.0
     multiplier: float = 2.0
     jitter: float = 0.5  # delay is drawn from [d * (1 - jitter), d]
-    max_retry_age_s: float = 0.0
+    max_retry_age_s: float = DEFAULT_MAX_RETRY_AGE_S
     retries_6xx: int = 3
     poison_timeouts: int = 5
     max_retry_after_s: float = 3600.0  # clamp absurd Retry-After values
@@ -295,7 +300,11 @@ def decide(
         reason = result.detail
         new = replace(base, consecutive_timeouts=0, last_status=None, last_error=reason)
 
-    delay = server_delay if server_delay is not None else backoff_s(policy, failures, rand)
+    # A server may ask for a longer wait than our backoff, never a shorter one: Retry-After:
+    # 0 from a failing endpoint would otherwise retry in a hot loop.
+    delay = backoff_s(policy, failures, rand)
+    if server_delay is not None:
+        delay = max(delay, server_delay)
     if policy.max_retry_age_s > 0 and (now_s + delay) - first > policy.max_retry_age_s:
         return (
             DeadLetter(

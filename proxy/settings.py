@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
-from proxy.retry import RetryPolicy
+from proxy.retry import DEFAULT_MAX_RETRY_AGE_S, RetryPolicy
 from tocsin.errors import ConfigError
 from tocsin.settings import _bool, _float, _get, _int, _port
 
@@ -40,7 +40,7 @@ class ProxySettings:
 
     retry_base_delay_s: float = 0.2
     retry_max_delay_s: float = 60.0
-    max_retry_age_s: float = 0.0  # 0: retry 4xx/5xx/timeouts without limit
+    max_retry_age_s: float = DEFAULT_MAX_RETRY_AGE_S  # then dead letter; 0: no limit
     retries_6xx: int = 3
     poison_timeouts: int = 5
 

@@ -171,7 +171,7 @@ SETTINGS: tuple[SettingDoc, ...] = (
                "how much of a response body is kept for dead letters and logs"),
     SettingDoc("PROXY_RETRY_BASE_DELAY_S", P, "0.2", "first retry delay (doubles each time)"),
     SettingDoc("PROXY_RETRY_MAX_DELAY_S", P, "60", "longest retry delay"),
-    SettingDoc("PROXY_MAX_RETRY_AGE_S", P, "0",
+    SettingDoc("PROXY_MAX_RETRY_AGE_S", P, "86400",
                "how long 4xx/5xx/timeouts are retried before the dead letter (0: no limit)"),
     SettingDoc("PROXY_RETRIES_6XX", P, "3", "retries of a 6xx before the dead letter"),
     SettingDoc("PROXY_POISON_TIMEOUTS", P, "5",

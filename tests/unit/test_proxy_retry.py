@@ -43,7 +43,7 @@ def test_2xx_done() -> None:
 
 
 @pytest.mark.parametrize("status", [400, 404, 429, 500, 503, 302, 199, 800])
-def test_4xx_5xx_and_oddities_retry_without_limit(status: int) -> None:
+def test_4xx_5xx_and_oddities_retry_with_backoff(status: int) -> None:
     ds = run(NO_JITTER, [HttpResult(status=status)] * 50)
     assert all(isinstance(d, Retry) for d in ds)
     delays = [d.after_s for d in ds if isinstance(d, Retry)]
@@ -85,6 +85,21 @@ def test_retry_after_seconds_and_date() -> None:
     policy = RetryPolicy(max_retry_after_s=10.0)
     (capped,) = run(policy, [HttpResult(status=503, retry_after="99999")])
     assert isinstance(capped, Retry) and capped.after_s == 10.0
+
+
+def test_retry_after_never_shortens_the_backoff() -> None:
+    # A failing endpoint answering Retry-After: 0 must not get a hot retry loop.
+    ds = run(NO_JITTER, [HttpResult(status=503, retry_after="0")] * 6)
+    assert [d.after_s for d in ds if isinstance(d, Retry)] == [1.0, 2.0, 4.0, 8.0, 16.0, 30.0]
+
+
+def test_by_default_a_failing_trigger_is_dead_lettered_after_a_day() -> None:
+    policy = RetryPolicy(jitter=0.0)
+    assert policy.max_retry_age_s == 86_400.0
+    ds = run(policy, [HttpResult(status=503)] * 2_000, step_s=60.0)
+    assert any(isinstance(d, DeadLetter) for d in ds)
+    first_dl = next(i for i, d in enumerate(ds) if isinstance(d, DeadLetter))
+    assert 86_400 - 120 <= first_dl * 60.0 <= 86_400
 
 
 def test_poison_pill_after_consecutive_timeouts() -> None:
