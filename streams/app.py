@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import faust
-import orjson
 from faust.types import TP
 
 from streams import drain, metrics
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
+from streams.deliveries import parse_outcome, record_outcome
 from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer
 from streams.store import Store
@@ -196,7 +196,8 @@ class Worker:
             await self._ensure_started()
             async for events in stream.take_events(batch_size, within=0.05):
                 outcomes = [o for e in events if (o := parse_outcome(e.message.value))]
-                await asyncio.gather(*(self._record_delivery(o) for o in outcomes))
+                tenants = self.processor.tenants
+                await asyncio.gather(*(record_outcome(self.store, tenants, o) for o in outcomes))
 
         @app.timer(1.0)  # type: ignore[untyped-decorator]
         async def heartbeat() -> None:
@@ -260,25 +261,6 @@ class Worker:
             if high is not None:
                 metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, high - offset - 1))
 
-    async def _record_delivery(self, outcome: dict[str, Any]) -> None:
-        try:
-            config = await self.processor.tenants.config(outcome["tenant"])
-            await self.store.record_delivery(
-                outcome["tenant"],
-                outcome["schedule_id"],
-                outcome=outcome["outcome"],
-                status_code=outcome.get("status_code"),
-                attempts=int(outcome.get("attempts", 0)),
-                at_ms=int(outcome.get("delivered_ms") or outcome.get("dead_lettered_ms") or 0),
-                trigger_id=outcome.get("trigger_id"),
-                due_ms=outcome.get("due_ms"),
-                detail=outcome.get("reason"),
-                retention_s=config.retention_s,
-            )
-            metrics.DELIVERIES.labels(outcome["outcome"]).inc()
-        except (KeyError, TypeError, ValueError) as exc:
-            log.warning("unusable delivery outcome", extra={"error": repr(exc)})
-
     async def _ensure_started(self) -> None:
         """Connect the edges once, whichever of the agent or the first assignment comes first."""
         async with self._start_lock:
@@ -334,19 +316,6 @@ def skewed_clock(skew_ms: int) -> Callable[[], int]:
     if not skew_ms:
         return lambda: time.time_ns() // 1_000_000
     return lambda: time.time_ns() // 1_000_000 + skew_ms
-
-
-def parse_outcome(raw: bytes | None) -> dict[str, Any] | None:
-    """A proxy delivery outcome (docs/proxy.md), or None when it is not one."""
-    try:
-        value = orjson.loads(raw or b"")
-    except orjson.JSONDecodeError:
-        return None
-    if not isinstance(value, dict) or value.get("outcome") not in ("delivered", "dead_lettered"):
-        return None
-    if not isinstance(value.get("tenant"), str) or not isinstance(value.get("schedule_id"), str):
-        return None
-    return value
 
 
 def _observe_bucket_query(seconds: float, rows: int) -> None:

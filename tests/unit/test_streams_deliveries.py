@@ -1,0 +1,59 @@
+"""Delivery outcomes across Cassandra failures: waited out, never dropped (no servers)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from streams.deliveries import parse_outcome, record_outcome
+from streams.tenants import TenantConfig
+from tocsin.errors import StoreError
+
+OUTCOME = {"outcome": "dead_lettered", "tenant": "acme", "schedule_id": "s1",
+           "trigger_id": "t1", "dead_lettered_ms": 5, "attempts": 3, "reason": "HTTP 503"}
+
+
+class Tenants:
+    async def config(self, tenant: str) -> TenantConfig:
+        return TenantConfig()
+
+
+class Store:
+    def __init__(self, errors: list[StoreError]) -> None:
+        self.errors = errors
+        self.recorded: list[tuple[str, str]] = []
+
+    async def record_delivery(self, tenant: str, schedule_id: str, **kw: Any) -> None:
+        if self.errors:
+            raise self.errors.pop(0)
+        self.recorded.append((schedule_id, kw["outcome"]))
+
+
+def record(store: Store, outcome: dict[str, Any]) -> tuple[bool, list[float]]:
+    slept: list[float] = []
+
+    async def sleep(s: float) -> None:
+        slept.append(s)
+
+    return asyncio.run(record_outcome(store, Tenants(), outcome, sleep=sleep)), slept
+
+
+def test_an_outcome_is_recorded_once_cassandra_is_back() -> None:
+    store = Store([StoreError("NoHostAvailable", retriable=True)] * 3)
+    done, slept = record(store, OUTCOME)
+    assert done and store.recorded == [("s1", "dead_lettered")]
+    assert slept == [0.5, 1.0, 2.0]
+
+
+def test_an_outcome_refused_for_good_is_dropped_alone() -> None:
+    store = Store([StoreError("InvalidRequest", retriable=False)])
+    done, slept = record(store, OUTCOME)
+    assert not done and store.recorded == [] and slept == []
+
+
+def test_not_an_outcome() -> None:
+    assert parse_outcome(b"{nope") is None
+    assert parse_outcome(b'{"outcome": "delivered", "tenant": 1, "schedule_id": "s"}') is None
+    assert parse_outcome(b'{"outcome": "delivered", "tenant": "a", "schedule_id": "s"}')
+    done, _ = record(Store([]), {**OUTCOME, "attempts": "many"})
+    assert not done
