@@ -226,6 +226,7 @@ class Worker:
                     clock_ms=self.clock_ms,
                     # The command agent's cache: fire quotas and retention, same TTL.
                     tenants=self.processor.tenants,
+                    health=self.health,
                 )
                 self.tickers[partition] = ticker
                 ticker.start()

@@ -71,6 +71,7 @@ from streams.store import (
     load_schedule_rows,
 )
 from tocsin.errors import CommandRejected
+from tocsin.supervise import supervise
 from topics.codec import callback_to_json, recurrence_from_json, recurrence_to_json
 from topics.codes import Code
 from topics.ids import trigger_id
@@ -672,7 +673,10 @@ class PartitionMaterializer:
         self._read_slots: list[int] = []  # read to their end; deleted when handled
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"materializer-{self.partition}")
+        # Supervised like its ticker (and with its health): an error restarts the loop.
+        name = f"materializer-{self.partition}"
+        health = getattr(self.ticker, "health", None)
+        self._task = asyncio.create_task(supervise(name, self._run, health=health), name=name)
 
     async def stop(self) -> None:
         self._stopping = True

@@ -19,6 +19,11 @@ TRIGGERS_EMITTED = Counter(
 TRIGGERS_MISSED = Counter(
     "tocsin_triggers_missed_total", "Triggers beyond their misfire tolerance", ["partition"]
 )
+TRIGGERS_UNEMITTABLE = Counter(
+    "tocsin_triggers_unemittable_total",
+    "Triggers the broker refuses for good (recorded as missed with the reason)",
+    ["partition"],
+)
 FIRE_LATENESS = Histogram(
     "tocsin_fire_lateness_seconds",
     "Emit time minus nominal due time",

@@ -45,7 +45,8 @@ from streams.pacing import FirePacer
 from streams.store import BucketRow, FiredMark
 from streams.tenants import TenantConfig
 from streams.timeline import Entry, Timeline
-from tocsin.errors import KafkaError, StoreError
+from tocsin.errors import KafkaError, StoreError, TocsinError
+from tocsin.supervise import HealthSink, supervise
 from topics.codec import encode_trigger, trigger_headers
 from topics.ids import trigger_id as make_trigger_id
 from topics.models import PayloadType, Trigger
@@ -145,7 +146,9 @@ class PartitionTicker:
         config: TickerConfig,
         clock_ms: Callable[[], int] = wall_clock_ms,
         tenants: TenantPolicies | None = None,
+        health: HealthSink | None = None,
     ) -> None:
+        self.health = health
         self.partition = partition
         self.store = store
         self.sink = sink
@@ -185,8 +188,16 @@ class PartitionTicker:
     # -- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"ticker-{self.partition}")
-        self._marker = asyncio.create_task(self._mark_loop(), name=f"marker-{self.partition}")
+        # Supervised: an error restarts the loop (from the stored checkpoint, so nothing is
+        # skipped) instead of ending the partition's firing until the next rebalance.
+        self._task = asyncio.create_task(
+            supervise(f"ticker-{self.partition}", self._run, health=self.health),
+            name=f"ticker-{self.partition}",
+        )
+        self._marker = asyncio.create_task(
+            supervise(f"marker-{self.partition}", self._mark_loop, health=self.health),
+            name=f"marker-{self.partition}",
+        )
 
     async def stop(self, timeout_s: float = 20.0) -> None:
         """Stop firing, wait for in-flight triggers (bounded) and write a final checkpoint."""
@@ -270,48 +281,42 @@ class PartitionTicker:
     # -- the loop --------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        try:
-            # Cassandra down at start (issue 7): wait for it rather than die for good.
-            checkpoint = await self._until_stored(
-                "reading the checkpoint", lambda: self.store.get_checkpoint(self.partition)
-            )
+        # Cassandra down at start (issue 7): wait for it rather than die for good.
+        checkpoint = await self._until_stored(
+            "reading the checkpoint", lambda: self.store.get_checkpoint(self.partition)
+        )
+        now = self.clock_ms()
+        if checkpoint is None:
+            checkpoint = now - self.config.initial_lookback_ms
+        self.fired_before_ms = checkpoint
+        self._written_checkpoint = checkpoint
+        self._next_minute_ms = minute_ms(checkpoint)
+        log.info(
+            "ticker started",
+            extra={
+                "partition": self.partition,
+                "fired_before_ms": checkpoint,
+                "catchup_ms": now - checkpoint,
+            },
+        )
+        while not self._stopping:
+            # A store failure in a load used to end this task for good: the partition
+            # then never fired again until a rebalance (issue 7, Cassandra stopped). Now
+            # it is retried a second later; what is already loaded keeps firing
+            # meanwhile, and the unread minute stays unread (the timeline's loaded
+            # horizon and so the checkpoint stay below it), so nothing is skipped.
+            self._start_load()
+            await self._admit_due(self.clock_ms())
             now = self.clock_ms()
-            if checkpoint is None:
-                checkpoint = now - self.config.initial_lookback_ms
-            self.fired_before_ms = checkpoint
-            self._written_checkpoint = checkpoint
-            self._next_minute_ms = minute_ms(checkpoint)
-            log.info(
-                "ticker started",
-                extra={
-                    "partition": self.partition,
-                    "fired_before_ms": checkpoint,
-                    "catchup_ms": now - checkpoint,
-                },
-            )
-            while not self._stopping:
-                # A store failure in a load used to end this task for good: the partition
-                # then never fired again until a rebalance (issue 7, Cassandra stopped). Now
-                # it is retried a second later; what is already loaded keeps firing
-                # meanwhile, and the unread minute stays unread (the timeline's loaded
-                # horizon and so the checkpoint stay below it), so nothing is skipped.
-                self._start_load()
-                await self._admit_due(self.clock_ms())
-                now = self.clock_ms()
-                sent = self._emit_ready(now, limit=self.config.emit_slice)
-                self._start_checkpoint(now)
-                metrics.TIMELINE_SIZE.labels(self._label).set(len(self.timeline))
-                metrics.INFLIGHT.labels(self._label).set(len(self._inflight))
-                metrics.FIRES_DEFERRED.labels(self._label).set(len(self.pacer))
-                if sent >= self.config.emit_slice:
-                    await asyncio.sleep(0)  # more due now: yield to the loop, then go on
-                    continue
-                await self._sleep_until_next(now)
-        except asyncio.CancelledError:
-            raise
-        except Exception:
-            log.exception("ticker failed", extra={"partition": self.partition})
-            raise
+            sent = self._emit_ready(now, limit=self.config.emit_slice)
+            self._start_checkpoint(now)
+            metrics.TIMELINE_SIZE.labels(self._label).set(len(self.timeline))
+            metrics.INFLIGHT.labels(self._label).set(len(self._inflight))
+            metrics.FIRES_DEFERRED.labels(self._label).set(len(self.pacer))
+            if sent >= self.config.emit_slice:
+                await asyncio.sleep(0)  # more due now: yield to the loop, then go on
+                continue
+            await self._sleep_until_next(now)
 
     @contextlib.contextmanager
     def _store_trouble(self, what: str) -> Any:
@@ -520,12 +525,23 @@ class PartitionTicker:
             payload_type=PayloadType(row.payload_type or "bytes"),
             callback=_callback_of(row),
         )
-        ack = self.sink.send(
-            self.config.fire_topic,
-            key=trigger.order_key.encode(),
-            value=encode_trigger(trigger),
-            headers=trigger_headers(trigger),
-        )
+        try:
+            ack = self.sink.send(
+                self.config.fire_topic,
+                key=trigger.order_key.encode(),
+                value=encode_trigger(trigger),
+                headers=trigger_headers(trigger),
+            )
+        except Exception as exc:
+            # Refused before it was queued. The cluster's state (queue full, brokers away)
+            # passes: retried a second later. The record itself refused (larger than the
+            # topic takes) never passes: recorded as missed with the reason, so it stops
+            # holding the checkpoint.
+            if isinstance(exc, TocsinError) and exc.retriable:
+                self._retry_later(key, exc)
+            else:
+                self._give_up(row, trig_id, now, key, exc)
+            return None
         # No task per trigger: a burst minute emits tens of thousands. The ack lands in a
         # queue that one marker task records in Cassandra once the burst is out.
         ack.add_done_callback(functools.partial(self._acked, key, trig_id, now))
@@ -538,7 +554,11 @@ class PartitionTicker:
         if record is None:
             return
         if ack.cancelled() or ack.exception() is not None:
-            self._retry_later(key, None if ack.cancelled() else ack.exception())
+            exc = None if ack.cancelled() else ack.exception()
+            if isinstance(exc, TocsinError) and not exc.retriable:
+                self._give_up(record.entry.payload, trig_id, emitted_ms, key, exc)
+            else:
+                self._retry_later(key, exc)
             return
         self.emitted += 1
         metrics.TRIGGERS_EMITTED.labels(self._label).inc()
@@ -584,7 +604,30 @@ class PartitionTicker:
                     )
                     await asyncio.sleep(1.0)
 
-    async def _record_missed(self, row: BucketRow, trig_id: str, now: int) -> None:
+    def _give_up(
+        self,
+        row: BucketRow,
+        trig_id: str,
+        now: int,
+        key: tuple[str, str, int],
+        exc: BaseException,
+    ) -> None:
+        metrics.TRIGGERS_UNEMITTABLE.labels(self._label).inc()
+        log.error(
+            "trigger can never be emitted; recording it as missed",
+            extra={"partition": self.partition, "schedule_id": row.schedule_id,
+                   "error": str(exc)},
+        )
+        task = asyncio.ensure_future(
+            self._record_missed(row, trig_id, now, detail=f"cannot be emitted: {exc}")
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(functools.partial(self._settle_missed, key))
+
+    async def _record_missed(
+        self, row: BucketRow, trig_id: str, now: int, *, detail: str | None = None
+    ) -> None:
         self.missed += 1
         metrics.TRIGGERS_MISSED.labels(self._label).inc()
         log.warning(
@@ -603,7 +646,7 @@ class PartitionTicker:
             trig_id,
             missed_ms=now,
             due_ms=row.due_ms,
-            detail=f"late by {now - row.due_ms} ms, beyond tolerance",
+            detail=detail or f"late by {now - row.due_ms} ms, beyond tolerance",
             retention_s=await self._retention_of(row.tenant),
         )
 

@@ -27,9 +27,17 @@ class Health:
         self._last_beat = time.monotonic()
         self._ready = False
         self._reason = "starting"
+        # Components that keep failing (tocsin.supervise): any one makes the process dead.
+        self._failed: dict[str, str] = {}
 
     def beat(self) -> None:
         self._last_beat = time.monotonic()
+
+    def fail(self, component: str, reason: str) -> None:
+        self._failed[component] = reason
+
+    def recover(self, component: str) -> None:
+        self._failed.pop(component, None)
 
     def set_ready(self, ready: bool, reason: str = "") -> None:
         self._ready, self._reason = ready, reason
@@ -38,6 +46,9 @@ class Health:
         age = time.monotonic() - self._last_beat
         if age > self.stale_after_s:
             return False, f"main loop silent for {age:.0f}s"
+        failed = dict(self._failed)
+        if failed:
+            return False, "; ".join(failed[name] for name in sorted(failed))
         return True, "ok"
 
     def ready(self) -> tuple[bool, str]:
