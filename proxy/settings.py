@@ -129,7 +129,7 @@ class ProxySettings:
             revoke_timeout_s=_float(env, "PROXY_REVOKE_TIMEOUT_S", d.revoke_timeout_s),
             max_poll_interval_s=_float(env, "PROXY_MAX_POLL_INTERVAL_S", d.max_poll_interval_s),
             session_timeout_s=_float(env, "PROXY_SESSION_TIMEOUT_S", d.session_timeout_s),
-            metrics_port=_port(env, "PROXY_METRICS_PORT", d.metrics_port),
+            metrics_port=_port(env, "PROXY_METRICS_PORT", d.metrics_port, zero_is_off=True),
             allow_private_targets=_bool(env, "PROXY_ALLOW_PRIVATE_TARGETS", False),
             tenant_share=_float(env, "PROXY_TENANT_SHARE", d.tenant_share),
         )

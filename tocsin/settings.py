@@ -49,11 +49,14 @@ def _choice(env: Mapping[str, str], name: str, default: str, allowed: tuple[str,
     return raw
 
 
-def _port(env: Mapping[str, str], name: str, default: int) -> int:
+def _port(env: Mapping[str, str], name: str, default: int, *, zero_is_off: bool = False) -> int:
     """A listening port: TOCSIN_<name> if set, else the default moved by TOCSIN_PORT_OFFSET,
-    so a second stack on one machine moves every port with one variable."""
+    so a second stack on one machine moves every port with one variable. ``zero_is_off``: an
+    explicit 0 is accepted and means the server is not started."""
     if f"TOCSIN_{name}" in env:
         port = _int(env, name, default)
+        if port == 0 and zero_is_off:
+            return 0
     else:
         port = default + _int(env, "PORT_OFFSET", 0)
     if not 0 < port < 65536:

@@ -149,3 +149,12 @@ def test_one_port_offset_moves_every_listening_port() -> None:
     assert Settings.from_env({**env, "TOCSIN_KAFKA_PORT": "5000"}).stack.kafka_port == 5000
     with pytest.raises(ConfigError, match="TOCSIN_PORT_OFFSET"):
         Settings.from_env({"TOCSIN_PORT_OFFSET": "60000"})
+
+
+def test_proxy_metrics_port_zero_means_no_metrics_server() -> None:
+    from proxy.settings import ProxySettings
+
+    assert ProxySettings.from_env({"TOCSIN_PROXY_METRICS_PORT": "0"}).metrics_port == 0
+    # Only where 0 means "off": a stack port of 0 is still refused.
+    with pytest.raises(ConfigError, match="TOCSIN_KAFKA_PORT"):
+        Settings.from_env({"TOCSIN_KAFKA_PORT": "0"})
