@@ -46,6 +46,11 @@ async def parent_state(
     """(status, next run ms, newest written run's nominal ms once none is left to write)."""
     last = await newest_run(store, row["tenant"], row["schedule_id"]) if recurring.runs_out(
         row) else None
+    return _state(row, last, now_ms)
+
+
+def _state(row: dict[str, Any], last: tuple[int, int] | None, now_ms: int
+           ) -> tuple[str, int | None, int | None]:
     status = recurring.parent_status(row, now_ms=now_ms,
                                      last_due_ms=None if last is None else last[1])
     rec = recurring.recurrence_of(row)
@@ -53,6 +58,44 @@ async def parent_state(
     nxt = (recurring.next_run(row, rec, now_ms=now_ms, last_nominal_ms=last_nominal)
            if status == recurring.SCHEDULED else None)
     return status, nxt, last_nominal
+
+
+async def _newest_runs(store: Any, rows: list[dict[str, Any]]
+                       ) -> list[tuple[int, int] | None]:
+    """The newest written run of each parent that has none left to write (None for the
+    others), at most ``_CONCURRENCY`` reads at once."""
+    sem = asyncio.Semaphore(_CONCURRENCY)
+
+    async def one(row: dict[str, Any]) -> tuple[int, int] | None:
+        if not recurring.runs_out(row):
+            return None
+        async with sem:
+            return await newest_run(store, row["tenant"], row["schedule_id"])
+
+    return list(await asyncio.gather(*(one(r) for r in rows)))
+
+
+async def _states(store: Any, rows: list[dict[str, Any]], *, now_ms: int,
+                  window: tuple[int, int] | None = None
+                  ) -> list[tuple[str, int | None, int | None, int | None]]:
+    """(status, next run, newest written nominal, first run in ``window``) of each parent.
+    Evaluating thousands of rules (croniter) is CPU work: it runs in a thread, so one
+    tenant's large listing does not hold the API's event loop from everyone else's
+    requests (the thread yields the interpreter lock every switch interval)."""
+    lasts = await _newest_runs(store, rows)
+
+    def evaluate() -> list[tuple[str, int | None, int | None, int | None]]:
+        out = []
+        for row, last in zip(rows, lasts, strict=True):
+            status, nxt, last_nominal = _state(row, last, now_ms)
+            at = None
+            if window is not None:
+                at = recurring.window_run(row, recurring.recurrence_of(row), from_ms=window[0],
+                                          to_ms=window[1], last_nominal_ms=last_nominal)
+            out.append((status, nxt, last_nominal, at))
+        return out
+
+    return await asyncio.to_thread(evaluate)
 
 
 async def runs(
@@ -99,24 +142,22 @@ async def parents_in_window(
     ids = await store.list_recurring(tenant)
     if not ids:
         return []
-    rows = await store.get_schedules(tenant, ids)
+    rows = [r for r in (await store.get_schedules(tenant, ids)).values()
+            if recurring.is_parent(r)]
+    states = await _states(store, rows, now_ms=now_ms, window=(from_ms, to_ms))
     sem = asyncio.Semaphore(_CONCURRENCY)
 
-    async def one(row: dict[str, Any]) -> tuple[Key, dict[str, Any]] | None:
-        if not recurring.is_parent(row):
+    async def one(row: dict[str, Any], status: str, nxt: int | None, at: int | None
+                  ) -> tuple[Key, dict[str, Any]] | None:
+        if statuses is not None and status not in statuses:
             return None
-        async with sem:
-            status, nxt, last_nominal = await parent_state(store, row, now_ms=now_ms)
-            if statuses is not None and status not in statuses:
-                return None
-            at = recurring.window_run(row, recurring.recurrence_of(row), from_ms=from_ms,
-                                      to_ms=to_ms, last_nominal_ms=last_nominal)
-            changed = recurring.rule_changed_ms(row)
-            if changed is not None and from_ms < changed:
-                # Runs of an earlier rule (before the update that changed it): the history.
+        changed = recurring.rule_changed_ms(row)
+        if changed is not None and from_ms < changed:
+            # Runs of an earlier rule (before the update that changed it): the history.
+            async with sem:
                 old = await first_written_run(store, row["tenant"], row["schedule_id"],
                                               from_ms, min(to_ms, changed))
-                at = old if at is None or (old is not None and old < at) else at
+            at = old if at is None or (old is not None and old < at) else at
         if at is None:
             return None
         key = (at, str(row["schedule_id"]))
@@ -124,7 +165,9 @@ async def parents_in_window(
             return None
         return key, view(row, status=status, position_ms=at, next_ms=nxt)
 
-    found = await asyncio.gather(*(one(r) for r in rows.values()))
+    found = await asyncio.gather(*(one(row, status, nxt, at)
+                                   for row, (status, nxt, _, at) in zip(rows, states,
+                                                                         strict=True)))
     return sorted((f for f in found if f is not None), key=lambda item: item[0])
 
 
@@ -160,15 +203,9 @@ async def tenant_parents(store: Any, tenant: str, *, now_ms: int
     """Every recurring schedule of the tenant still stored: (row, status, next run ms)."""
     ids = await store.list_recurring(tenant)
     rows = await store.get_schedules(tenant, ids) if ids else {}
-    sem = asyncio.Semaphore(_CONCURRENCY)
-
-    async def one(row: dict[str, Any]) -> tuple[dict[str, Any], str, int | None]:
-        async with sem:
-            status, nxt, _ = await parent_state(store, row, now_ms=now_ms)
-        return row, status, nxt
-
     parents = [r for r in rows.values() if recurring.is_parent(r)]
-    return list(await asyncio.gather(*(one(r) for r in parents)))
+    states = await _states(store, parents, now_ms=now_ms)
+    return [(row, status, nxt) for row, (status, nxt, _, _) in zip(parents, states, strict=True)]
 
 
 async def schedule_json(

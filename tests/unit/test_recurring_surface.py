@@ -442,3 +442,45 @@ def test_the_facade_refuses_an_unknown_cron_time_zone_at_startup() -> None:
     with pytest.raises(ConfigError, match="TOCSIN_GOSCHEDULER_CRON_TIME_ZONE"):
         goscheduler.add_routes(web.Application(), key, "Mars/Olympus_Mons")
     goscheduler.add_routes(web.Application(), key, "Asia/Kolkata")
+
+
+class _ParentsStore:
+    """The reads a listing makes, over parents that still have runs to write."""
+
+    def __init__(self, rows: list[dict[str, Any]]) -> None:
+        self.rows = {r["schedule_id"]: r for r in rows}
+
+    async def list_recurring(self, tenant: str) -> list[str]:
+        return list(self.rows)
+
+    async def get_schedules(self, tenant: str, ids: list[str]) -> dict[str, dict[str, Any]]:
+        return {i: self.rows[i] for i in ids}
+
+
+def test_listing_evaluates_rules_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thousands of crons of one tenant are CPU work; on the loop they would stall every
+    other request the API serves meanwhile."""
+    import asyncio
+    import threading
+
+    from api import recurring_io
+
+    rows = [parent(MINUTELY, schedule_id=f"p{i}") for i in range(50)]
+    threads: set[str] = set()
+    real = recurring.window_run
+
+    def spy(*args: Any, **kw: Any) -> int | None:
+        threads.add(threading.current_thread().name)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(recurring, "window_run", spy)
+
+    async def main() -> tuple[list[Any], str]:
+        found = await recurring_io.parents_in_window(
+            _ParentsStore(rows), "t", from_ms=NOW, to_ms=NOW + 3_600_000, statuses=None,
+            after=None, now_ms=NOW)
+        return found, threading.current_thread().name
+
+    found, loop_thread = asyncio.run(main())
+    assert len(found) == 50 and found[0][0] == (NOW, "p0")
+    assert threads and loop_thread not in threads
