@@ -10,8 +10,13 @@ HTTP receiver on a fixed local port that counts deliveries by trigger id.
 
 Figures per scenario: scheduled, acknowledged (commands answered ``accepted``), triggers
 (distinct trigger ids seen), lost (acknowledged but never seen), duplicated (seen more than
-once), max lateness (first sighting minus due time). Lines ``RESULT chaos_lost=<n>
-triggers`` and ``RESULT chaos_duplicates=<n> triggers`` come last.
+once), early (first sighting before the due time, beyond a scenario's stated allowance),
+max lateness (first sighting minus due time), unanswered commands, per-key order
+violations, and the duplicate bound the guarantee allows for the scenario's faults
+(RELIABILITY.md, ``duplicate_bound``). The totals come last as ``RESULT chaos_lost=...``,
+``chaos_unanswered``, ``chaos_early``, ``chaos_order_violations`` and
+``chaos_duplicate_bound_breaches``; the exit code is 1 when any of them is not zero or a
+scenario failed (``verdict``).
 
     .venv/bin/python -m bench.chaos                    # every scenario (~20 min)
     .venv/bin/python -m bench.chaos --only workers,skew
@@ -24,6 +29,7 @@ import argparse
 import asyncio
 import contextlib
 import hashlib
+import math
 import os
 import shutil
 import signal
@@ -126,6 +132,9 @@ class Tally:
     due: dict[str, int] = field(default_factory=dict)  # trigger id -> due ms (acknowledged)
     seen: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # How far before its due time a first sighting may come and not count as early: 0 when
+    # the workers and the receiver read the same clock; a skewed worker's skew otherwise.
+    early_allowance_ms: int = 0
 
     def expect(self, trigger_id: str, due_ms: int) -> None:
         with self.lock:
@@ -148,6 +157,7 @@ class Tally:
                 "triggers": len(got),
                 "lost": len(self.due) - len(got),
                 "duplicated": sum(len(self.seen[t]) - 1 for t in got),
+                "early": sum(1 for late in lateness if late < -self.early_allowance_ms),
                 "max_lateness_ms": max(lateness, default=0),
                 "min_lateness_ms": min(lateness, default=0),
             }
@@ -468,6 +478,114 @@ def spread(n: int, start_ms: int, over_ms: int) -> list[int]:
     return [start_ms + (i * over_ms) // n for i in range(n)]
 
 
+# ----------------------------------------------------------------------------- verdict
+
+# The windows of RELIABILITY.md's duplicate bound, as this suite runs the processes: a
+# scheduler worker that dies or hands its partitions over re-emits what it emitted since its
+# last checkpoint write (TOCSIN checkpoint interval, 1 s) plus what was in flight (emitted,
+# not yet recorded; allowed another second); a proxy re-delivers what it delivered since
+# its last commit (TOCSIN_PROXY_COMMIT_INTERVAL_S, 1 s in the suite) plus its in-flight
+# attempts (TOCSIN_PROXY_CONCURRENCY, 100 by default); a broker outage may duplicate each
+# trigger due while it was down once (re-sent after a produce that timed out but landed).
+WORKER_HANDOVER_WINDOW_S = 2.0
+PROXY_COMMIT_INTERVAL_S = 1.0
+PROXY_IN_FLIGHT = 100
+
+
+def duplicate_bound(
+    *,
+    rate_per_s: float,
+    worker_handovers: int = 0,
+    proxy_handovers: int = 0,
+    broker_down_s: float = 0.0,
+) -> int:
+    """Most duplicates the guarantee allows for a scenario whose triggers fall due at
+    ``rate_per_s`` (pure): each worker handover (a worker killed, stopped, or losing
+    partitions to a new one) re-emits at most a handover window's worth, each proxy
+    handover re-delivers at most a commit interval's worth plus its in-flight attempts, and
+    each trigger due while the broker was down may come twice. No fault: no duplicate."""
+    per_worker = math.ceil(rate_per_s * WORKER_HANDOVER_WINDOW_S)
+    per_proxy = math.ceil(rate_per_s * PROXY_COMMIT_INTERVAL_S) + PROXY_IN_FLIGHT
+    broker = math.ceil(rate_per_s * broker_down_s)
+    return worker_handovers * per_worker + proxy_handovers * per_proxy + broker
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The suite's totals over its scenarios' reports; anything not zero fails the run."""
+
+    lost: int
+    unanswered: int
+    early: int
+    order_violations: int
+    duplicate_bound_breaches: int
+    failed: tuple[str, ...]  # scenarios that raised, or whose own ok_* check is false
+    breaches: tuple[str, ...]  # which scenario broke what, for the log
+
+    @property
+    def ok(self) -> bool:
+        return not (
+            self.lost
+            or self.unanswered
+            or self.early
+            or self.order_violations
+            or self.duplicate_bound_breaches
+            or self.failed
+        )
+
+    def result_lines(self) -> list[str]:
+        return [
+            f"RESULT chaos_lost={self.lost} triggers",
+            f"RESULT chaos_unanswered={self.unanswered} commands",
+            f"RESULT chaos_early={self.early} triggers",
+            f"RESULT chaos_order_violations={self.order_violations} deliveries",
+            f"RESULT chaos_duplicate_bound_breaches={self.duplicate_bound_breaches} scenarios",
+        ]
+
+
+def _count(r: dict[str, Any], name: str) -> int:
+    value = r.get(name)
+    if value is None and name == "unanswered":
+        value = (r.get("codes") or {}).get("unanswered")
+    return int(value or 0)
+
+
+def verdict(results: list[dict[str, Any]]) -> Verdict:
+    """Totals of lost, unanswered, early and out-of-order, and the scenarios whose
+    duplicates exceed their ``duplicate_bound`` (absent: 0, no fault allows none) (pure)."""
+    totals = dict.fromkeys(("lost", "unanswered", "early", "order_violations"), 0)
+    breaches: list[str] = []
+    over_bound = 0
+    for r in results:
+        for name in totals:
+            n = _count(r, name)
+            totals[name] += n
+            if n:
+                breaches.append(f"{r['scenario']}: {name}={n}")
+        bound = _count(r, "duplicate_bound")
+        if _count(r, "duplicated") > bound:
+            over_bound += 1
+            breaches.append(f"{r['scenario']}: duplicated={r['duplicated']} > bound {bound}")
+    return Verdict(
+        **totals,
+        duplicate_bound_breaches=over_bound,
+        failed=tuple(
+            r["scenario"]
+            for r in results
+            if "error" in r or any(k.startswith("ok_") and v is False for k, v in r.items())
+        ),
+        breaches=tuple(breaches),
+    )
+
+
+def percentile(values: list[int], q: float) -> int:
+    """The ``q`` quantile (0..1) of ``values`` by the nearest-rank method; 0 when empty."""
+    if not values:
+        return 0
+    ranked = sorted(values)
+    return ranked[max(0, math.ceil(q * len(ranked)) - 1)]
+
+
 # ----------------------------------------------------------------------------- scenarios
 
 
@@ -497,7 +615,11 @@ def sc_workers(chaos: Chaos) -> dict[str, Any]:
         say("workers: restart both")
         s.worker("a2"), s.worker("b2")
         s.wait_all_seen(150)
-        return s.report(scheduled=n)
+        # a dies (its partitions go to b), b dies holding all of them, and the first of a2
+        # and b2 to join may hand half over to the second: three handovers.
+        return s.report(
+            scheduled=n, duplicate_bound=duplicate_bound(rate_per_s=n / 50, worker_handovers=3)
+        )
     finally:
         if counter:
             counter.close()
@@ -592,17 +714,23 @@ def sc_broker(chaos: Chaos) -> dict[str, Any]:
         s.wait_ready()
         stream = Stream(s, receiver, seconds=50, rate=20, lead_ms=(4_000, 15_000))
         stream.start()
+        down_s = 0.0
         for pause in (12, 20):
             time.sleep(pause)
             say("broker: restarting Kafka (SIGTERM, then start)")
             t0 = time.monotonic()
             chaos.stack.kafka.stop()
             chaos.stack.kafka.start(chaos.java)
+            down_s += time.monotonic() - t0
             s.notes.append(f"broker down {time.monotonic() - t0:.1f}s")
         stream.join(420)
         s.extra["codes"] = dict(stream.codes)
         s.wait_all_seen(180)
-        return s.report(scheduled=stream.scheduled, order_violations=receiver.order_violations())
+        return s.report(
+            scheduled=stream.scheduled,
+            order_violations=receiver.order_violations(),
+            duplicate_bound=duplicate_bound(rate_per_s=20, broker_down_s=down_s),
+        )
     finally:
         receiver.stop()
         s.close()
@@ -703,7 +831,12 @@ def sc_proxy(chaos: Chaos) -> dict[str, Any]:
         say("proxy: stop proxy c gracefully (rebalance)")
         c.stop()
         s.wait_all_seen(150)
-        return s.report(scheduled=n, order_violations=receiver.order_violations())
+        # a killed, b and c joining (one rebalance each), c leaving: four handovers.
+        return s.report(
+            scheduled=n,
+            order_violations=receiver.order_violations(),
+            duplicate_bound=duplicate_bound(rate_per_s=n / 45, proxy_handovers=4),
+        )
     finally:
         receiver.stop()
         s.close()
@@ -713,6 +846,7 @@ def sc_skew(chaos: Chaos) -> dict[str, Any]:
     """A worker whose clock runs 2 s fast: nothing fires more than 2 s early (real time)."""
     skew = 2_000
     s = Scenario(chaos, "skew")
+    s.tally.early_allowance_ms = skew
     receiver = Receiver(s.tally).start()
     try:
         s.worker("w", TOCSIN_CLOCK_SKEW_MS=str(skew))
@@ -902,7 +1036,6 @@ def main() -> int:
         return 1
     chaos = Chaos()
     results: list[dict[str, Any]] = []
-    failed: list[str] = []
     needs_stack = any(n != "state_dir" for n in names)
 
     def on_term(signum: int, _frame: Any) -> None:
@@ -922,7 +1055,6 @@ def main() -> int:
                 r = SCENARIOS[name](chaos)
             except Exception as exc:
                 traceback.print_exc()
-                failed.append(name)
                 r = {"scenario": name, "error": repr(exc), "lost": 0, "duplicated": 0}
             r["seconds"] = round(time.monotonic() - t)
             results.append(r)
@@ -933,13 +1065,16 @@ def main() -> int:
     print("\nscenario   figures", flush=True)
     for r in results:
         print(fmt(r))
-    lost = sum(int(r.get("lost", 0)) for r in results)
+    v = verdict(results)
     dups = sum(int(r.get("duplicated", 0)) for r in results)
-    if failed:
-        print(f"FAILED scenarios: {failed}")
-    print(f"RESULT chaos_lost={lost} triggers")
+    if v.failed:
+        print(f"FAILED scenarios: {list(v.failed)}")
+    for line in v.breaches:
+        print(f"BREACH {line}")
+    for line in v.result_lines():
+        print(line)
     print(f"RESULT chaos_duplicates={dups} triggers")
-    return 1 if lost or failed else 0
+    return 0 if v.ok else 1
 
 
 if __name__ == "__main__":

@@ -3,7 +3,16 @@ and late, and what breaks per-key order."""
 
 from __future__ import annotations
 
-from bench.chaos import Receiver, Tally, spread
+from typing import Any
+
+from bench.chaos import (
+    Receiver,
+    Tally,
+    duplicate_bound,
+    percentile,
+    spread,
+    verdict,
+)
 
 
 def test_tally_counts_lost_duplicates_and_lateness() -> None:
@@ -15,9 +24,82 @@ def test_tally_counts_lost_duplicates_and_lateness() -> None:
     t.saw("b", 1_990)  # early (negative lateness)
     t.saw("zz", 5_000)  # never acknowledged: ignored
     f = t.figures()
-    assert f == {"acknowledged": 3, "triggers": 2, "lost": 1, "duplicated": 1,
+    assert f == {"acknowledged": 3, "triggers": 2, "lost": 1, "duplicated": 1, "early": 1,
                  "max_lateness_ms": 50, "min_lateness_ms": -10}
     assert t.missing() == {"c"}
+
+
+def test_early_allowance_forgives_a_stated_skew_only() -> None:
+    t = Tally(early_allowance_ms=2_000)
+    t.expect("a", 10_000)
+    t.expect("b", 10_000)
+    t.saw("a", 8_000)  # exactly the allowance: not early
+    t.saw("b", 7_999)
+    assert t.figures()["early"] == 1
+
+
+def clean(name: str, **more: Any) -> dict[str, Any]:
+    return {"scenario": name, "acknowledged": 10, "triggers": 10, "lost": 0, "duplicated": 0,
+            "early": 0, "codes": {"ok": 10, "unanswered": 0}, "order_violations": 0, **more}
+
+
+def test_a_clean_run_passes() -> None:
+    v = verdict([clean("a"), clean("b", duplicated=5, duplicate_bound=5)])
+    assert v.ok and not v.breaches
+    assert v.result_lines() == [
+        "RESULT chaos_lost=0 triggers",
+        "RESULT chaos_unanswered=0 commands",
+        "RESULT chaos_early=0 triggers",
+        "RESULT chaos_order_violations=0 deliveries",
+        "RESULT chaos_duplicate_bound_breaches=0 scenarios",
+    ]
+
+
+def test_each_kind_of_wrong_fails_the_run_on_its_own() -> None:
+    wrong = {
+        "lost": clean("x", lost=1),
+        "unanswered": clean("x", codes={"ok": 9, "unanswered": 1}),
+        "early": clean("x", early=2),
+        "order_violations": clean("x", order_violations=3),
+        "duplicate_bound_breaches": clean("x", duplicated=6, duplicate_bound=5),
+    }
+    for field, report in wrong.items():
+        v = verdict([clean("a"), report])
+        assert not v.ok, field
+        assert getattr(v, field) > 0, field
+        nonzero = [line for line in v.result_lines() if not line.split("=")[1].startswith("0 ")]
+        assert len(nonzero) == 1 and nonzero[0].startswith(f"RESULT chaos_{field}="), field
+        assert v.breaches and v.breaches[0].startswith("x: ")
+
+
+def test_duplicates_without_a_stated_bound_are_a_breach() -> None:
+    v = verdict([clean("receiver", duplicated=1)])
+    assert v.duplicate_bound_breaches == 1 and not v.ok
+
+
+def test_a_failed_scenario_or_a_false_check_fails_the_run() -> None:
+    assert verdict([{"scenario": "s", "error": "RuntimeError()", "lost": 0}]).failed == ("s",)
+    v = verdict([clean("state_dir", **{"ok_read-only": False, "ok_full": True})])
+    assert v.failed == ("state_dir",) and not v.ok
+
+
+def test_totals_add_up_over_scenarios() -> None:
+    v = verdict([clean("a", lost=2, unanswered=1), clean("b", lost=3, order_violations=4)])
+    assert (v.lost, v.unanswered, v.order_violations) == (5, 1, 4)
+
+
+def test_duplicate_bound() -> None:
+    assert duplicate_bound(rate_per_s=20) == 0  # no fault: no duplicate allowed
+    assert duplicate_bound(rate_per_s=16, worker_handovers=3) == 3 * 32
+    assert duplicate_bound(rate_per_s=10, proxy_handovers=2) == 2 * (10 + 100)
+    assert duplicate_bound(rate_per_s=20, broker_down_s=15.5) == 310
+
+
+def test_percentile() -> None:
+    assert percentile([], 0.99) == 0
+    assert percentile([5], 0.99) == 5
+    assert percentile(list(range(1, 101)), 0.99) == 99
+    assert percentile(list(range(100, 0, -1)), 0.5) == 50
 
 
 def test_order_violations_count_first_deliveries_only() -> None:
