@@ -55,7 +55,7 @@ class ProxyApp:
         self.state = SharedState(Bounds(max_messages=proxy.max_pending_messages,
                                         max_bytes=proxy.max_pending_bytes,
                                         low_ratio=proxy.resume_ratio))
-        self.outbox = Outbox(kafka_conf)
+        self.outbox = Outbox(kafka_conf, self.metrics)
         self.writer = Writer(state=self.state, settings=proxy, metrics=self.metrics,
                              outbox=self.outbox, dead_letter_topic=self.dead_letter_topic,
                              deliveries_topic=self.deliveries_topic)

@@ -10,7 +10,10 @@ Dead-letter record (value of the dead-letters topic, keyed by the original key):
      "proxy_group": "tocsin-proxy", "endpoint": "https://h/p" | null,
      "trigger_id": ... | null, "schedule_id": ... | null, "tenant": ... | null}
 
-Bytes travel as base64 so any key, value or header survives JSON intact.
+Bytes travel as base64 so any key, value or header survives JSON intact. A dead letter
+must always be writable, so one that would exceed ``MAX_RECORD_BYTES`` carries the source
+coordinates and the reason with the value (then the key and headers) omitted, and says so
+in ``"omitted"``: the source record stays readable at its coordinates until retention.
 
 Delivery outcome (fires mode, value of the deliveries topic, keyed by schedule id)::
 
@@ -31,6 +34,12 @@ import orjson
 
 from proxy.envelope import DeliveryOutcome, Envelope
 
+# Below librdkafka's default message.max.bytes (1,000,000) and Kafka's default topic limit
+# (1,048,588), with room for the record's headers and batch framing.
+MAX_RECORD_BYTES = 900_000
+# A reason is built from a body snippet and a URL; cap it so it can never be the problem.
+_MAX_REASON_CHARS = 4096
+
 
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
@@ -45,19 +54,27 @@ def dead_letter_record(
     last_failure_ms: int,
     now_ms: int,
     group_id: str,
+    max_bytes: int = MAX_RECORD_BYTES,
+    coordinates_only: bool = False,
 ) -> bytes:
+    """The dead letter, at most ``max_bytes`` long (see the module docstring).
+
+    ``coordinates_only`` leaves out key, value and headers at once: the form written when
+    Kafka refused the full record for good.
+    """
     trig = env.trigger
+    original: dict[str, Any] = {
+        "topic": env.topic,
+        "partition": env.partition,
+        "offset": env.offset,
+        "timestamp_ms": env.timestamp_ms,
+        "key_b64": _b64(env.key),
+        "value_b64": _b64(env.value),
+        "headers": [[k, _b64(v)] for k, v in env.headers],
+    }
     doc: dict[str, Any] = {
-        "original": {
-            "topic": env.topic,
-            "partition": env.partition,
-            "offset": env.offset,
-            "timestamp_ms": env.timestamp_ms,
-            "key_b64": _b64(env.key),
-            "value_b64": _b64(env.value),
-            "headers": [[k, _b64(v)] for k, v in env.headers],
-        },
-        "reason": reason,
+        "original": original,
+        "reason": reason[:_MAX_REASON_CHARS],
         "status_code": status,
         "attempts": env.attempt_state.attempts,
         "first_failure_ms": first_failure_ms,
@@ -69,7 +86,32 @@ def dead_letter_record(
         "schedule_id": trig.schedule_id if trig else None,
         "tenant": trig.tenant if trig else None,
     }
-    return orjson.dumps(doc)
+    # Drop the biggest parts first, one at a time, until the record fits.
+    steps = ("value_b64", "headers", "key_b64")
+    omitted: list[str] = []
+    if coordinates_only:
+        for field in steps:
+            _omit(original, field)
+        omitted = list(steps)
+        doc["omitted"] = f"{', '.join(omitted)} left out: Kafka refused the full dead letter"
+    data = orjson.dumps(doc)
+    for field in steps:
+        if len(data) <= max_bytes or field in omitted:
+            continue
+        _omit(original, field)
+        omitted.append(field)
+        doc["omitted"] = f"{', '.join(omitted)} left out: {_omitted_reason(max_bytes)}"
+        data = orjson.dumps(doc)
+    return data
+
+
+def _omit(original: dict[str, Any], field: str) -> None:
+    original[field] = [] if field == "headers" else None
+
+
+def _omitted_reason(max_bytes: int) -> str:
+    return (f"the dead letter would exceed {max_bytes} bytes; the source record is at its "
+            "topic/partition/offset until retention")
 
 
 def delivery_outcome(

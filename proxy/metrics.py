@@ -49,6 +49,10 @@ class ProxyMetrics:
         self.request_latency = Histogram("tocsin_proxy_request_seconds",
                                          "One HTTP attempt, request to response",
                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.records_refused = Counter(
+            "tocsin_proxy_records_refused",
+            "Dead letters/outcomes Kafka refused for good even in their smallest form, dropped",
+            ["topic"], registry=r)
         self.commits = Counter("tocsin_proxy_commits", "Offset commits", ["result"],
                                registry=r)
         self.rebalances = Counter("tocsin_proxy_rebalances", "Partitions assigned or revoked",

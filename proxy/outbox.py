@@ -6,6 +6,12 @@ the acknowledgement re-delivers the source message rather than losing the record
 Callbacks run on whichever thread polls or flushes the producer (the committer thread,
 or the reader during a revoke), so the per-group counters take a lock. Never blocks on the
 network except in ``flush``.
+
+A record Kafka refuses for good (too large for the producer or the topic, not authorised,
+invalid) is never produced again: its ``fallback`` (a smaller form of the same record) is
+written instead, and without one, or when that is refused too, the refusal is logged and
+counted and the record counts as written, so the source offset moves on and nothing stalls
+behind it.
 """
 
 from __future__ import annotations
@@ -13,10 +19,13 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
+from confluent_kafka import KafkaError as RdKafkaError
 from confluent_kafka import KafkaException, Producer
 
+from proxy.metrics import ProxyMetrics
 from tocsin.errors import KafkaError
 
 log = logging.getLogger("tocsin.proxy")
@@ -24,9 +33,31 @@ log = logging.getLogger("tocsin.proxy")
 Headers = list[tuple[str, str | bytes | None]]
 Ack = Callable[[Any, Any], None]
 
+# Producing these again can never succeed: the record, not the moment, is the problem.
+PERMANENT_PRODUCE_ERRORS = frozenset({
+    RdKafkaError.MSG_SIZE_TOO_LARGE, RdKafkaError.RECORD_LIST_TOO_LARGE,
+    RdKafkaError.INVALID_RECORD, RdKafkaError.TOPIC_AUTHORIZATION_FAILED,
+    RdKafkaError._INVALID_ARG,
+})
+
+
+def refused_for_good(err: Any) -> bool:
+    """True when a produce error (a librdkafka KafkaError) is not worth retrying."""
+    return isinstance(err, RdKafkaError) and err.code() in PERMANENT_PRODUCE_ERRORS
+
+
+@dataclass(frozen=True, slots=True)
+class OutRecord:
+    """A record the proxy must write; ``fallback`` replaces ``value`` if Kafka refuses it."""
+
+    topic: str
+    key: bytes | None
+    value: bytes
+    fallback: bytes | None = None
+
 
 class Outbox:
-    def __init__(self, kafka_conf: dict[str, Any]) -> None:
+    def __init__(self, kafka_conf: dict[str, Any], metrics: ProxyMetrics | None = None) -> None:
         conf = dict(kafka_conf)
         conf.update({
             "acks": "all",
@@ -42,6 +73,7 @@ class Outbox:
             raise KafkaError(f"cannot create the proxy producer: {exc}") from exc
         self._lock = threading.Lock()
         self.closed = False
+        self._metrics = metrics
 
     def produce(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None,
                 on_delivery: Ack) -> None:
@@ -55,29 +87,56 @@ class Outbox:
                 # The local queue is full: serve callbacks to make room, then try again.
                 self.producer.poll(0.05)
 
-    def send_all(self, records: Sequence[tuple[str, bytes | None, bytes]],
-                 done: Callable[[], None]) -> None:
-        """Produce every record (retrying failures for ever); call ``done`` once all acked."""
+    def send_all(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None:
+        """Produce every record (retrying transient failures for ever); call ``done`` once
+        each is acknowledged or refused for good (see the module docstring)."""
         left = [len(records)]
 
-        def make_ack(topic: str, key: bytes | None, value: bytes) -> Ack:
-            def ack(err: Any, _msg: Any) -> None:
-                if err is not None:
-                    if self.closed:
-                        return
-                    log.warning("proxy record not acknowledged, producing again",
-                                extra={"topic": topic, "error": str(err)})
-                    self.produce(topic, key, value, None, ack)
-                    return
-                with self._lock:
-                    left[0] -= 1
-                    finished = left[0] == 0
-                if finished:
-                    done()
-            return ack
+        def finished_one() -> None:
+            with self._lock:
+                left[0] -= 1
+                finished = left[0] == 0
+            if finished:
+                done()
 
-        for topic, key, value in records:
-            self.produce(topic, key, value, None, make_ack(topic, key, value))
+        def send(rec: OutRecord, value: bytes, fallback: bytes | None) -> None:
+            def refused(err: Any) -> None:
+                if fallback is not None:
+                    log.warning("proxy record refused for good; writing its smaller form",
+                                extra={"topic": rec.topic, "error": str(err),
+                                       "bytes": len(value)})
+                    send(rec, fallback, None)
+                    return
+                if self._metrics is not None:
+                    self._metrics.records_refused.labels(rec.topic).inc()
+                log.error("proxy record refused for good and dropped",
+                          extra={"topic": rec.topic, "error": str(err), "bytes": len(value)})
+                finished_one()
+
+            def ack(err: Any, _msg: Any) -> None:
+                if err is None:
+                    finished_one()
+                elif refused_for_good(err):
+                    refused(err)
+                elif not self.closed:
+                    log.warning("proxy record not acknowledged, producing again",
+                                extra={"topic": rec.topic, "error": str(err)})
+                    try_produce()
+
+            def try_produce() -> None:
+                try:
+                    self.produce(rec.topic, rec.key, value, None, ack)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if refused_for_good(err):
+                        refused(err)
+                        return
+                    raise
+
+            try_produce()
+
+        for rec in records:
+            send(rec, rec.value, rec.fallback)
 
     def poll(self, timeout_s: float) -> None:
         self.producer.poll(timeout_s)

@@ -32,7 +32,7 @@ from multidict import CIMultiDict
 from proxy.deadletter import dead_letter_record, delivery_outcome
 from proxy.envelope import DeliveryOutcome, Envelope, TopicPartition
 from proxy.metrics import ProxyMetrics
-from proxy.outbox import Outbox
+from proxy.outbox import Outbox, OutRecord
 from proxy.retry import (
     AttemptResult,
     ConnectFailure,
@@ -62,6 +62,22 @@ def _tenant_of(env: Envelope) -> str | None:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+# A 2xx body is read (so a small one leaves the connection reusable) up to this much; past
+# it the connection is closed instead: a receiver cannot make the proxy read without end.
+SUCCESS_BODY_MAX_BYTES = 64 * 1024
+
+
+async def _discard_body(resp: aiohttp.ClientResponse, max_bytes: int) -> None:
+    left = max_bytes
+    while left > 0:
+        chunk = await resp.content.read(min(left, 16 * 1024))
+        if not chunk:
+            return
+        left -= len(chunk)
+    # Unread bytes remain: leaving the response context then drops the connection.
+    resp.close()
 
 
 class Writer:
@@ -103,7 +119,6 @@ class Writer:
         self._stop: asyncio.Event | None = None
         self._drain_timeout_s = settings.shutdown_timeout_s
         self._session: aiohttp.ClientSession | None = None
-        self._timeouts: dict[float, aiohttp.ClientTimeout] = {}
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name="proxy-writer", daemon=True)
         self.error: BaseException | None = None
@@ -253,7 +268,19 @@ class Writer:
         env.attempting = True
         task = asyncio.get_running_loop().create_task(self._attempt(env))
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        """An attempt task that raised left its message unfinished and its key blocked: the
+        writer is then broken, which must show (``error`` turns /healthz red and stops the
+        process, whose restart redelivers from the last commit) rather than stall quietly."""
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and self.error is None:
+            log.error("delivery task failed; the proxy stops", exc_info=exc)
+            self.error = exc
 
     def _slot_freed(self, host: str, tenant: str | None = None) -> None:
         self._active -= 1
@@ -375,11 +402,11 @@ class Writer:
                 return Undeliverable(detail=refusal)
         headers = CIMultiDict(req.headers)
         headers["Tocsin-Delivery-Attempt"] = str(env.attempt_state.attempts + 1)
-        timeout = self._timeouts.get(req.timeout_s)
-        if timeout is None:  # a handful of distinct values in practice: build each once
-            timeout = self._timeouts[req.timeout_s] = aiohttp.ClientTimeout(
-                total=req.timeout_s, sock_connect=min(self._s.connect_timeout_s, req.timeout_s)
-            )
+        # Built per request: the timeout is the tenant's choice, so a cache keyed by it
+        # would grow with every distinct value, and building one is a few attribute sets.
+        timeout = aiohttp.ClientTimeout(
+            total=req.timeout_s, sock_connect=min(self._s.connect_timeout_s, req.timeout_s)
+        )
         t0 = time.perf_counter()
         try:
             async with self._session.request(
@@ -387,7 +414,7 @@ class Writer:
                 allow_redirects=False,
             ) as resp:
                 if 200 <= resp.status < 300:
-                    await resp.read()  # read to the end so the connection is reused
+                    await _discard_body(resp, SUCCESS_BODY_MAX_BYTES)
                     return HttpResult(status=resp.status)
                 snippet = await resp.content.read(self._s.body_snippet_bytes)
                 return HttpResult(
@@ -463,7 +490,7 @@ class Writer:
         latency_s = now - env.read_s
         self._metrics.latency.observe(latency_s)
         now_ms = _now_ms()
-        records: list[tuple[str, bytes | None, bytes]] = []
+        records: list[OutRecord] = []
         outcome: tuple[DeliveryOutcome, int | None, str | None]
         if isinstance(decision, Done):
             self._metrics.deliveries.labels("delivered", sclass).inc()
@@ -477,12 +504,19 @@ class Writer:
             first = st.first_failure_s if st.first_failure_s is not None else now
             last = st.last_failure_s if st.last_failure_s is not None else now
             # Failure times are monotonic; translate them to wall clock for the record.
-            records.append((self._dlq_topic, env.key, dead_letter_record(
-                env, reason=decision.reason, status=decision.status,
-                first_failure_ms=now_ms - int((now - first) * 1000),
-                last_failure_ms=now_ms - int((now - last) * 1000),
-                now_ms=now_ms, group_id=self._s.group_id,
-            )))
+            first_ms = now_ms - int((now - first) * 1000)
+            last_ms = now_ms - int((now - last) * 1000)
+
+            def dead_letter(*, coordinates_only: bool) -> bytes:
+                return dead_letter_record(
+                    env, reason=decision.reason, status=decision.status,
+                    first_failure_ms=first_ms, last_failure_ms=last_ms, now_ms=now_ms,
+                    group_id=self._s.group_id, coordinates_only=coordinates_only,
+                )
+
+            records.append(OutRecord(self._dlq_topic, env.key,
+                                     dead_letter(coordinates_only=False),
+                                     fallback=dead_letter(coordinates_only=True)))
             log.warning("message dead-lettered", extra={
                 "topic": env.topic, "partition": env.partition, "offset": env.offset,
                 "reason": decision.reason, "attempts": st.attempts,
@@ -493,7 +527,7 @@ class Writer:
                                    status=outcome[1], reason=outcome[2],
                                    latency_ms=int(latency_s * 1000), now_ms=now_ms)
             if rec is not None:
-                records.append((self._deliveries_topic, rec[0], rec[1]))
+                records.append(OutRecord(self._deliveries_topic, rec[0], rec[1]))
         if records:
             self._outbox.send_all(records, lambda: self._state.offset_done(env))
         else:
