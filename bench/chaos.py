@@ -190,17 +190,27 @@ class FireCounter(threading.Thread):
 
 class Receiver:
     """A real HTTP receiver on a fixed local port: ``mode`` is ok, refuse (the listening
-    socket is closed: connection refused) or 503. Counts 2xx deliveries by trigger id and
-    keeps each order key's delivery sequence."""
+    socket is closed: connection refused), 503, 503-large (503 to a body over
+    ``large_bytes``, 2xx to the rest) or huge-body (2xx with a ``huge_body_bytes`` body).
+    Counts 2xx deliveries by trigger id and keeps each order key's delivery sequence."""
 
     _loop: asyncio.AbstractEventLoop  # created by start()
 
-    def __init__(self, tally: Tally, delay_s: float = 0.0) -> None:
+    def __init__(
+        self,
+        tally: Tally,
+        delay_s: float = 0.0,
+        *,
+        large_bytes: int = 16 * 1024,
+        huge_body_bytes: int = 16 * 1024 * 1024,
+    ) -> None:
         self.tally = tally
         self.delay_s = delay_s
+        self.large_bytes, self.huge_body_bytes = large_bytes, huge_body_bytes
         self.port = free_port()
         self.mode = "ok"
         self.attempts = 0
+        self.largest_body_bytes = 0
         self.refused_window = 0
         self.by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
         self._lock = threading.Lock()
@@ -267,13 +277,14 @@ class Receiver:
         at = now_ms()
         with self._lock:
             self.attempts += 1
+            self.largest_body_bytes = max(self.largest_body_bytes, len(body))
         if self.mode == "refuse":
             # The listening socket is closed (new connections are refused); a kept-alive
             # connection opened before is dropped without an answer.
             if request.transport is not None:
                 request.transport.close()
             return web.Response(status=503)
-        if self.mode == "503":
+        if self.mode == "503" or (self.mode == "503-large" and len(body) > self.large_bytes):
             return web.Response(status=503, text="down for maintenance")
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
@@ -284,7 +295,24 @@ class Receiver:
             due = int(request.headers.get("Tocsin-Due-Ms", "0"))
             with self._lock:
                 self.by_key[str(doc["k"])].append((due, int(doc["seq"])))
+        if self.mode == "huge-body":
+            return await self._huge_body(request)
         return web.Response(status=200, text="ok")
+
+    async def _huge_body(self, request: Any) -> Any:
+        from aiohttp import web
+
+        resp = web.StreamResponse(status=200)
+        resp.content_length = self.huge_body_bytes
+        await resp.prepare(request)
+        chunk = b"x" * (1 << 20)
+        with contextlib.suppress(ConnectionError, RuntimeError):  # the client may hang up
+            left = self.huge_body_bytes
+            while left > 0:
+                await resp.write(chunk[: min(left, len(chunk))])
+                left -= len(chunk)
+            await resp.write_eof()
+        return resp
 
     def order_violations(self) -> int:
         """Deliveries that came after a later-due trigger of the same order key had already
@@ -395,27 +423,63 @@ class Scenario:
         if sid not in got:
             raise RuntimeError(f"no worker answered a probe within {timeout_s:.0f}s")
 
-    def create(self, sid: str, due: int, url: str, key: str = "", seq: int = 0) -> Any:
+    def tenant(self, name: str) -> str:
+        """Another signed tenant in this scenario's keyspace."""
+        from streams.demo import _register_tenant
+
+        _register_tenant(self.settings, name)
+        return name
+
+    def create(
+        self,
+        sid: str,
+        due: int,
+        url: str,
+        key: str = "",
+        seq: int = 0,
+        *,
+        tenant: str = TENANT,
+        payload_bytes: int = 0,
+    ) -> Any:
+        """A create whose JSON payload names its order key and sequence number, padded to
+        ``payload_bytes`` when that is larger."""
         from topics.models import CreateCommand, HttpCallback, PayloadType
 
         return CreateCommand(
-            tenant=TENANT,
+            tenant=tenant,
             schedule_id=sid,
             request_id=sid,
             due_ms=due,
-            payload=orjson.dumps({"k": key or sid, "seq": seq}),
+            payload=padded_payload(key or sid, seq, payload_bytes),
             payload_type=PayloadType.JSON,
             callback=HttpCallback(url=url),
             order_key=key or sid,
             misfire_tolerance_s=3600,
         )
 
+    def send(self, command: Any) -> None:
+        """A command through the client, or a ``RawRecord`` as it is (signed)."""
+        if isinstance(command, RawRecord):
+            from topics.signing import sign_headers
+
+            key = command.schedule_id.encode()
+            secret = self.client.signing_key_of(command.tenant)
+            headers = sign_headers(secret, signed_at_ms=now_ms(), key=key, value=command.value)
+            self.client.send_raw(key, command.value, headers=headers)
+        else:
+            self.client.send(command)
+
     def schedule(
-        self, creates: list[Any], *, timeout_s: float = 120.0, resend_after_s: float = 20.0
+        self,
+        creates: list[Any],
+        *,
+        timeout_s: float = 120.0,
+        resend_after_s: float = 20.0,
+        expect: Callable[[Any], bool] = lambda c: True,
     ) -> dict[str, int]:
-        """Send creates like a client that retries: unanswered ones are sent again every
-        ``resend_after_s``; returns the count of each result code. Accepted ones are
-        expected by the tally."""
+        """Send creates (or ``RawRecord``s) in order like a client that retries: unanswered
+        ones are sent again every ``resend_after_s``; returns the count of each result
+        code. Accepted creates that ``expect`` accepts are expected by the tally."""
         from streams.client import ResultWatcher
         from topics.ids import trigger_id
 
@@ -431,7 +495,7 @@ class Scenario:
                         say(f"{self.name}: re-sending {len(pending)} unanswered commands")
                         self.extra["resent"] = self.extra.get("resent", 0) + len(pending)
                     for c in pending.values():
-                        self.client.send(c)
+                        self.send(c)
                     self.client.producer.poll(0)
                     last_send = time.monotonic()
                 self.client.producer.poll(0)
@@ -442,7 +506,9 @@ class Scenario:
                     codes[str(r.code)] += 1
                     if str(r.status) == "accepted":
                         del pending[c.schedule_id]
-                        self.tally.expect(trigger_id(TENANT, c.schedule_id, c.due_ms), c.due_ms)
+                        if not isinstance(c, RawRecord) and expect(c):
+                            tid = trigger_id(c.tenant, c.schedule_id, c.due_ms)
+                            self.tally.expect(tid, c.due_ms)
                     elif str(r.code) not in ("internal_error",):
                         del pending[c.schedule_id]  # rejected for good: report it
         finally:
@@ -476,6 +542,50 @@ class Scenario:
 
 def spread(n: int, start_ms: int, over_ms: int) -> list[int]:
     return [start_ms + (i * over_ms) // n for i in range(n)]
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """A commands-topic record sent as it is (malformed or oversized on purpose), keyed by
+    ``schedule_id`` so that its rejection is answered under that id."""
+
+    schedule_id: str
+    value: bytes
+    tenant: str = TENANT
+
+
+def padded_payload(key: str, seq: int, payload_bytes: int = 0) -> bytes:
+    """The receiver's JSON payload ``{"k": key, "seq": seq}``, padded with a ``pad`` field
+    to exactly ``payload_bytes`` when that is larger than the bare payload (pure)."""
+    bare = orjson.dumps({"k": key, "seq": seq})
+    overhead = len(orjson.dumps({"k": key, "seq": seq, "pad": ""}))
+    if payload_bytes <= overhead:
+        return bare
+    return orjson.dumps({"k": key, "seq": seq, "pad": "x" * (payload_bytes - overhead)})
+
+
+def ids_on_partition(prefix: str, partition: int, partitions: int, n: int) -> list[str]:
+    """``n`` schedule ids ``prefix<i>`` whose commands land on ``partition`` (pure)."""
+    from streams.partitioner import partition_for
+
+    out: list[str] = []
+    i = 0
+    while len(out) < n:
+        sid = f"{prefix}{i}"
+        if partition_for(sid, partitions) == partition:
+            out.append(sid)
+        i += 1
+    return out
+
+
+def lateness_ms(tally: Tally, trigger_ids: list[str]) -> list[int]:
+    """First sighting minus due time of each of these triggers that was seen (pure)."""
+    with tally.lock:
+        return [
+            min(tally.seen[t]) - tally.due[t]
+            for t in trigger_ids
+            if tally.seen.get(t) and t in tally.due
+        ]
 
 
 # ----------------------------------------------------------------------------- verdict
@@ -630,7 +740,9 @@ class Stream(threading.Thread):
     """Sends ``rate`` creates a second for ``seconds`` (each due ``lead_ms`` after it is
     sent) through one client that retries: a command with no answer after ``resend_after_s``
     is sent again (same content, so a late first copy answers ``duplicate``). A create is
-    acknowledged when its result is ``accepted``; rejections are counted by code."""
+    acknowledged when its result is ``accepted``; rejections are counted by code. The
+    creates are ``tenant``'s, named ``prefix``-<i>, on ``keys`` order keys, with payloads of
+    ``payload_bytes``; ``sent`` keeps each acknowledged trigger id with its send time."""
 
     def __init__(
         self,
@@ -642,11 +754,18 @@ class Stream(threading.Thread):
         lead_ms: tuple[int, int],
         resend_after_s: float = 20.0,
         give_up_s: float = 400.0,
+        tenant: str = TENANT,
+        prefix: str = "",
+        keys: int = 40,
+        payload_bytes: int = 0,
     ) -> None:
         super().__init__(daemon=True, name="stream")
         from streams.client import ResultWatcher
 
         self.s, self.receiver = s, receiver
+        self.tenant, self.prefix = tenant, prefix or s.name
+        self.keys, self.payload_bytes = keys, payload_bytes
+        self.acknowledged: list[str] = []  # trigger ids, in the order their answers came
         self.seconds, self.rate, self.lead_ms = seconds, rate, lead_ms
         self.resend_after_s, self.give_up_s = resend_after_s, give_up_s
         self.watcher = ResultWatcher(s.settings)
@@ -669,11 +788,13 @@ class Stream(threading.Thread):
                     lo, hi = self.lead_ms
                     for j in range(self.rate):
                         c = s.create(
-                            f"{s.name}-{i}",
+                            f"{self.prefix}-{i}",
                             base + lo + (j * (hi - lo)) // self.rate,
                             self.receiver.url,
-                            key=f"k{i % 40}",
+                            key=f"{self.prefix}-k{i % self.keys}",
                             seq=i,
+                            tenant=self.tenant,
+                            payload_bytes=self.payload_bytes,
                         )
                         s.client.send(c)
                         pending[c.schedule_id] = (c, t)
@@ -695,7 +816,9 @@ class Stream(threading.Thread):
                         c = got[0]
                         self.codes[str(r.code)] += 1
                         if str(r.status) == "accepted":
-                            s.tally.expect(trigger_id(TENANT, c.schedule_id, c.due_ms), c.due_ms)
+                            tid = trigger_id(c.tenant, c.schedule_id, c.due_ms)
+                            s.tally.expect(tid, c.due_ms)
+                            self.acknowledged.append(tid)
                         del pending[c.schedule_id]
         finally:
             self.scheduled = i
@@ -977,6 +1100,260 @@ def _port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def under_load(
+    s: Scenario,
+    receiver: Receiver,
+    fault: Callable[[], None],
+    *,
+    fault_after_s: float,
+    seen_timeout_s: float,
+    **stream: Any,
+) -> Stream:
+    """A ``Stream`` (``stream`` are its arguments) with ``fault`` run ``fault_after_s``
+    into it; returns once the stream is done and every acknowledged trigger was seen (or
+    ``seen_timeout_s`` passed)."""
+    load = Stream(s, receiver, **stream)
+    load.start()
+    time.sleep(fault_after_s)
+    fault()
+    load.join(420)
+    s.extra["codes"] = dict(load.codes)
+    s.wait_all_seen(seen_timeout_s)
+    return load
+
+
+def sc_large_payloads(chaos: Chaos) -> dict[str, Any]:
+    """Bursts of creates whose payloads reach the stock limit (TOCSIN_MAX_PAYLOAD_BYTES,
+    64 KiB) on Cassandra's stock batch thresholds (fail at 50 KiB) and Kafka's stock record
+    limit: each answered, each delivered, in order; those one byte over are rejected."""
+    s = Scenario(chaos, "large_payloads")
+    receiver = Receiver(s.tally).start()
+    try:
+        s.worker("w")
+        s.proxy("proxy")
+        s.wait_ready()
+        limit = s.settings.scheduler.max_payload_bytes
+        sizes = [limit, limit - 1, 50 * 1024, 40 * 1024, 5 * 1024 + 1, 0]
+        n, t0 = 240, now_ms() + 15_000
+        creates = [
+            s.create(
+                f"lp-{i}", due, receiver.url, key=f"k{i % 20}", seq=i, payload_bytes=sizes[i % 6]
+            )
+            for i, due in enumerate(spread(n, t0, 20_000))
+        ]
+        over = [
+            s.create(f"lp-over-{i}", t0, receiver.url, payload_bytes=limit + 1) for i in range(10)
+        ]
+        s.extra["codes"] = codes = s.schedule(creates + over)
+        s.wait_all_seen(120)
+        return s.report(
+            scheduled=n + len(over),
+            order_violations=receiver.order_violations(),
+            largest_body_bytes=receiver.largest_body_bytes,
+            ok_over_limit_rejected=codes.get("payload_too_large", 0) == len(over),
+            duplicate_bound=0,
+        )
+    finally:
+        receiver.stop()
+        s.close()
+
+
+def sc_hostile_commands(chaos: Chaos) -> dict[str, Any]:
+    """Far-future, malformed and oversized commands of one tenant interleaved, one for one,
+    with good creates of another tenant on the same commands partition: every command is
+    answered, the good ones are delivered in order, and their lateness is reported."""
+    from topics.ids import MAX_EPOCH_MS
+
+    s = Scenario(chaos, "hostile_commands")
+    good_tenant = s.tenant("chaos-good")
+    receiver = Receiver(s.tally).start()
+    try:
+        s.worker("w")
+        s.proxy("proxy")
+        s.wait_ready()
+        parts = s.settings.topics.command_partitions
+        n, now, t0 = 250, now_ms(), now_ms() + 15_000
+        good = ids_on_partition("hc-good-", 0, parts, n)
+        bad = ids_on_partition("hc-bad-", 0, parts, n)
+        limit = s.settings.scheduler.max_payload_bytes
+        year_ms = 365 * 86_400_000
+        far_ok: set[str] = set()
+        items: list[Any] = []
+        for i, (g, b, due) in enumerate(zip(good, bad, spread(n, t0, 30_000), strict=True)):
+            items.append(
+                s.create(g, due, receiver.url, key=f"k{i % 20}", seq=i, tenant=good_tenant)
+            )
+            kind = i % 6
+            if kind == 0:  # far future, within what Cassandra can keep: accepted, not due
+                far_ok.add(b)
+                items.append(s.create(b, now + 5 * year_ms, receiver.url))
+            elif kind == 1:  # beyond the 20-year TTL, and the last representable instant
+                far = MAX_EPOCH_MS if i % 12 == 1 else now + 50 * year_ms
+                items.append(s.create(b, far, receiver.url))
+            elif kind == 2:  # cut off mid-document
+                items.append(RawRecord(b, b'{"type":"create","tenant":"chaos","schedule_id":"'))
+            elif kind == 3:  # not JSON at all, and a JSON document of the wrong shape
+                items.append(RawRecord(b, b"\xff\xfe\x00garbage" if i % 12 == 3 else b"[1,2,3]"))
+            elif kind == 4:  # a payload over the limit
+                items.append(s.create(b, due, receiver.url, payload_bytes=limit + 1))
+            else:  # a record far over the message cap (Kafka still takes it: < 1 MiB)
+                pad = "x" * (700 * 1024)
+                doc = {"type": "create", "tenant": TENANT, "schedule_id": b, "pad": pad}
+                items.append(RawRecord(b, orjson.dumps(doc)))
+        s.extra["codes"] = s.schedule(items, expect=lambda c: c.schedule_id not in far_ok)
+        s.wait_all_seen(120)
+        late = lateness_ms(s.tally, list(s.tally.due))  # only good creates are expected
+        return s.report(
+            scheduled=len(items),
+            good=n,
+            hostile=n,
+            order_violations=receiver.order_violations(),
+            good_lateness_p50_ms=percentile(late, 0.5),
+            good_lateness_p99_ms=percentile(late, 0.99),
+            duplicate_bound=0,
+        )
+    finally:
+        receiver.stop()
+        s.close()
+
+
+def sc_hostile_tenant(chaos: Chaos) -> dict[str, Any]:
+    """Two tenants through one proxy. The calm tenant's deliveries are timed throughout: 40 s
+    alone (quiet), 40 s while the hostile tenant's endpoint answers 503 to its large
+    (48 KiB) triggers (a retry storm), 40 s while it answers 2xx with a 16 MiB body; then
+    the hostile endpoint recovers and everything must arrive. Target: the calm tenant's p99
+    lateness in either hostile phase within 1 s of its quiet value."""
+    phase_s = 40
+    s = Scenario(chaos, "hostile_tenant")
+    calm_tenant = s.tenant("chaos-calm")
+    hostile = Receiver(s.tally).start()
+    calm = Receiver(s.tally).start()
+    try:
+        s.worker("w")
+        s.proxy("proxy")
+        s.wait_ready()
+        start = now_ms()
+        calm_load = Stream(
+            s, calm, seconds=3 * phase_s, rate=10, lead_ms=(3_000, 6_000),
+            tenant=calm_tenant, prefix="calm", keys=20,
+        )  # fmt: skip
+        calm_load.start()
+        time.sleep(phase_s - 5)  # its first hostile triggers fall due as the phase begins
+        say("hostile_tenant: hostile endpoint answers 503 to large triggers")
+        hostile.set_mode("503-large")
+        hostile_load = Stream(
+            s, hostile, seconds=2 * phase_s, rate=4, lead_ms=(3_000, 6_000),
+            prefix="hostile", keys=8, payload_bytes=48 * 1024,
+        )  # fmt: skip
+        hostile_load.start()
+        time.sleep(max(0, (start + 2 * phase_s * 1000 - now_ms()) / 1000))
+        say("hostile_tenant: hostile endpoint answers 2xx with a 16 MiB body")
+        hostile.set_mode("huge-body")
+        time.sleep(max(0, (start + 3 * phase_s * 1000 - now_ms()) / 1000) + 6)
+        say("hostile_tenant: hostile endpoint recovers")
+        hostile.set_mode("ok")
+        calm_load.join(420)
+        hostile_load.join(420)
+        s.extra["codes"] = {
+            "calm": dict(calm_load.codes),
+            "hostile": dict(hostile_load.codes),
+            "unanswered": calm_load.codes["unanswered"] + hostile_load.codes["unanswered"],
+        }
+        s.wait_all_seen(240)
+        p99: dict[str, int] = {}
+        for i, phase in enumerate(("quiet", "storm", "huge_body")):
+            lo, hi = start + i * phase_s * 1000, start + (i + 1) * phase_s * 1000
+            ids = [t for t in calm_load.acknowledged if lo <= s.tally.due[t] < hi]
+            p99[phase] = percentile(lateness_ms(s.tally, ids), 0.99)
+        worst = max(p99["storm"], p99["huge_body"])
+        return s.report(
+            scheduled=calm_load.scheduled + hostile_load.scheduled,
+            order_violations=calm.order_violations() + hostile.order_violations(),
+            calm_lateness_p99_quiet_ms=p99["quiet"],
+            calm_lateness_p99_storm_ms=p99["storm"],
+            calm_lateness_p99_huge_body_ms=p99["huge_body"],
+            calm_p99_within_1s_of_quiet=worst - p99["quiet"] <= 1_000,
+            hostile_attempts=hostile.attempts,
+            duplicate_bound=0,
+        )
+    finally:
+        calm.stop()
+        hostile.stop()
+        s.close()
+
+
+def sc_cassandra_slow(chaos: Chaos) -> dict[str, Any]:
+    """Cassandra slow rather than stopped: its process SIGSTOPped for 20 s (connections stay
+    open, requests time out) while 10 creates/s stream in and triggers fire."""
+    s = Scenario(chaos, "cassandra_slow")
+    receiver = Receiver(s.tally).start()
+    try:
+        s.worker("w")
+        s.proxy("proxy")
+        s.wait_ready()
+        s.client.signing_key_of(TENANT)  # the operator client caches the tenant's key
+
+        def freeze() -> None:
+            pid = chaos.stack.cassandra.pid()
+            if pid is None:
+                raise RuntimeError("the chaos Cassandra is not running")
+            say(f"cassandra_slow: SIGSTOP Cassandra (pid {pid}) for 20 s")
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                time.sleep(20)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+            say("cassandra_slow: SIGCONT")
+
+        load = under_load(
+            s, receiver, freeze, fault_after_s=15, seen_timeout_s=180,
+            seconds=60, rate=10, lead_ms=(5_000, 20_000),
+        )  # fmt: skip
+        return s.report(
+            scheduled=load.scheduled,
+            order_violations=receiver.order_violations(),
+            duplicate_bound=0,
+        )
+    finally:
+        receiver.stop()
+        s.close()
+
+
+def sc_rolling_restart(chaos: Chaos) -> dict[str, Any]:
+    """A graceful rolling restart under load: two workers, each in turn stopped with
+    SIGTERM and replaced, 20 s apart, while 10 creates/s stream in through the proxy."""
+    s = Scenario(chaos, "rolling_restart")
+    receiver = Receiver(s.tally).start()
+    try:
+        workers = [s.worker("a"), s.worker("b")]
+        s.proxy("proxy")
+        s.wait_ready()
+        time.sleep(12)  # let the group settle over both workers
+
+        def roll() -> None:
+            for w in workers:
+                say(f"rolling_restart: SIGTERM worker {w.name}, then its replacement")
+                t0 = time.monotonic()
+                w.stop()
+                s.notes.append(f"{w.name} stopped in {time.monotonic() - t0:.1f}s")
+                s.worker(f"{w.name}2")
+                time.sleep(20)
+
+        load = under_load(
+            s, receiver, roll, fault_after_s=10, seen_timeout_s=180,
+            seconds=70, rate=10, lead_ms=(4_000, 15_000),
+        )  # fmt: skip
+        # Each stop hands its partitions over, each replacement takes some: four handovers.
+        return s.report(
+            scheduled=load.scheduled,
+            order_violations=receiver.order_violations(),
+            duplicate_bound=duplicate_bound(rate_per_s=10, worker_handovers=4),
+        )
+    finally:
+        receiver.stop()
+        s.close()
+
+
 SCENARIOS: dict[str, Callable[[Chaos], dict[str, Any]]] = {
     "workers": sc_workers,
     "broker": sc_broker,
@@ -985,6 +1362,11 @@ SCENARIOS: dict[str, Callable[[Chaos], dict[str, Any]]] = {
     "proxy": sc_proxy,
     "skew": sc_skew,
     "state_dir": sc_state_dir,
+    "large_payloads": sc_large_payloads,
+    "hostile_commands": sc_hostile_commands,
+    "hostile_tenant": sc_hostile_tenant,
+    "cassandra_slow": sc_cassandra_slow,
+    "rolling_restart": sc_rolling_restart,
 }
 
 

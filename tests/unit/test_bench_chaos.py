@@ -5,14 +5,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import orjson
+
 from bench.chaos import (
     Receiver,
     Tally,
     duplicate_bound,
+    ids_on_partition,
+    lateness_ms,
+    padded_payload,
     percentile,
     spread,
     verdict,
 )
+from streams.partitioner import partition_for
 
 
 def test_tally_counts_lost_duplicates_and_lateness() -> None:
@@ -112,3 +118,28 @@ def test_order_violations_count_first_deliveries_only() -> None:
 
 def test_spread() -> None:
     assert spread(4, 100, 40) == [100, 110, 120, 130]
+
+
+def test_padded_payload_has_the_exact_size_and_keeps_key_and_seq() -> None:
+    for size in (65_536, 65_537, 51_200, 100):
+        body = padded_payload("k3", 17, size)
+        assert len(body) == size
+        doc = orjson.loads(body)
+        assert (doc["k"], doc["seq"]) == ("k3", 17)
+    assert padded_payload("k3", 17) == b'{"k":"k3","seq":17}'  # no size: the bare payload
+
+
+def test_ids_on_partition() -> None:
+    ids = ids_on_partition("hc-", 5, 8, 20)
+    assert len(set(ids)) == 20
+    assert {partition_for(i, 8) for i in ids} == {5}
+
+
+def test_lateness_counts_seen_acknowledged_triggers_only() -> None:
+    t = Tally()
+    t.expect("a", 1_000)
+    t.expect("b", 2_000)
+    t.saw("a", 1_300)
+    t.saw("a", 1_100)  # the first sighting counts
+    t.saw("c", 9_000)  # never acknowledged
+    assert lateness_ms(t, ["a", "b", "c"]) == [100]
