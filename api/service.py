@@ -68,10 +68,7 @@ class Service:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         sched = settings.scheduler
-        self.limits = Limits(
-            max_payload_bytes=sched.max_payload_bytes,
-            default_misfire_tolerance_s=sched.default_misfire_tolerance_s,
-        )
+        self.limits = Limits.from_settings(sched)
         self.store = Store(settings.cassandra, retention_s=sched.fired_retention_s)
         self.bridge = CommandBridge(settings)
         ttl = settings.api.tenant_cache_ttl_s

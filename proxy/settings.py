@@ -51,7 +51,8 @@ class ProxySettings:
     session_timeout_s: float = 10.0
     metrics_port: int = 9465  # 0: no metrics HTTP server
     # fires mode: callbacks to loopback/private/link-local/reserved addresses are refused
-    # (checked on the resolved address, see proxy/ssrf.py) unless this is set.
+    # (checked on the resolved address, see proxy/ssrf.py) unless this is set (from
+    # TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS, by default TOCSIN_ALLOW_PRIVATE_TARGETS).
     allow_private_targets: bool = False
     # fires mode: one tenant may hold at most this fraction of `concurrency` writers.
     tenant_share: float = 0.5
@@ -130,6 +131,10 @@ class ProxySettings:
             max_poll_interval_s=_float(env, "PROXY_MAX_POLL_INTERVAL_S", d.max_poll_interval_s),
             session_timeout_s=_float(env, "PROXY_SESSION_TIMEOUT_S", d.session_timeout_s),
             metrics_port=_port(env, "PROXY_METRICS_PORT", d.metrics_port, zero_is_off=True),
-            allow_private_targets=_bool(env, "PROXY_ALLOW_PRIVATE_TARGETS", False),
+            # One deployment-wide switch by default, so the worker's create-time check and
+            # the proxy's delivery-time guard agree unless the proxy is told otherwise.
+            allow_private_targets=_bool(
+                env, "PROXY_ALLOW_PRIVATE_TARGETS", _bool(env, "ALLOW_PRIVATE_TARGETS", False)
+            ),
             tenant_share=_float(env, "PROXY_TENANT_SHARE", d.tenant_share),
         )

@@ -1,74 +1,37 @@
 """SSRF guard of the fires-mode proxy: tenants choose callback URLs, so the proxy must not
 become their way into the internal network.
 
-A callback may only reach *global* unicast addresses: loopback, private (RFC 1918, ULA),
-link-local (169.254/16 incl. cloud metadata, fe80::/10), shared (100.64/10), multicast,
-unspecified and reserved addresses are refused unless ``TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS``
-is set. The check is on the **resolved** address: ``GuardedResolver`` filters what DNS
-returns and aiohttp connects only to what it hands back, so a host name that resolves to
-127.0.0.1 (``localhost``, a rebinding domain) is refused at connect time, not just at create
-time. IP literals bypass resolvers in aiohttp and are checked by ``literal_refusal``.
+A callback may only reach *global* unicast addresses (the classification is
+``topics.addresses``, shared with the create-time check of IP literals): loopback, private,
+link-local, shared, multicast, unspecified and reserved addresses are refused unless
+``TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS`` is set. The check is on the **resolved** address:
+``GuardedResolver`` filters what DNS returns and aiohttp connects only to what it hands
+back, so a host name that resolves to 127.0.0.1 (``localhost``, a rebinding domain) is
+refused at connect time; create time can only judge literals. IP literals bypass resolvers
+in aiohttp and are checked by ``literal_refusal``.
 
 A refused target is undeliverable: it is dead-lettered at once with the reason.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 from typing import Any
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
+from topics.addresses import address_allowed, refused_literal
+
 
 class BlockedAddress(OSError):
     """Every address of a callback host is one the proxy may not call."""
 
 
-# IPv6 ranges that carry (or translate to) an IPv4 address, or that Python versions have
-# called global although they are not: an explicit list, so the guard does not depend on
-# the interpreter's ``is_global`` tables.
-_NAT64 = (
-    ipaddress.IPv6Network("64:ff9b::/96"),  # well-known NAT64 prefix (RFC 6052)
-    ipaddress.IPv6Network("64:ff9b:1::/48"),  # local-use NAT64 (RFC 8215)
-)
-_REFUSED_V6 = (
-    ipaddress.IPv6Network("2002::/16"),  # 6to4: embeds an IPv4 address
-    ipaddress.IPv6Network("2001::/32"),  # Teredo: embeds an IPv4 address
-    ipaddress.IPv6Network("fec0::/10"),  # site-local (deprecated, still routed internally)
-    ipaddress.IPv6Network("::/96"),  # IPv4-compatible (deprecated)
-    ipaddress.IPv6Network("100::/64"),  # discard-only
-    ipaddress.IPv6Network("2001:db8::/32"),  # documentation
-)
-
-
-def address_allowed(address: str) -> bool:
-    """Whether the proxy may connect to this IP address (text form).
-
-    An IPv6 address that embeds an IPv4 one (mapped, NAT64, 6to4, Teredo) is refused
-    outright rather than judged by the IPv4 inside: in a DNS64/NAT64 cluster
-    64:ff9b::a00:1 reaches 10.0.0.1, and a public callback never needs these forms."""
-    try:
-        ip = ipaddress.ip_address(address.split("%", 1)[0])
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address):
-        if ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        elif any(ip in net for net in _NAT64 + _REFUSED_V6):
-            return False
-    return bool(ip.is_global) and not ip.is_multicast
-
-
 def literal_refusal(host: str) -> str | None:
     """Why an IP-literal host may not be called (None: allowed, or not a literal)."""
-    bare = host.strip("[]")
-    try:
-        ipaddress.ip_address(bare.split("%", 1)[0])
-    except ValueError:
-        return None
-    if address_allowed(bare):
+    bare = refused_literal(host)
+    if bare is None:
         return None
     return (
         f"callback address {bare} is loopback, private, link-local or reserved; the proxy "

@@ -105,10 +105,7 @@ class Worker:
             tickers=self.tickers,
             results_topic=self.catalog.command_results.name,
             partitions=self.catalog.commands.partitions,
-            limits=Limits(
-                max_payload_bytes=sched.max_payload_bytes,
-                default_misfire_tolerance_s=sched.default_misfire_tolerance_s,
-            ),
+            limits=Limits.from_settings(sched),
             bucket_shards=sched.bucket_shards,
             tenant_ttl_s=settings.api.tenant_cache_ttl_s,
             require_signed=sched.require_signed_commands,

@@ -322,10 +322,7 @@ def _create_command(args: argparse.Namespace, settings: Settings, request_id: st
         body["misfire_tolerance_s"] = args.misfire_tolerance_s
     elif args.due:
         body["misfire_tolerance_s"] = settings.scheduler.default_misfire_tolerance_s
-    limits = Limits(
-        max_payload_bytes=settings.scheduler.max_payload_bytes,
-        default_misfire_tolerance_s=settings.scheduler.default_misfire_tolerance_s,
-    )
+    limits = Limits.from_settings(settings.scheduler)
     return decode_command(
         orjson.dumps(body),
         key=args.schedule_id.encode(),

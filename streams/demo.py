@@ -168,15 +168,14 @@ def run_demo(
     tenant = "demo"
     _register_tenant(settings, tenant)
     receiver = Receiver(receiver_port)
-    worker = _start("worker", settings, {})
-    # The receiver is on loopback, which the proxy refuses by default (SSRF guard).
+    # The receiver is on loopback, which a deployment refuses by default: the worker at
+    # create (invalid_url), the proxy at delivery (SSRF guard).
+    private_ok = {"TOCSIN_ALLOW_PRIVATE_TARGETS": "true"}
+    worker = _start("worker", settings, private_ok)
     proxy = _start(
         "proxy",
         settings,
-        {
-            "TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": "true",
-            "TOCSIN_PROXY_GROUP_ID": f"{settings.topics.prefix}proxy",
-        },
+        {**private_ok, "TOCSIN_PROXY_GROUP_ID": f"{settings.topics.prefix}proxy"},
     )
     try:
         return _drive(settings, tenant, count, spread_s, worker, proxy, receiver)

@@ -196,6 +196,11 @@ class SchedulerSettings:
     commit_group_size: int = 16
     # Secure by default: a tenant without a signing key cannot command anything.
     require_signed_commands: bool = True
+    # Whether callbacks may target loopback, private, link-local and reserved addresses.
+    # False: a create or update whose callback host is such an IP literal is rejected
+    # (invalid_url) by the worker and the API, and the proxy (unless
+    # TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS says otherwise) refuses them at delivery.
+    allow_private_targets: bool = False
     session_timeout_s: float = 10.0
     # Recurring schedules (streams.materializer): runs are written this far ahead...
     recurring_horizon_s: float = 600.0
@@ -316,6 +321,7 @@ class Settings:
                 inline_handover=_bool(e, "INLINE_HANDOVER", True),
                 commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
                 require_signed_commands=_bool(e, "REQUIRE_SIGNED_COMMANDS", True),
+                allow_private_targets=_bool(e, "ALLOW_PRIVATE_TARGETS", False),
                 session_timeout_s=_float(e, "SESSION_TIMEOUT_S", 10.0),
                 recurring_horizon_s=_float(e, "RECURRING_HORIZON_S", 600.0),
                 recurring_max_runs_per_step=_int(e, "RECURRING_MAX_RUNS_PER_STEP", 500),

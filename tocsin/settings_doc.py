@@ -91,6 +91,10 @@ SETTINGS: tuple[SettingDoc, ...] = (
                "runs asyncio's)"),
     SettingDoc("PORT_OFFSET", C, "0",
                "added to every default listening port (stack, worker, proxy, API)"),
+    SettingDoc("ALLOW_PRIVATE_TARGETS", C, "false",
+               "allow callbacks to loopback, private, link-local and reserved addresses; "
+               "false: the worker and API reject such IP-literal callback hosts at create "
+               "(`invalid_url`) and the proxy refuses such addresses at delivery"),
     # --- the local stack (tocsin infra)
     SettingDoc("STATE_DIR", S, ".state/ in the checkout",
                "data, logs, pid files and jar cache of the local stack",
@@ -184,7 +188,8 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("PROXY_SESSION_TIMEOUT_S", P, "10", "consumer group session timeout"),
     SettingDoc("PROXY_METRICS_PORT", P, "9465", "metrics and health port (0: none)"),
     SettingDoc("PROXY_ALLOW_PRIVATE_TARGETS", P, "false",
-               "fires: allow callbacks to loopback, private and link-local addresses"),
+               "fires: allow callbacks to loopback, private and link-local addresses "
+               "(default follows `TOCSIN_ALLOW_PRIVATE_TARGETS`)"),
 )
 
 

@@ -29,6 +29,7 @@ import orjson
 
 from tocsin.errors import CommandRejected, ConfigError
 from tocsin.settings import SchedulerSettings
+from topics.addresses import refused_literal
 from topics.codes import Code
 from topics.ids import MAX_EPOCH_MS, MIN_EPOCH_MS, format_iso_ms, parse_iso_ms
 from topics.models import (
@@ -80,6 +81,10 @@ class Limits:
     max_id_len: int = 256
     max_headers: int = 32
     max_header_bytes: int = 8 * 1024
+    # False: a callback host that is a loopback, private, link-local or reserved IP literal
+    # is rejected (invalid_url) at create and update; names are judged by the proxy once
+    # resolved (topics.addresses).
+    allow_private_targets: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_payload_bytes", "max_id_len", "max_header_bytes"):
@@ -110,6 +115,7 @@ class Limits:
         return cls(
             max_payload_bytes=scheduler.max_payload_bytes,
             default_misfire_tolerance_s=scheduler.default_misfire_tolerance_s,
+            allow_private_targets=scheduler.allow_private_targets,
         )
 
 
@@ -458,6 +464,22 @@ def check_url(value: object, field: str = "callback.url") -> str:
     if port == 0:
         raise CommandRejected(Code.INVALID_URL, f"{field} port 0 cannot be called")
     return value
+
+
+def check_target(callback: Callback, *, limits: Limits, field: str = "callback.url") -> None:
+    """``invalid_url`` for an HTTP callback to an IP literal no callback may reach, unless
+    the deployment allows private targets. Applied to commands only: a stored callback or a
+    trigger's was accepted under the settings of its day, and the proxy judges it again."""
+    if limits.allow_private_targets or not isinstance(callback, HttpCallback):
+        return
+    address = refused_literal(urlsplit(callback.url).hostname or "")
+    if address is not None:
+        raise CommandRejected(
+            Code.INVALID_URL,
+            f"{field} host {address} is a loopback, private, link-local or reserved address, "
+            "which this deployment does not call back (TOCSIN_ALLOW_PRIVATE_TARGETS=true "
+            "allows it)",
+        )
 
 
 def _headers(value: object, *, limits: Limits, field: str) -> dict[str, str]:
@@ -903,6 +925,7 @@ def _create(
         check_not_past(due_ms, now_ms=now_ms, misfire_tolerance_s=tolerance)
     payload, payload_type = parse_payload(obj, max_bytes=limits.max_payload_bytes)
     callback = parse_callback(obj["callback"], limits=limits)
+    check_target(callback, limits=limits)
     order_key = schedule_id
     if "order_key" in obj:
         order_key = check_text(obj["order_key"], "order_key", max_len=limits.max_id_len)
@@ -948,6 +971,8 @@ def _update(
     )
     payload, payload_type = parse_payload(obj, max_bytes=limits.max_payload_bytes)
     callback = parse_callback(obj["callback"], limits=limits) if "callback" in obj else None
+    if callback is not None:
+        check_target(callback, limits=limits)
     return UpdateCommand(
         tenant=tenant,
         schedule_id=schedule_id,

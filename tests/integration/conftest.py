@@ -102,6 +102,8 @@ def _env_for(settings: Settings, metrics_port: int, web_port: int) -> dict[str, 
         "TOCSIN_SESSION_TIMEOUT_S": "10",
         "TOCSIN_LOG_FORMAT": "text",
         "TOCSIN_DEFAULT_MISFIRE_TOLERANCE_S": "3600",
+        # The tests' receivers listen on 127.0.0.1, which a deployment refuses by default.
+        "TOCSIN_ALLOW_PRIVATE_TARGETS": "true",
     })
     return env
 

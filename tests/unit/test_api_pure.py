@@ -12,7 +12,7 @@ import pytest
 from api import views
 from api.openapi import openapi_document
 from api.views import ApiError
-from proxy.ssrf import BlockedAddress, GuardedResolver, address_allowed, literal_refusal
+from proxy.ssrf import BlockedAddress, GuardedResolver, literal_refusal
 from streams.buckets import BucketKey
 from streams.commands import index_changes
 from streams.store import BucketRow, ScheduleChange, ScheduleRow
@@ -26,6 +26,7 @@ from streams.tenants import (
     split_api_key,
     topic_allowed,
 )
+from topics.addresses import address_allowed
 from topics.codes import Code
 from topics.signing import header_map, new_signing_key, sign_headers, verify
 

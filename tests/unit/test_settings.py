@@ -133,6 +133,22 @@ def test_boolean_settings_accept_1_true_yes_in_any_case() -> None:
         assert proxy.allow_private_targets is want
 
 
+def test_one_switch_allows_private_targets_for_worker_api_and_proxy() -> None:
+    from proxy.settings import ProxySettings
+
+    assert Settings.from_env({}).scheduler.allow_private_targets is False
+    both = {"TOCSIN_ALLOW_PRIVATE_TARGETS": "true"}
+    assert Settings.from_env(both).scheduler.allow_private_targets is True
+    assert ProxySettings.from_env(both).allow_private_targets is True
+    # The proxy's own variable wins for the proxy, either way.
+    proxy_off = ProxySettings.from_env({**both, "TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": "false"})
+    assert proxy_off.allow_private_targets is False
+    proxy_on = ProxySettings.from_env({"TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": "true"})
+    assert proxy_on.allow_private_targets is True
+    assert Settings.from_env({"TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": "true"}).scheduler \
+        .allow_private_targets is False
+
+
 def test_one_port_offset_moves_every_listening_port() -> None:
     from proxy.settings import ProxySettings
 

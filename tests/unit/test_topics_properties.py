@@ -45,7 +45,8 @@ from topics.validation import (
 )
 
 NOW = 1_795_280_400_000
-LIMITS = Limits(max_payload_bytes=4096)
+# Shape tests: which callback addresses a deployment allows is test_topics_validation's.
+LIMITS = Limits(max_payload_bytes=4096, allow_private_targets=True)
 FIELD_NAMES = sorted({f for spec in COMMAND_FIELDS.values() for f in spec.allowed})
 VALID: dict[str, Any] = {
     "type": "create",

@@ -732,7 +732,7 @@ ACCEPTED: list[tuple[str, object, bytes | None, object]] = [
             due="2030-01-01T18:00:05.123456789+01:00",
             payload={"b": [1, 2.5, None], "a": "é"},
             callback=http(
-                url="HTTPS://[::1]:8443/p?q=1#f",
+                url="HTTPS://[2606:4700::1111]:8443/p?q=1#f",
                 method="PUT",
                 headers={"Authorization": "Bearer x", "X-Tab": "a\tb"},
                 timeout_s=300,
@@ -749,7 +749,7 @@ ACCEPTED: list[tuple[str, object, bytes | None, object]] = [
             payload='{"a":"é","b":[1,2.5,null]}'.encode(),
             payload_type=PayloadType.JSON,
             callback=HttpCallback(
-                url="HTTPS://[::1]:8443/p?q=1#f",
+                url="HTTPS://[2606:4700::1111]:8443/p?q=1#f",
                 method="PUT",
                 headers={"Authorization": "Bearer x", "X-Tab": "a\tb"},
                 timeout_s=300.0,
@@ -918,6 +918,49 @@ def test_limits() -> None:
     ):
         with pytest.raises(ConfigError):
             Limits(**bad)
+
+
+INTERNAL_URLS = [
+    "http://169.254.169.254/x",  # link-local: cloud metadata
+    "http://10.0.0.1/",
+    "http://[::1]/",
+    "http://[64:ff9b::a00:1]/",  # NAT64 form of 10.0.0.1
+    "https://127.0.0.1:8443/cb",
+    "http://[::ffff:192.168.1.1]/",
+    "http://0.0.0.0/",
+]
+
+
+@pytest.mark.parametrize("url", INTERNAL_URLS)
+def test_a_callback_to_an_internal_ip_literal_is_rejected_at_once(url: str) -> None:
+    for message in (create(callback=http(url=url)), update(callback=http(url=url))):
+        with pytest.raises(CommandRejected) as caught:
+            decode(message)
+        assert caught.value.code == Code.INVALID_URL
+        assert "TOCSIN_ALLOW_PRIVATE_TARGETS" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://93.184.216.34/cb",
+        "https://[2606:4700::1111]:8443/cb",
+        "https://hooks.example.com/due",
+        # A name is judged by the proxy once resolved, whatever it resolves to.
+        "http://localhost:8080/cb",
+    ],
+)
+def test_a_public_literal_or_a_host_name_passes(url: str) -> None:
+    assert decode(create(callback=http(url=url))).callback == HttpCallback(url=url)
+
+
+@pytest.mark.parametrize("url", INTERNAL_URLS)
+def test_a_deployment_that_allows_private_targets_accepts_them(url: str) -> None:
+    allowing = Limits(allow_private_targets=True)
+    assert decode(create(callback=http(url=url)), limits=allowing).callback == HttpCallback(
+        url=url
+    )
+    assert Limits.from_settings(SchedulerSettings(allow_private_targets=True)) == allowing
 
 
 def test_check_not_past_for_updates() -> None:

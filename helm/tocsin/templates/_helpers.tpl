@@ -166,6 +166,10 @@ app.kubernetes.io/part-of: tocsin
   value: {{ .Values.scheduler.commitGroupSize | quote }}
 - name: TOCSIN_SESSION_TIMEOUT_S
   value: {{ .Values.scheduler.sessionTimeoutS | quote }}
+{{- /* One switch with the proxy's guard: the worker and the API reject IP-literal
+     callbacks to private addresses at create unless private targets are allowed. */}}
+- name: TOCSIN_ALLOW_PRIVATE_TARGETS
+  value: {{ .Values.proxy.allowPrivateTargets | toString | quote }}
 - name: TOCSIN_METRICS_PORT
   value: {{ .Values.worker.metricsPort | quote }}
 - name: TOCSIN_WORKER_WEB_PORT
