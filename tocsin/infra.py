@@ -24,8 +24,10 @@ import shutil
 import signal
 import socket
 import subprocess
+import tarfile
 import threading
 import time
+import urllib.request
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,20 +144,88 @@ def _render(template: Path, target: Path, **values: object) -> None:
 # ----------------------------------------------------------------------------- jars
 
 
+# Maven itself, fetched from Maven Central when no ``mvn`` is on PATH: pinned, and checked
+# against the SHA-512 Maven Central publishes for it.
+MAVEN_VERSION = "3.9.11"
+MAVEN_SHA512 = (
+    "bcfe4fe305c962ace56ac7b5fc7a08b87d5abd8b7e89027ab251069faebee516"
+    "b0ded8961445d6d91ec1985dfe30f8153268843c89aa392733d1a3ec956c9978"
+)
+MAVEN_URL = (
+    "https://repo.maven.apache.org/maven2/org/apache/maven/apache-maven/"
+    f"{MAVEN_VERSION}/apache-maven-{MAVEN_VERSION}-bin.tar.gz"
+)
+_MAVEN_FETCH_TIMEOUT_S = 60.0
+
+
+def find_maven(cache: Path) -> str:
+    """``mvn`` on PATH, else Maven ``MAVEN_VERSION`` unpacked under ``cache`` (fetched from
+    Maven Central the first time). Raises InfraError saying what to install if it cannot."""
+    on_path = shutil.which("mvn")
+    if on_path is not None:
+        return on_path
+    home = cache / f"apache-maven-{MAVEN_VERSION}"
+    mvn = home / "bin" / "mvn"
+    if mvn.is_file():
+        return str(mvn)
+    print(
+        f"[infra] Maven (mvn) is not on PATH: fetching Maven {MAVEN_VERSION} from Maven "
+        f"Central into {home} (first run only)...",
+        flush=True,
+    )
+    cache.mkdir(parents=True, exist_ok=True)
+    work = cache / f".maven-{uuid.uuid4().hex[:8]}"
+    work.mkdir()
+    try:
+        archive = work / "maven.tar.gz"
+        digest = hashlib.sha512()
+        try:
+            with (
+                urllib.request.urlopen(MAVEN_URL, timeout=_MAVEN_FETCH_TIMEOUT_S) as response,
+                archive.open("wb") as out,
+            ):
+                while chunk := response.read(1 << 16):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except OSError as exc:
+            raise InfraError(
+                f"Maven (mvn) is not on PATH and could not be fetched from {MAVEN_URL}: "
+                f"{exc}; install Maven 3 (e.g. apt-get install maven) and retry"
+            ) from exc
+        if digest.hexdigest() != MAVEN_SHA512:
+            raise InfraError(
+                f"Maven from {MAVEN_URL} does not have the pinned SHA-512; not using it "
+                "(install Maven 3, e.g. apt-get install maven, and retry)"
+            )
+        with tarfile.open(archive) as tar:
+            tar.extractall(work, filter="data")
+        unpacked = work / f"apache-maven-{MAVEN_VERSION}"
+        if not (unpacked / "bin" / "mvn").is_file():
+            raise InfraError(f"the Maven archive from {MAVEN_URL} holds no bin/mvn")
+        # Rename into place: a concurrent fetch (another stack) that won leaves its copy.
+        with contextlib.suppress(OSError):
+            unpacked.rename(home)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    if not mvn.is_file():
+        raise InfraError(f"Maven could not be unpacked into {home}")
+    return str(mvn)
+
+
 def resolve_jars(name: str, state_dir: Path, jars_dir: Path | None = None) -> Path:
     """Resolve the server's jars with Maven into a folder keyed by the pom's hash.
 
-    The cache is ``jars_dir`` (TOCSIN_JARS_DIR) if given, else ``state_dir/jars``.
+    The cache is ``jars_dir`` (TOCSIN_JARS_DIR) if given, else ``state_dir/jars``; a Maven
+    fetched because none is on PATH lives there too.
     """
     pom = INFRA_DIR / name / "pom.xml"
     digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
-    target = (jars_dir or state_dir / "jars") / f"{name}-{digest}"
+    cache = jars_dir or state_dir / "jars"
+    target = cache / f"{name}-{digest}"
     marker = target / ".complete"
     if marker.exists():
         return target
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise InfraError("Maven (mvn) is not on PATH; it resolves the server jars")
+    mvn = find_maven(cache)
     log.info("resolving jars", extra={"server": name, "target": str(target)})
     print(f"[infra] resolving {name} jars from Maven Central (first run only)...", flush=True)
     if target.exists():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -36,6 +37,8 @@ def pins() -> dict[str, str]:
 
 def _missing(what: str) -> None:
     hint = f"{what} is missing: run `make deploy-tools` (tools/install-deploy-tools.sh)"
+    if shutil.which("go") is None:
+        hint += "; it builds them with Go, which is not on PATH (CI runs these checks)"
     if os.environ.get("CI") == "true":
         pytest.fail(hint)
     pytest.skip(hint)
