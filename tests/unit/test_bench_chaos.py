@@ -3,6 +3,7 @@ and late, and what breaks per-key order."""
 
 from __future__ import annotations
 
+import zlib
 from typing import Any
 
 import orjson
@@ -127,6 +128,9 @@ def test_padded_payload_has_the_exact_size_and_keeps_key_and_seq() -> None:
         doc = orjson.loads(body)
         assert (doc["k"], doc["seq"]) == ("k3", 17)
     assert padded_payload("k3", 17) == b'{"k":"k3","seq":17}'  # no size: the bare payload
+    big = padded_payload("k3", 17, 65_536)
+    assert len(zlib.compress(big)) > 40_000  # incompressible: lz4 cannot shrink it away
+    assert padded_payload("k3", 17, 65_536) == big  # pure
 
 
 def test_ids_on_partition() -> None:
