@@ -10,8 +10,10 @@ A batch is applied in four steps, so a few requests serve hundreds of commands:
   3. decide each command against the row as it stands after the batch's earlier commands
      (``decide``, pure: strict offset order per schedule);
   4. persist every change (bucket rows first, the schedule row as the commit point; see
-     ``Store.apply_schedule_changes``), hand what is due soon to the partition's ticker, and
-     publish the results, waiting for Kafka's acknowledgement before the batch is done.
+     ``Store.apply_schedule_changes``), hand what is due soon to the partition's ticker
+     (waiting for Kafka's acknowledgement of the trigger of each row already due or not
+     above the ticker's checkpoint), and publish the results, waiting for Kafka's
+     acknowledgement before the batch is done.
 
 Idempotency: the schedule row records the (partition-local) offset of the last command
 applied to it. A command at or below that offset is a replay after a crash (its Kafka
@@ -602,16 +604,18 @@ class CommandProcessor:
                 if materializer is not None:
                     # Write the new runs now rather than when the reader gets to the entry.
                     materializer.notify(d.change.row.tenant, d.change.row.schedule_id)
-        late = []
+        pending = []
         for _, d in decisions:
             if d.hand_over is not None:
-                late_fire = self._hand_to_ticker(d.hand_over, now)
-                if late_fire is not None:
-                    late.append(late_fire)
-        if late:
-            # Late but within tolerance: fired at once, and answered (so the offset can be
-            # committed) only once Kafka has the trigger - a crash before replays the command.
-            await asyncio.gather(*late)
+                fire = self._hand_to_ticker(d.hand_over)
+                if fire is not None:
+                    pending.append(fire)
+        if pending:
+            # Due already, or not above the ticker's checkpoint (which may have moved on
+            # while this batch was written): answered (so the offset can be committed) only
+            # once Kafka has the trigger, since a successor would start past its row. A
+            # crash before that replays the command, which hands the row over again.
+            await asyncio.gather(*pending)
 
     async def process_until_answered(self, batch: Sequence[RawCommand]) -> None:
         """Process a batch until every command in it is answered.
@@ -693,15 +697,15 @@ class CommandProcessor:
         )
         return result
 
-    def _hand_to_ticker(self, row: ScheduleRow, now: int) -> Any:
+    def _hand_to_ticker(self, row: ScheduleRow) -> asyncio.Future[None] | None:
+        """Give the partition's ticker a row just written; a future to wait for before
+        answering, or None. The ticker decides by its own clock and checkpoint
+        (PartitionTicker.hand_over): the batch's clock is older than the write, and the
+        checkpoint may have been written by a previous owner whose clock ran ahead."""
         ticker = self.tickers.get(row.partition)
         if ticker is None:
             return None  # not owned here (rebalance in progress): the owner's bucket read finds it
-        bucket = BucketRow.for_schedule(row, shards=self.bucket_shards)
-        if row.due_ms <= now:
-            return ticker.fire_now(bucket)
-        ticker.offer(bucket)
-        return None
+        return ticker.hand_over(BucketRow.for_schedule(row, shards=self.bucket_shards))
 
     def _result(
         self, msg: RawCommand, command: Command | None, code: Code, text: str, now: int

@@ -17,9 +17,12 @@ that commands partition to (started on assignment, stopped on revocation). It:
    re-emits at most what was in flight or deferred (duplicates carry the same trigger id;
    nothing is lost).
 
-The command agent of the same worker calls ``offer``/``withdraw`` for schedules it changes,
-so a schedule created or moved into a minute that is already loaded still fires on time,
-and a cancelled one does not.
+The command agent of the same worker calls ``hand_over``/``withdraw`` for schedules it
+changes, so a schedule created or moved into a minute that is already loaded still fires on
+time, and a cancelled one does not. A handed-over row that is already due, or not above the
+checkpoint this ticker has read or written, gives the command agent a future to wait for
+(Kafka's acknowledgement of its trigger): a successor would start from that checkpoint and
+never read the row, so the command must not be answered (nor its offset committed) before.
 
 It must never emit a trigger whose bucket row it has not seen or been offered, and never
 write a checkpoint past an unacknowledged trigger.
@@ -134,6 +137,10 @@ class _InFlight:
     entry: Entry[BucketRow]
     # Time it waited in the fair queue (its turn, its tenant's fire quota): not lateness.
     grace_ms: int = 0
+    acked: bool = False  # Kafka has it (being recorded as fired may still be pending)
+
+
+TriggerKey = tuple[str, str, int]  # (tenant, schedule id, due ms)
 
 
 class PartitionTicker:
@@ -159,6 +166,12 @@ class PartitionTicker:
         # Due entries waiting to be emitted, round-robin across tenants within their quota.
         self.pacer: FirePacer[BucketRow] = FirePacer(partitions=config.partitions)
         self.fired_before_ms: int | None = None  # None until the checkpoint is read
+        # The highest checkpoint read or handed to the store (a write may still be landing
+        # after a restart of the loop re-read a lower one): what a successor may start from.
+        self._checkpoint_high_ms = 0
+        self._checkpoint_read = asyncio.Event()
+        # Hand-overs whose command waits for its trigger's acknowledgement (hand_over).
+        self._awaited: dict[TriggerKey, list[asyncio.Future[None]]] = {}
         self._next_minute_ms: int | None = None
         self._inflight: dict[tuple[str, str, int], _InFlight] = {}
         self._firing: dict[tuple[str, str], int] = {}  # in-flight count per schedule
@@ -203,6 +216,7 @@ class PartitionTicker:
         """Stop firing, wait for in-flight triggers (bounded) and write a final checkpoint."""
         self._stopping = True
         self._wake.set()
+        self._checkpoint_read.set()  # hand-overs waiting for it give up (_released)
         for task in (self._task, self._loader):
             if task is not None:
                 task.cancel()
@@ -213,6 +227,13 @@ class PartitionTicker:
         while self._inflight and time.monotonic() < deadline:
             self._mark_wake.set()
             await asyncio.sleep(0.05)
+        # Hand-overs not acknowledged by now are not answered here: their commands are
+        # retried, and replayed by whoever owns the partition next.
+        for waiters in list(self._awaited.values()):
+            for done in waiters:
+                if not done.done():
+                    done.set_exception(_released())
+        self._awaited.clear()
         if self._marker is not None:
             self._marker.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -230,7 +251,8 @@ class PartitionTicker:
 
     def offer(self, row: BucketRow) -> None:
         """A schedule was created or moved: keep it in memory if its minute may already be
-        loaded (or is about to be), so it fires on time without another bucket read."""
+        loaded (or is about to be), so it fires on time without another bucket read.
+        (Only for rows due above the checkpoint and after now; ``hand_over`` checks.)"""
         horizon = max(self.timeline.loaded_until_ms, self.clock_ms()) + self.config.offer_window_ms
         if row.due_ms >= horizon:
             return
@@ -243,40 +265,103 @@ class PartitionTicker:
         self.timeline.remove(tenant, schedule_id, version=version, now_ms=self.clock_ms())
         # A trigger deferred by its tenant's fire quota has not fired: it can still go.
         self.pacer.remove(tenant, schedule_id, version=version)
+        for key in [k for k in self._awaited if k[:2] == (tenant, schedule_id)]:
+            if key not in self._inflight:
+                self._settle_awaited(key)  # nothing of the withdrawn version fires now
 
     def is_firing(self, tenant: str, schedule_id: str) -> bool:
         """True while a trigger of this schedule is emitted but not yet recorded as fired,
         so a cancel arriving now is answered "already fired", not "cancelled"."""
         return self._firing.get((tenant, schedule_id), 0) > 0
 
+    def hand_over(self, row: BucketRow) -> asyncio.Future[None] | None:
+        """A schedule's bucket row was written (created, moved, or a replayed command): make
+        sure it fires, and say whether its command may be answered now.
+
+        None: it may. Its due time is ahead of this ticker's clock and above every
+        checkpoint the ticker has read or written, so it is either held in memory (then the
+        checkpoint stays below it until it is acknowledged and recorded) or in a minute not
+        read yet; a successor starting from any of those checkpoints reads it too.
+
+        Otherwise a future that ends once Kafka has acknowledged its trigger (or it was
+        recorded missed, or a later change of the same batch superseded it); the command
+        must not be answered before. That is a row already due (emitted at once, unpaced),
+        or one at or below the checkpoint - which moved on while the row was being
+        written, or was written by a previous owner whose clock ran ahead. A successor
+        would start past it and never read it, so only Kafka can make it durable; it is
+        emitted at its due second by this clock (never earlier), unpaced. Decided by this
+        ticker's clock and checkpoint, not the command batch's: the batch's clock is
+        older, and another owner's clock may differ. The future fails with a retriable
+        KafkaError if the partition is released first."""
+        ceiling = self._checkpoint_ceiling()
+        if ceiling is None:  # the checkpoint is not read yet: decide once it is
+            return asyncio.ensure_future(self._hand_over_once_read(row))
+        if row.due_ms > ceiling and row.due_ms > self.clock_ms():
+            self.offer(row)
+            return None
+        return self._until_acknowledged(row)
+
     async def fire_now(self, row: BucketRow) -> None:
-        """Emit a row whose due time has passed (a late create) and wait for Kafka's ack
-        (being recorded as fired follows; until then the checkpoint stays below it)."""
-        entry = Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
-        self.timeline.remove(row.tenant, row.schedule_id)
-        # Not paced: the command waits for this ack (the create quota bounds late creates).
-        self.pacer.remove(row.tenant, row.schedule_id, version=row.version)
-        fut = self._dispatch(entry, self.clock_ms())
-        if fut is not None:
-            try:
-                await fut
-                return
-            except Exception as exc:
-                # Issue 7 (broker restarted): this used to raise into the command agent, and
-                # Faust's crashed agent then answered no command at all. The ticker already
-                # re-sends the trigger a second later (_retry_later); wait for that instead.
-                failure: BaseException = exc
-        else:
-            failure = KafkaError("ticker stopped before the trigger was acknowledged")
-        # Already in flight (a replayed command) or retried: answer only once it is durable,
-        # since the checkpoint may be past a late trigger's due time and would not re-find it.
+        """Emit a row whose due time has passed (a late recurring run) and wait for Kafka's
+        ack (being recorded as fired follows; until then the checkpoint stays below it)."""
+        await self._until_acknowledged(row)
+
+    def _checkpoint_ceiling(self) -> int | None:
+        """The highest checkpoint this ticker has read or may have written; None until the
+        stored one is read."""
+        if self.fired_before_ms is None:
+            return None
+        return max(self.fired_before_ms, self._checkpoint_high_ms)
+
+    async def _hand_over_once_read(self, row: BucketRow) -> None:
+        await self._checkpoint_read.wait()
+        if self._stopping:
+            raise _released()
+        pending = self.hand_over(row)
+        if pending is not None:
+            await pending
+
+    def _until_acknowledged(self, row: BucketRow) -> asyncio.Future[None]:
+        """Emit ``row`` at its due second (at once if due), unpaced; the future ends when
+        Kafka has its trigger (see ``hand_over``)."""
         key = (row.tenant, row.schedule_id, row.due_ms)
-        while True:  # (polled: acknowledged-and-recorded has no event of its own)
-            if key not in self._inflight or self._stopping:
-                break
-            await asyncio.sleep(0.05)
-        if key in self._inflight:
-            raise failure
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if self._stopping:
+            done.set_exception(_released())
+            return done
+        self._awaited.setdefault(key, []).append(done)
+        done.add_done_callback(functools.partial(self._unawait, key))
+        record = self._inflight.get(key)
+        if record is not None:  # emitted already: its ack (or its retry's) settles this
+            if record.acked:
+                self._settle_awaited(key)
+            return done
+        if self.timeline.superseded(row.tenant, row.schedule_id, row.version):
+            # Cancelled or moved by a later command of the same batch: nothing to fire.
+            self._settle_awaited(key)
+            return done
+        entry = Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
+        now = self.clock_ms()
+        if row.due_ms <= now:
+            self.timeline.remove(row.tenant, row.schedule_id)
+            # Not paced: the command waits for this ack (the create quota bounds these).
+            self.pacer.remove(row.tenant, row.schedule_id, version=row.version)
+            self._dispatch(entry, now)
+        elif self.timeline.add(entry):
+            self._wake.set()  # emitted when due, unpaced, by _admit_due
+        return done
+
+    def _settle_awaited(self, key: TriggerKey) -> None:
+        for done in self._awaited.pop(key, ()):
+            if not done.done():
+                done.set_result(None)
+
+    def _unawait(self, key: TriggerKey, done: asyncio.Future[None]) -> None:
+        waiters = self._awaited.get(key)
+        if waiters is not None and done in waiters:
+            waiters.remove(done)
+            if not waiters:
+                del self._awaited[key]
 
     # -- the loop --------------------------------------------------------------------------
 
@@ -289,6 +374,8 @@ class PartitionTicker:
         if checkpoint is None:
             checkpoint = now - self.config.initial_lookback_ms
         self.fired_before_ms = checkpoint
+        self._checkpoint_high_ms = max(self._checkpoint_high_ms, checkpoint)
+        self._checkpoint_read.set()
         self._written_checkpoint = checkpoint
         self._next_minute_ms = minute_ms(checkpoint)
         log.info(
@@ -442,6 +529,11 @@ class PartitionTicker:
                 if now - entry.due_ms > self._tolerance_ms(entry.payload):
                     self._dispatch(entry, now)  # records it as missed
                     continue
+                if self._awaited and (entry.tenant, entry.schedule_id, entry.due_ms) in (
+                    self._awaited
+                ):
+                    self._dispatch(entry, now)  # a command waits for it: not paced
+                    continue
                 self.pacer.push(entry, now)
                 if entry.tenant not in seen:
                     seen.add(entry.tenant)
@@ -560,6 +652,9 @@ class PartitionTicker:
             else:
                 self._retry_later(key, exc)
             return
+        record.acked = True
+        if key in self._awaited:
+            self._settle_awaited(key)  # durable in Kafka: its command may be answered
         self.emitted += 1
         metrics.TRIGGERS_EMITTED.labels(self._label).inc()
         metrics.FIRE_LATENESS.observe(max(0, emitted_ms - key[2]) / 1000)
@@ -656,6 +751,7 @@ class PartitionTicker:
         if task.cancelled() or task.exception() is not None:
             self._retry_later(key, None if task.cancelled() else task.exception())
             return
+        self._settle_awaited(key)  # recorded missed: that answer is durable too
         self._forget(key)
 
     def _retry_later(self, key: tuple[str, str, int], exc: BaseException | None) -> None:
@@ -716,12 +812,19 @@ class PartitionTicker:
             return
         candidate = max(self.fired_before_ms, self.checkpoint_candidate(now))
         self.fired_before_ms = candidate
+        self._checkpoint_high_ms = max(self._checkpoint_high_ms, candidate)
         self._last_checkpoint_ms = now
         metrics.CHECKPOINT_LAG.labels(self._label).set(max(0, now - candidate) / 1000)
         if candidate == self._written_checkpoint:
             return
         await self.store.set_checkpoint(self.partition, candidate, self.config.owner, now_ms=now)
         self._written_checkpoint = candidate
+
+
+def _released() -> KafkaError:
+    return KafkaError(
+        "the partition was released before the trigger was acknowledged", retriable=True
+    )
 
 
 def _callback_of(row: BucketRow) -> Any:

@@ -180,6 +180,16 @@ class Timeline(Generic[P]):
             heapq.heappop(heap)
         return None
 
+    def superseded(self, tenant: str, schedule_id: str, version: int) -> bool:
+        """True if ``version`` of the schedule was removed (a tombstone of it or a later
+        version) or a later version is live: a row of it must not fire any more."""
+        key = (tenant, schedule_id)
+        dead_version = self._tombstones.get(key)
+        if dead_version is not None and version <= dead_version:
+            return True
+        live = self._live.get(key)
+        return live is not None and live.version > version
+
     def get(self, tenant: str, schedule_id: str) -> Entry[P] | None:
         return self._live.get((tenant, schedule_id))
 

@@ -1,0 +1,151 @@
+"""The hand-over of a written schedule from the command agent to its partition's ticker: a
+command is answered (and so its offset committed) before its trigger is in Kafka only if a
+successor starting from any checkpoint this ticker has read or written would still read
+its bucket row (fake store and sinks; the ticker is the real one)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from streams.commands import CommandProcessor
+from streams.ticker import PartitionTicker, TickerConfig
+from tests.unit.test_fault_properties import NOW, PARTITIONS, FakeSink, FakeStore
+from tests.unit.test_streams_isolation import record
+from tests.unit.test_streams_ticker import FakeSink as HeldSink
+from tests.unit.test_streams_ticker import FakeStore as TickerStore
+from tests.unit.test_streams_ticker import row, settle
+from topics.codec import decode_result
+from topics.validation import Limits
+
+
+def ticker_for(
+    partition: int, now: list[int], store: Any = None
+) -> tuple[PartitionTicker, HeldSink]:
+    fires = HeldSink()  # the test decides when Kafka acknowledges a trigger
+    config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0)
+    ticker = PartitionTicker(partition, store=store or TickerStore(), sink=fires,
+                             config=config, clock_ms=lambda: now[0])
+    return ticker, fires
+
+
+def processor(store: Any, ticker: PartitionTicker, now: list[int]) -> tuple[CommandProcessor,
+                                                                             FakeSink]:
+    results = FakeSink()
+    return CommandProcessor(
+        store=store, sink=results, tickers={ticker.partition: ticker},
+        results_topic="t.command-results", partitions=PARTITIONS, limits=Limits(),
+        clock_ms=lambda: now[0],
+    ), results
+
+
+def codes(results: FakeSink) -> list[str]:
+    return [str(decode_result(v).code) for _, _, v in results.sent]
+
+
+async def until(check: Any) -> None:
+    for _ in range(200):
+        if check():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("condition not reached")
+
+
+async def test_a_create_falling_due_during_its_commit_is_answered_once_kafka_has_it() -> None:
+    # Due 50 ms after the batch started; the commit took 200 ms, and meanwhile the ticker
+    # wrote its checkpoint at its own "now". A successor would start past the row, so the
+    # answer (and the offset commit after it) must wait for Kafka's acknowledgement.
+    now = [NOW]
+    msg = record("soon", 1, due_ms=NOW + 50)
+    ticker, fires = ticker_for(msg.partition, now)
+    ticker.fired_before_ms = NOW - 1_000
+
+    class SlowCommit(FakeStore):
+        async def apply_schedule_changes(self, changes: Any, *, before_commit: Any = None) -> None:
+            await super().apply_schedule_changes(changes, before_commit=before_commit)
+            now[0] += 200
+            await ticker._write_checkpoint(force=True)
+
+    proc, results = processor(SlowCommit(), ticker, now)
+    batch = asyncio.create_task(proc.process_batch([msg]))
+    await until(lambda: batch.done() or fires.sent)
+    await settle()
+    assert results.sent == [] and not batch.done()  # not answered before the ack
+    assert ticker.fired_before_ms is not None and ticker.fired_before_ms > NOW + 50
+    assert [k for k, _ in fires.sent] == [b"soon"]  # emitted at once: it is due
+    fires.sent[0][1].set_result((0, 0))
+    await asyncio.wait_for(batch, 1)
+    assert codes(results) == ["ok"]
+
+
+async def test_a_checkpoint_ahead_of_this_clock_holds_the_answer_until_the_fire() -> None:
+    # The previous owner's clock ran 2 s fast: the checkpoint it left is 2 s ahead of this
+    # worker's clock. A create due in 1 s (by this clock) is below it: emitted at its due
+    # second by this clock, never earlier, and answered only once Kafka has it.
+    now = [NOW]
+    msg = record("skewed", 1, due_ms=NOW + 1_000)
+
+    class AheadCheckpoint(TickerStore):
+        async def get_checkpoint(self, partition: int) -> int | None:
+            return NOW + 2_000
+
+    ticker, fires = ticker_for(msg.partition, now, AheadCheckpoint())
+    proc, results = processor(FakeStore(), ticker, now)
+    # Handed over before the ticker has even read the checkpoint (just assigned).
+    batch = asyncio.create_task(proc.process_batch([msg]))
+    await asyncio.sleep(0.05)
+    assert not batch.done() and results.sent == []
+    ticker.start()
+    await until(lambda: ticker.fired_before_ms is not None)
+    await asyncio.sleep(0.05)
+    assert fires.sent == [] and results.sent == []  # not due yet by this clock
+    now[0] = NOW + 1_000
+    ticker._wake.set()
+    await until(lambda: len(fires.sent) == 1)
+    await settle()
+    assert results.sent == [] and not batch.done()
+    fires.sent[0][1].set_result((0, 0))
+    await asyncio.wait_for(batch, 1)
+    assert codes(results) == ["ok"]
+    await ticker.stop(timeout_s=0.5)
+
+
+async def test_a_create_above_the_checkpoint_is_answered_at_once_and_holds_it() -> None:
+    now = [NOW]
+    msg = record("later", 1, due_ms=NOW + 5_000)
+    ticker, fires = ticker_for(msg.partition, now)
+    ticker.fired_before_ms = NOW - 1_000
+    proc, results = processor(FakeStore(), ticker, now)
+    await asyncio.wait_for(proc.process_batch([msg]), 1)
+    assert codes(results) == ["ok"] and fires.sent == []
+    assert ticker.timeline.get("acme", "later") is not None
+    assert ticker.checkpoint_candidate(NOW + 4_000) <= NOW + 5_000
+
+
+async def test_a_release_before_the_ack_fails_the_hand_over_retriably() -> None:
+    now = [NOW]
+    ticker, fires = ticker_for(0, now)
+    ticker.fired_before_ms = NOW + 2_000
+    pending = ticker.hand_over(row("x", NOW + 1_000))
+    assert pending is not None
+    await ticker.stop(timeout_s=0.05)
+    try:
+        await asyncio.wait_for(pending, 1)
+    except Exception as exc:
+        assert getattr(exc, "retriable", False), exc
+    else:
+        raise AssertionError("answered although the trigger was never acknowledged")
+    assert fires.sent == []
+
+
+async def test_a_row_superseded_in_the_same_batch_is_not_fired() -> None:
+    # A create and its cancel in one batch: the cancel's withdraw comes first, so the
+    # create's hand-over finds the tombstone and neither fires nor waits.
+    now = [NOW]
+    ticker, fires = ticker_for(0, now)
+    ticker.fired_before_ms = NOW + 2_000
+    ticker.withdraw("t", "gone", version=2)
+    pending = ticker.hand_over(row("gone", NOW - 500))
+    assert pending is not None
+    await asyncio.wait_for(pending, 1)
+    assert fires.sent == []
