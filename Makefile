@@ -1,6 +1,7 @@
 # Tocsin: the two commands are `make run` (the local stack and the demo) and `make test`.
 # Everything below uses the project's own virtual environment and local stack; nothing
-# needs to be installed or started by hand beyond Python 3.11+, Java 17 and Maven.
+# needs to be installed or started by hand beyond Python 3.11+ and Java 17 (Maven is
+# fetched when absent; Go only builds the deploy checks' tools, skipped locally without it).
 
 PYTHON ?= python3
 VENV := .venv
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 TOCSIN := $(BIN)/tocsin
 PYTEST_ARGS ?=
 
-.PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy \
+.PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy dev \
         demo bench bench-scheduler bench-proxy bench-cron bench-api bench-api-floor bench-cassandra chaos api clean deploy-tools deploy-check
 
 $(STAMP): pyproject.toml constraints.txt
@@ -37,6 +38,10 @@ run: setup
 	$(TOCSIN) demo
 
 demo: run
+
+# A worker, a proxy and a receiver on localhost:18766 that prints each delivery (README).
+dev: setup
+	$(TOCSIN) dev
 
 worker: setup
 	$(TOCSIN) worker

@@ -485,6 +485,16 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     return run_demo(settings, count=args.count, spread_s=args.spread_s)
 
 
+def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
+    from schema.migrate import migrate
+    from streams.demo import run_dev
+    from topics.catalog import catalog, ensure_topics
+
+    ensure_topics(settings.kafka, catalog(settings.topics).all())
+    migrate(settings.cassandra)
+    return run_dev(settings, receiver_port=args.receiver_port)
+
+
 def register(sub: Any) -> None:
     worker = sub.add_parser("worker", help="run a scheduler worker (command agent + tickers)")
     worker.set_defaults(func=cmd_worker)
@@ -602,3 +612,12 @@ def register(sub: Any) -> None:
     demo.add_argument("--count", type=int, default=3000)
     demo.add_argument("--spread-s", type=int, default=120)
     demo.set_defaults(func=cmd_demo)
+
+    dev = sub.add_parser(
+        "dev",
+        help="run a worker, a proxy and a receiver that prints each delivery (Ctrl-C stops)",
+        description="For trying Tocsin locally: private callback targets are allowed, so "
+        "schedules may call back http://localhost:RECEIVER_PORT/anything.",
+    )
+    dev.add_argument("--receiver-port", type=int, default=18766)
+    dev.set_defaults(func=cmd_dev)

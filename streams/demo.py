@@ -77,6 +77,9 @@ def summary_lines(
     ]
 
 
+_ECHO_BYTES = 500
+
+
 def _register_tenant(settings: Settings, tenant: str) -> None:
     from streams.store import Store
 
@@ -98,22 +101,35 @@ def _register_tenant(settings: Settings, tenant: str) -> None:
 
 
 class Receiver:
-    """A real HTTP endpoint (aiohttp, own thread) recording each trigger's arrival."""
+    """A real HTTP endpoint (aiohttp, own thread) recording each trigger's arrival; with
+    ``echo`` it answers any path and method and prints each delivery."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, echo: bool = False) -> None:
         self.port = port
+        self.echo = echo
         self.arrivals: dict[str, int] = {}
         self.duplicates = 0
         self._loop = asyncio.new_event_loop()
         self._ready = threading.Event()
         self._runner: web.AppRunner | None = None
-        threading.Thread(target=self._serve, name="demo-receiver", daemon=True).start()
+        self._thread = threading.Thread(target=self._serve, name="demo-receiver", daemon=True)
+        self._thread.start()
         if not self._ready.wait(10):
             raise RuntimeError(f"demo receiver could not listen on port {port}")
 
     async def _handle(self, request: web.Request) -> web.Response:
         tid = request.headers.get("Tocsin-Trigger-Id", "")
-        await request.read()
+        body = await request.read()
+        if self.echo:
+            shown = body[:_ECHO_BYTES].decode("utf-8", "replace")
+            more = f" ... ({len(body)} bytes)" if len(body) > _ECHO_BYTES else ""
+            print(
+                f"[receiver] {request.method} {request.path_qs}  tenant "
+                f"{request.headers.get('Tocsin-Tenant', '-')}  schedule "
+                f"{request.headers.get('Tocsin-Schedule-Id', '-')}  trigger {tid or '-'}\n"
+                f"[receiver]   payload {shown}{more}",
+                flush=True,
+            )
         if tid in self.arrivals:
             self.duplicates += 1  # same Idempotency-Key: a receiver would drop it
         else:
@@ -123,7 +139,10 @@ class Receiver:
     def _serve(self) -> None:
         asyncio.set_event_loop(self._loop)
         app = web.Application()
-        app.router.add_post("/callback", self._handle)
+        if self.echo:
+            app.router.add_route("*", "/{path:.*}", self._handle)
+        else:
+            app.router.add_post("/callback", self._handle)
         self._runner = web.AppRunner(app, access_log=None)
         self._loop.run_until_complete(self._runner.setup())
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
@@ -136,11 +155,16 @@ class Receiver:
             fut = asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop)
             fut.result(10)
         self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
-def _start(role: str, settings: Settings, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log_path = settings.stack.state_dir / f"demo-{role}.log"
-    print(f"[demo] starting a {role} (log: {log_path})", flush=True)
+def _start(
+    role: str, settings: Settings, extra_env: dict[str, str], *, label: str = "demo"
+) -> subprocess.Popen[bytes]:
+    log_path = settings.stack.state_dir / f"{label}-{role}.log"
+    print(f"[{label}] starting a {role} (log: {log_path})", flush=True)
     with log_path.open("ab") as out:
         return subprocess.Popen(
             [sys.executable, "-m", "tocsin.cli", role],
@@ -160,6 +184,50 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(40)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
+
+
+def run_dev(settings: Settings, *, receiver_port: int) -> int:
+    """A worker, a proxy and a receiver that prints what it is sent, until Ctrl-C: what
+    the README's first screen schedules against (callbacks to http://localhost:PORT/...).
+    Exits 1 when the worker or the proxy stops by itself."""
+    # Ctrl-C, and a SIGTERM (make killed, a closed terminal), stop the children too: they
+    # run in sessions of their own. SIGINT may arrive ignored from a background shell.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    receiver = Receiver(receiver_port, echo=True)
+    # The receiver is on loopback, which a deployment refuses by default.
+    private_ok = {"TOCSIN_ALLOW_PRIVATE_TARGETS": "true"}
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        procs["worker"] = _start("worker", settings, private_ok, label="dev")
+        procs["proxy"] = _start(
+            "proxy",
+            settings,
+            {**private_ok, "TOCSIN_PROXY_GROUP_ID": f"{settings.topics.prefix}proxy"},
+            label="dev",
+        )
+        print(
+            f"[dev] worker and proxy running; the receiver prints every call to "
+            f"http://localhost:{receiver_port}/... (Ctrl-C stops all three)",
+            flush=True,
+        )
+        while True:
+            for role, proc in procs.items():
+                if proc.poll() is not None:
+                    log_path = settings.stack.state_dir / f"dev-{role}.log"
+                    print(
+                        f"[dev] the {role} exited with code {proc.returncode}; see {log_path}",
+                        flush=True,
+                    )
+                    return 1
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        print("[dev] stopping", flush=True)
+        return 0
+    finally:
+        for proc in procs.values():
+            _stop(proc)
+        receiver.close()
 
 
 def run_demo(

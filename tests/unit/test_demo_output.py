@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import re
 
+import pytest
+
 from streams.cli import register
 from streams.demo import progress_line, summary_lines
 from tocsin.settings import REPO_ROOT
@@ -38,3 +40,28 @@ def test_readme_sample_has_the_summary_shape_and_the_demo_default_count() -> Non
     register(parser.add_subparsers())
     count = parser.parse_args(["demo"]).count
     assert f"scheduled  {count} " in sample[1]
+
+
+def test_the_dev_receiver_prints_each_call_on_any_path(capsys: pytest.CaptureFixture[str]) -> None:
+    import socket
+    import urllib.request
+
+    from streams.demo import Receiver
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    receiver = Receiver(port, echo=True)
+    try:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/my/hook?x=1", data=b'{"hello":"world"}', method="POST",
+            headers={"Tocsin-Trigger-Id": "t1", "Tocsin-Schedule-Id": "s1", "Tocsin-Tenant": "me"},
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 204
+    finally:
+        receiver.close()
+    out = capsys.readouterr().out
+    assert "POST /my/hook?x=1  tenant me  schedule s1  trigger t1" in out
+    assert 'payload {"hello":"world"}' in out
+    assert receiver.arrivals.keys() == {"t1"}
