@@ -90,6 +90,13 @@ def test_a_failed_scenario_or_a_false_check_fails_the_run() -> None:
     assert v.failed == ("state_dir",) and not v.ok
 
 
+def test_a_scenario_that_acknowledged_nothing_fails_the_run() -> None:
+    refused = clean("cassandra_slow", scheduled=600, acknowledged=0, triggers=0,
+                    codes={"invalid_url": 600, "unanswered": 0})
+    v = verdict([refused])
+    assert v.failed == ("cassandra_slow",) and not v.ok
+
+
 def test_totals_add_up_over_scenarios() -> None:
     v = verdict([clean("a", lost=2, unanswered=1), clean("b", lost=3, order_violations=4)])
     assert (v.lost, v.unanswered, v.order_violations) == (5, 1, 4)
