@@ -888,14 +888,21 @@ class PartitionMaterializer:
             await self.store.commit(retired, now_ms=now_ms)
         if not steps:
             return done
-        # 1. Rows due after now go to the ticker's memory first: its checkpoint then stays
-        #    below them until they fired, whether their minute was loaded or not.
+        # 1. Rows due after now go to the ticker first: its checkpoint then stays below them
+        #    until they fired, whether their minute was loaded or not - unless it is past
+        #    them already (this step's clock is older than the ticker's, or a previous
+        #    owner's clock ran ahead): those are fired and acknowledged before the commit,
+        #    since the parent's new state says they are written and a successor's ticker
+        #    would start past them.
         late: list[BucketRow] = []
+        held: list[asyncio.Future[None]] = []
         for _, _, rows in steps:
             for row in rows:
                 if row.due_ms > now_ms:
                     if self.ticker is not None:
-                        self.ticker.offer(row)
+                        pending = self.ticker.hand_over(row)
+                        if pending is not None:
+                            held.append(pending)
                 else:
                     late.append(row)
         # The parents' new state (written last, in 4).
@@ -932,6 +939,8 @@ class PartitionMaterializer:
                 fires.append(asyncio.ensure_future(self.ticker.fire_now(row)))
             await asyncio.gather(*fires)
             RUNS_CAUGHT_UP.inc(len(fires))
+        if held:
+            await asyncio.gather(*held)
         # 4. Commit: the parents' new state.
         for _, step, rows in steps:
             self.runs_written += len(rows)

@@ -15,14 +15,30 @@ from tests.unit.test_streams_isolation import record
 from tests.unit.test_streams_ticker import FakeSink as HeldSink
 from tests.unit.test_streams_ticker import FakeStore as TickerStore
 from tests.unit.test_streams_ticker import row, settle
-from topics.codec import decode_result
+from topics.codec import decode_result, decode_trigger
 from topics.validation import Limits
+
+
+class HeldSinkById(HeldSink):
+    """Also keeps the schedule id of each trigger sent (its key is the order key)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids: list[str] = []
+
+    def send(self, topic: str, *, key: bytes | None, value: bytes,
+             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]:
+        self.ids.append(decode_trigger(value).schedule_id)
+        return super().send(topic, key=key, value=value, headers=headers)
+
+    def ack(self, schedule_id: str) -> None:
+        self.sent[self.ids.index(schedule_id)][1].set_result((0, 0))
 
 
 def ticker_for(
     partition: int, now: list[int], store: Any = None
-) -> tuple[PartitionTicker, HeldSink]:
-    fires = HeldSink()  # the test decides when Kafka acknowledges a trigger
+) -> tuple[PartitionTicker, HeldSinkById]:
+    fires = HeldSinkById()  # the test decides when Kafka acknowledges a trigger
     config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0)
     ticker = PartitionTicker(partition, store=store or TickerStore(), sink=fires,
                              config=config, clock_ms=lambda: now[0])

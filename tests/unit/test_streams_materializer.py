@@ -214,8 +214,9 @@ class FakeTicker:
         self.offered: list[BucketRow] = []
         self.fired: list[BucketRow] = []
 
-    def offer(self, row: BucketRow) -> None:
+    def hand_over(self, row: BucketRow) -> asyncio.Future[None] | None:
         self.offered.append(row)
+        return None
 
     async def fire_now(self, row: BucketRow) -> None:
         self.fired.append(row)
@@ -248,6 +249,35 @@ async def test_a_step_writes_runs_ahead_fires_missed_ones_and_commits() -> None:
     assert await m.tick(NOW + 1000) is False and store.buckets == before
     await m.tick(NOW + H // 2)
     assert store.rows["a"].materialized_until_ms == NOW + H + H // 2
+
+
+async def test_a_run_below_the_tickers_checkpoint_is_acknowledged_before_the_commit() -> None:
+    # The step started at NOW, but the ticker's clock and checkpoint are a minute on (the
+    # step was slow, or a previous owner's clock ran ahead): the run due at NOW + 60 s is
+    # below the checkpoint, so a successor would never read its bucket row. The parent's
+    # new state (which says the run is written) waits for Kafka's acknowledgement of it.
+    from tests.unit.test_streams_handover import ticker_for, until
+
+    clock = [NOW + 61_000]
+    ticker, fires = ticker_for(3, clock)
+    ticker.fired_before_ms = NOW + 61_001
+    command = replace(create(EVERY_MINUTE, "a"), misfire_tolerance_s=3600)
+    store = FakeStore([decided(command, None).change.row])
+    m = PartitionMaterializer(
+        3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H, catchup_per_s=1e6)
+    )
+    behind = f"a@{NOW + 60_000}"
+    step = asyncio.create_task(m.tick(NOW))
+    await until(lambda: f"a@{NOW}" in fires.ids)
+    fires.ack(f"a@{NOW}")  # the late run, fired by the catch-up, is acknowledged
+    await until(lambda: step.done() or behind in fires.ids)
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert store.commits == 0 and not step.done()
+    fires.ack(behind)
+    await asyncio.wait_for(step, 1)
+    assert store.commits == 1
+    assert ticker.timeline.get("t", f"a@{NOW + 120_000}") is not None  # above: held
 
 
 async def test_catch_up_under_the_lock_is_bounded_per_step() -> None:
