@@ -7,6 +7,9 @@ flush dead letters and outcomes, commit what is done, leave the group).
 
 Threads: ``proxy-reader`` (the consumer; polls only), ``proxy-writer`` (asyncio + aiohttp),
 ``proxy-committer`` (commits, producer callbacks, gauges). Nothing here may block the reader.
+The retry lane is a second reader and writer (same classes) on the retry topic, with its
+own consumer group and pending bounds, so parked messages never hold the main lane back
+(proxy.parking).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import logging
 import signal
 import threading
 import time
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -25,16 +29,21 @@ from proxy.envelope import Envelope, prepare_fire, prepare_generic, trigger_deco
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
 from proxy.outbox import Outbox
+from proxy.parking import decode_headers
 from proxy.reader import Reader, commit_positions
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
-from proxy.writer import Writer
+from proxy.writer import Lane, ParkingLot, Writer
 from tocsin.errors import TocsinError
 from tocsin.health import Health
 from tocsin.health import serve as serve_health
 from tocsin.settings import Settings
 
 log = logging.getLogger("tocsin.proxy")
+
+# The retry lane holds at most this fraction of the pending bounds (on top of the main
+# lane's): parked messages are the failing ones, and their memory should stay small.
+RETRY_LANE_SHARE = 0.25
 
 
 class ProxyApp:
@@ -51,23 +60,43 @@ class ProxyApp:
         self.deliveries_topic = (proxy.deliveries_topic or f"{prefix}deliveries"
                                  if proxy.mode == "fires" else None)
         self.topics = proxy.source_topics(f"{prefix}fires")
+        self.retry_topic = proxy.retry_topic or f"{prefix}retries"
         kafka_conf = settings.kafka.librdkafka()
         self.state = SharedState(Bounds(max_messages=proxy.max_pending_messages,
                                         max_bytes=proxy.max_pending_bytes,
                                         low_ratio=proxy.resume_ratio))
+        self.retry_state = SharedState(Bounds(
+            max_messages=max(1, int(proxy.max_pending_messages * RETRY_LANE_SHARE)),
+            max_bytes=max(1, int(proxy.max_pending_bytes * RETRY_LANE_SHARE)),
+            low_ratio=proxy.resume_ratio))
         self.outbox = Outbox(kafka_conf, self.metrics)
+        self.lot = ParkingLot(topic=self.retry_topic)
         self.writer = Writer(state=self.state, settings=proxy, metrics=self.metrics,
                              outbox=self.outbox, dead_letter_topic=self.dead_letter_topic,
-                             deliveries_topic=self.deliveries_topic)
+                             deliveries_topic=self.deliveries_topic, lot=self.lot)
+        self.retry_writer = Writer(state=self.retry_state, settings=proxy, metrics=self.metrics,
+                                   outbox=self.outbox, dead_letter_topic=self.dead_letter_topic,
+                                   deliveries_topic=self.deliveries_topic, lot=self.lot,
+                                   lane=Lane.RETRY)
         self.reader = Reader(
             kafka_conf=kafka_conf, settings=proxy, topics=self.topics, state=self.state,
             writer=self.writer, outbox=self.outbox, metrics=self.metrics,
             prepare=self._preparer(),
-            commit=lambda consumer, positions: self._commit_on(consumer, positions),
+            commit=lambda consumer, positions: self._commit_on(self.state, consumer,
+                                                               positions),
+        )
+        self.retry_reader = Reader(
+            kafka_conf=kafka_conf, settings=replace(proxy, group_id=f"{proxy.group_id}.retries"),
+            topics=[self.retry_topic], state=self.retry_state, writer=self.retry_writer,
+            outbox=self.outbox, metrics=self.metrics,
+            prepare=self._retry_preparer(self._preparer()),
+            commit=lambda consumer, positions: self._commit_on(self.retry_state, consumer,
+                                                               positions),
+            name="proxy-retry-reader",
         )
         self.committer = Committer(
             state=self.state, outbox=self.outbox, metrics=self.metrics,
-            interval_s=proxy.commit_interval_s, request_commit=self.reader.request_commit,
+            interval_s=proxy.commit_interval_s, request_commit=self._request_commits,
             paused=lambda: self.reader.paused_partitions,
         )
         self._started = False
@@ -85,15 +114,37 @@ class ProxyApp:
             prepare_fire(env, decode)
         return fire
 
-    def _commit_on(self, consumer: Consumer, positions: dict[tuple[str, int], int]) -> None:
+    @staticmethod
+    def _retry_preparer(base: Any) -> Any:
+        def parked(env: Envelope) -> None:
+            try:
+                info, own = decode_headers(env.headers, now_s=env.read_s,
+                                           now_ms=int(time.time() * 1000))
+            except ValueError as exc:
+                env.invalid = f"retry record: {exc}"  # dead-lettered as it is
+                return
+            env.origin, env.park_id, env.headers = info.origin, info.park_id, own
+            env.attempt_state = info.state
+            env.not_before_s = env.read_s + max(0.0, info.not_before_ms / 1000 - time.time())
+            base(env)
+        return parked
+
+    def _request_commits(self) -> None:
+        self.reader.request_commit()
+        self.retry_reader.request_commit()
+
+    def _commit_on(self, state: SharedState, consumer: Consumer,
+                   positions: dict[tuple[str, int], int]) -> None:
         if commit_positions(consumer, positions, self.metrics):
-            self.state.mark_committed(positions)
+            state.mark_committed(positions)
 
     # ---- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
         self.writer.start()
+        self.retry_writer.start()
         self.reader.start()
+        self.retry_reader.start()
         self.committer.start()
         self._started = True
         log.info("proxy started", extra={
@@ -108,18 +159,27 @@ class ProxyApp:
         self._stopped = True
         timeout = self.proxy.shutdown_timeout_s if timeout_s is None else timeout_s
         t0 = time.monotonic()
-        self.reader.stop_reading()
-        self.reader.stopped_reading.wait(10)
-        self.writer.drain(timeout)
+        for reader in (self.reader, self.retry_reader):
+            reader.stop_reading()
+        for reader in (self.reader, self.retry_reader):
+            reader.stopped_reading.wait(10)
+        drains = [threading.Thread(target=w.drain, args=(timeout,), daemon=True)
+                  for w in (self.writer, self.retry_writer)]
+        for t in drains:
+            t.start()
+        for t in drains:
+            t.join()
         self.outbox.flush(10)
         self.committer.stop()
         self.reader.close(30)
+        self.retry_reader.close(30)
         self.outbox.close(5)
         log.info("proxy stopped", extra={"seconds": round(time.monotonic() - t0, 3)})
 
     def failure(self) -> BaseException | None:
         """The error that killed a worker thread, if any (the process should exit)."""
-        return self.reader.error or self.writer.error or self.committer.error
+        return (self.reader.error or self.writer.error or self.retry_reader.error
+                or self.retry_writer.error or self.committer.error)
 
     def wait_assigned(self, timeout_s: float = 30.0, partitions: int = 1) -> bool:
         """For tests: wait until at least ``partitions`` partitions are assigned."""

@@ -63,11 +63,12 @@ def dead_letter_record(
     Kafka refused the full record for good.
     """
     trig = env.trigger
+    src = env.source
     original: dict[str, Any] = {
-        "topic": env.topic,
-        "partition": env.partition,
-        "offset": env.offset,
-        "timestamp_ms": env.timestamp_ms,
+        "topic": src.topic,
+        "partition": src.partition,
+        "offset": src.offset,
+        "timestamp_ms": src.timestamp_ms,
         "key_b64": _b64(env.key),
         "value_b64": _b64(env.value),
         "headers": [[k, _b64(v)] for k, v in env.headers],
@@ -139,6 +140,7 @@ def delivery_outcome(
         "attempts": env.attempt_state.attempts,
         "latency_ms": latency_ms,
         f"{outcome}_ms": now_ms,
-        "fire": {"topic": env.topic, "partition": env.partition, "offset": env.offset},
+        "fire": {"topic": env.source.topic, "partition": env.source.partition,
+                 "offset": env.source.offset},
     }
     return trig.schedule_id.encode(), orjson.dumps(doc)

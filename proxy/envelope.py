@@ -25,6 +25,7 @@ from urllib.parse import quote, urlsplit
 
 import orjson
 
+from proxy.parking import Origin
 from proxy.retry import AttemptState
 from tocsin.errors import TocsinError
 from topics.models import HttpCallback, KafkaCallback, PayloadType, Trigger
@@ -71,8 +72,11 @@ class Envelope:
         "invalid",
         "kafka_target",
         "key",
+        "not_before_s",
         "offset",
         "order_key",
+        "origin",
+        "park_id",
         "partition",
         "read_s",
         "request",
@@ -126,6 +130,33 @@ class Envelope:
         self.cancelled = False
         self.timer: Any = None  # the asyncio handle of a scheduled retry
         self.first_attempt_s: float | None = None
+        # Set when the record came from the retry topic (proxy.parking): where it was first
+        # read, its id in its key's line, and when it may be attempted (monotonic).
+        self.origin: Origin | None = None
+        self.park_id: str | None = None
+        self.not_before_s: float | None = None
+
+    @property
+    def source(self) -> Origin:
+        """Where the message was first read (its origin, or this record itself)."""
+        if self.origin is not None:
+            return self.origin
+        return Origin(topic=self.topic, partition=self.partition, offset=self.offset,
+                      timestamp_ms=self.timestamp_ms)
+
+    @property
+    def line_key(self) -> Hashable | None:
+        """The key whose parked messages form one line (proxy.parking); None: keyless."""
+        if self.key is None:
+            return None
+        if self.origin is not None:
+            return (self.origin.topic, self.origin.partition, self.key)
+        return self.order_key
+
+    @property
+    def tenant(self) -> str | None:
+        """Whose share of the pending bounds and writers this counts against (fires)."""
+        return self.trigger.tenant if self.trigger is not None else None
 
     def __repr__(self) -> str:
         return f"Envelope({self.topic}[{self.partition}]@{self.offset})"
@@ -140,10 +171,11 @@ def _header_value(raw: bytes | str | None) -> str:
 
 def generic_request(env: Envelope, *, url: str, timeout_s: float) -> Request:
     """The MPS request for any record: POST, Key/Topic/Partition/Offset + Kafka headers."""
+    src = env.source
     headers: list[tuple[str, str]] = [
-        ("Topic", env.topic),
-        ("Partition", str(env.partition)),
-        ("Offset", str(env.offset)),
+        ("Topic", src.topic),
+        ("Partition", str(src.partition)),
+        ("Offset", str(src.offset)),
         ("Content-Type", "application/octet-stream"),
         ("Accept", "application/json"),
     ]

@@ -49,6 +49,13 @@ class ProxyMetrics:
         self.request_latency = Histogram("tocsin_proxy_request_seconds",
                                          "One HTTP attempt, request to response",
                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.parked = Counter("tocsin_proxy_parked",
+                              "Messages parked in the retry topic, by reason", ["reason"],
+                              registry=r)
+        self.lines_evicted = Counter(
+            "tocsin_proxy_park_lines_evicted",
+            "Keys whose parked-message line was forgotten to stay within its bound",
+            registry=r)
         self.records_refused = Counter(
             "tocsin_proxy_records_refused",
             "Dead letters/outcomes Kafka refused for good even in their smallest form, dropped",

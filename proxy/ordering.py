@@ -15,7 +15,8 @@ Bounds: the queue counts everything it holds, waiting *and* in flight, by number
 bytes, because an in-flight message is still in the proxy's memory. ``should_pause`` gives
 the reader a high/low water mark decision with hysteresis. The bounds are soft: ``push``
 never refuses a message (the reader cannot un-poll it), it only reports that the reader
-should stop fetching.
+should stop fetching. The same counts are kept per *group* (the tenant, in fires mode) so
+the runtime can tell when one group holds more than its share (``over_share``).
 
 This module must never do I/O, take locks or look at the clock: the runtime serialises
 access and owns time.
@@ -24,7 +25,7 @@ access and owns time.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -74,8 +75,13 @@ class _KeyState(Generic[M]):
 class OrderQueue(Generic[M]):
     """Pending messages, handed out so that at most one message per key is in flight."""
 
-    def __init__(self, bounds: Bounds | None = None) -> None:
+    def __init__(self, bounds: Bounds | None = None,
+                 group_of: Callable[[M], Hashable | None] | None = None) -> None:
         self.bounds = bounds or Bounds()
+        self._group_of = group_of
+        # Per group: [messages, bytes] held. An entry leaves when its group holds nothing,
+        # so the map is bounded by what is held.
+        self._groups: dict[Hashable, list[int]] = {}
         self._keys: dict[Hashable, _KeyState[M]] = {}
         # Entries are either a key (its head is ready) or a keyless message. A key appears
         # here at most once: it is appended only when it goes from "blocked or empty" to
@@ -94,6 +100,7 @@ class OrderQueue(Generic[M]):
         """Append a polled message; it becomes ready at once unless its key is busy."""
         self._held_count += 1
         self._held_bytes += msg.size
+        self._count_group(msg, 1)
         self._waiting_count += 1
         key = msg.order_key
         if key is None:
@@ -153,6 +160,7 @@ class OrderQueue(Generic[M]):
         del self._in_flight[ident]
         self._held_count -= 1
         self._held_bytes -= msg.size
+        self._count_group(msg, -1)
         key = msg.order_key
         if key is None:
             return
@@ -199,6 +207,34 @@ class OrderQueue(Generic[M]):
     def _forget(self, msg: M) -> None:
         self._held_count -= 1
         self._held_bytes -= msg.size
+        self._count_group(msg, -1)
+
+    def _count_group(self, msg: M, sign: int) -> None:
+        if self._group_of is None:
+            return
+        group = self._group_of(msg)
+        if group is None:
+            return
+        held = self._groups.get(group)
+        if held is None:
+            held = self._groups[group] = [0, 0]
+        held[0] += sign
+        held[1] += sign * msg.size
+        if held[0] <= 0:
+            del self._groups[group]
+
+    def over_share(self, group: Hashable | None, share: float) -> bool:
+        """True when ``group`` holds at least ``share`` of either bound."""
+        held = self._groups.get(group) if group is not None else None
+        if held is None:
+            return False
+        b = self.bounds
+        return held[0] >= b.max_messages * share or held[1] >= b.max_bytes * share
+
+    def group_held(self, group: Hashable) -> tuple[int, int]:
+        """(messages, bytes) held by ``group``."""
+        held = self._groups.get(group)
+        return (0, 0) if held is None else (held[0], held[1])
 
     # ---- introspection -----------------------------------------------------------------
 

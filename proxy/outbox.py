@@ -30,7 +30,7 @@ from tocsin.errors import KafkaError
 
 log = logging.getLogger("tocsin.proxy")
 
-Headers = list[tuple[str, str | bytes | None]]
+Headers = Sequence[tuple[str, str | bytes | None]]
 Ack = Callable[[Any, Any], None]
 
 # Producing these again can never succeed: the record, not the moment, is the problem.
@@ -48,12 +48,15 @@ def refused_for_good(err: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class OutRecord:
-    """A record the proxy must write; ``fallback`` replaces ``value`` if Kafka refuses it."""
+    """A record the proxy must write; ``fallback`` is written instead if Kafka refuses it
+    for good (a smaller form of it, or, for a parked message, its dead letter)."""
 
     topic: str
     key: bytes | None
     value: bytes
-    fallback: bytes | None = None
+    fallback: OutRecord | None = None
+    headers: Headers | None = None
+    on_fallback: Callable[[], None] | None = None  # called when the fallback is written
 
 
 class Outbox:
@@ -80,7 +83,8 @@ class Outbox:
         """One produce attempt; ``on_delivery(err, msg)`` reports the outcome."""
         while True:
             try:
-                self.producer.produce(topic, value=value, key=key, headers=headers or None,
+                self.producer.produce(topic, value=value, key=key,
+                                      headers=list(headers) if headers else None,
                                       on_delivery=on_delivery)
                 return
             except BufferError:
@@ -99,18 +103,22 @@ class Outbox:
             if finished:
                 done()
 
-        def send(rec: OutRecord, value: bytes, fallback: bytes | None) -> None:
+        def send(rec: OutRecord) -> None:
             def refused(err: Any) -> None:
-                if fallback is not None:
-                    log.warning("proxy record refused for good; writing its smaller form",
+                if rec.fallback is not None:
+                    log.warning("proxy record refused for good; writing its fallback",
                                 extra={"topic": rec.topic, "error": str(err),
-                                       "bytes": len(value)})
-                    send(rec, fallback, None)
+                                       "bytes": len(rec.value),
+                                       "fallback_topic": rec.fallback.topic})
+                    if rec.on_fallback is not None:
+                        rec.on_fallback()
+                    send(rec.fallback)
                     return
                 if self._metrics is not None:
                     self._metrics.records_refused.labels(rec.topic).inc()
                 log.error("proxy record refused for good and dropped",
-                          extra={"topic": rec.topic, "error": str(err), "bytes": len(value)})
+                          extra={"topic": rec.topic, "error": str(err),
+                                 "bytes": len(rec.value)})
                 finished_one()
 
             def ack(err: Any, _msg: Any) -> None:
@@ -125,7 +133,7 @@ class Outbox:
 
             def try_produce() -> None:
                 try:
-                    self.produce(rec.topic, rec.key, value, None, ack)
+                    self.produce(rec.topic, rec.key, rec.value, rec.headers, ack)
                 except KafkaException as exc:
                     err = exc.args[0] if exc.args else None
                     if refused_for_good(err):
@@ -136,7 +144,7 @@ class Outbox:
             try_produce()
 
         for rec in records:
-            send(rec, rec.value, rec.fallback)
+            send(rec)
 
     def poll(self, timeout_s: float) -> None:
         self.producer.poll(timeout_s)

@@ -74,6 +74,7 @@ class Reader:
         metrics: ProxyMetrics,
         prepare: Callable[[Envelope], None],
         commit: Callable[[Consumer, dict[tuple[str, int], int]], None],
+        name: str = "proxy-reader",
     ) -> None:
         self._s = settings
         self._topics = topics
@@ -96,7 +97,7 @@ class Reader:
         self.assignment: set[tuple[str, int]] = set()
         self.paused_partitions = 0
         self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, name="proxy-reader", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def start(self) -> None:
         try:

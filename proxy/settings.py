@@ -28,6 +28,7 @@ class ProxySettings:
     group_id: str = "tocsin-proxy"
     dead_letter_topic: str = ""  # default: the catalog's dead-letters topic
     deliveries_topic: str = ""  # fires mode; default: the catalog's deliveries topic
+    retry_topic: str = ""  # parked messages (proxy/parking.py); default: the catalog's
 
     max_pending_messages: int = 10_000
     max_pending_bytes: int = 64 * 1024 * 1024
@@ -43,6 +44,11 @@ class ProxySettings:
     max_retry_age_s: float = DEFAULT_MAX_RETRY_AGE_S  # then dead letter; 0: no limit
     retries_6xx: int = 3
     poison_timeouts: int = 5
+    # A message still failing after this long in memory is parked in the retry topic.
+    park_after_s: float = 10.0
+    # fires mode: a tenant holding this fraction of either pending bound has its further
+    # messages parked instead of held, so it cannot make the reader pause for everyone.
+    tenant_pending_share: float = 0.25
 
     commit_interval_s: float = 5.0
     shutdown_timeout_s: float = 20.0
@@ -76,6 +82,10 @@ class ProxySettings:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"TOCSIN_PROXY_{name.upper()} must be positive, got {value}")
+        if self.park_after_s < 0:
+            raise ConfigError("TOCSIN_PROXY_PARK_AFTER_S must be >= 0")
+        if not 0 < self.tenant_pending_share <= 1:
+            raise ConfigError("TOCSIN_PROXY_TENANT_PENDING_SHARE must be in (0, 1]")
         if not 0 < self.tenant_share <= 1:
             raise ConfigError("TOCSIN_PROXY_TENANT_SHARE must be in (0, 1]")
         if not 0 <= self.resume_ratio < 1:
@@ -112,6 +122,7 @@ class ProxySettings:
             group_id=_get(env, "PROXY_GROUP_ID", d.group_id),
             dead_letter_topic=_get(env, "PROXY_DEAD_LETTER_TOPIC", d.dead_letter_topic),
             deliveries_topic=_get(env, "PROXY_DELIVERIES_TOPIC", d.deliveries_topic),
+            retry_topic=_get(env, "PROXY_RETRY_TOPIC", d.retry_topic),
             max_pending_messages=_int(env, "PROXY_MAX_PENDING_MESSAGES", d.max_pending_messages),
             max_pending_bytes=_int(env, "PROXY_MAX_PENDING_BYTES", d.max_pending_bytes),
             resume_ratio=_float(env, "PROXY_RESUME_RATIO", d.resume_ratio),
@@ -125,6 +136,9 @@ class ProxySettings:
             max_retry_age_s=_float(env, "PROXY_MAX_RETRY_AGE_S", d.max_retry_age_s),
             retries_6xx=_int(env, "PROXY_RETRIES_6XX", d.retries_6xx),
             poison_timeouts=_int(env, "PROXY_POISON_TIMEOUTS", d.poison_timeouts),
+            park_after_s=_float(env, "PROXY_PARK_AFTER_S", d.park_after_s),
+            tenant_pending_share=_float(env, "PROXY_TENANT_PENDING_SHARE",
+                                        d.tenant_pending_share),
             commit_interval_s=_float(env, "PROXY_COMMIT_INTERVAL_S", d.commit_interval_s),
             shutdown_timeout_s=_float(env, "PROXY_SHUTDOWN_TIMEOUT_S", d.shutdown_timeout_s),
             revoke_timeout_s=_float(env, "PROXY_REVOKE_TIMEOUT_S", d.revoke_timeout_s),

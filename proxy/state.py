@@ -32,7 +32,7 @@ class SharedState:
     def __init__(self, bounds: Bounds) -> None:
         self.lock = threading.Lock()
         self.commit_lock = threading.Lock()
-        self.queue: OrderQueue[Envelope] = OrderQueue(bounds)
+        self.queue: OrderQueue[Envelope] = OrderQueue(bounds, group_of=lambda e: e.tenant)
         self.offsets: OffsetTracker[TopicPartition] = OffsetTracker()
         # Unfinished envelopes handed out to the writer, per partition (for revoke + gauges).
         self.out: dict[TopicPartition, set[Envelope]] = {}
@@ -103,6 +103,13 @@ class SharedState:
             out = self.out.get(env.tp)
             if out is not None:
                 out.discard(env)
+
+    def over_share(self, tenant: str | None, share: float) -> bool:
+        """True when ``tenant`` holds at least ``share`` of either pending bound."""
+        if tenant is None:
+            return False
+        with self.lock:
+            return self.queue.over_share(tenant, share)
 
     def offset_done(self, env: Envelope) -> None:
         if env.cancelled:

@@ -8,7 +8,12 @@ Retry-After), still in flight so its key stays blocked; it holds no slot either.
 Connections are pooled and kept alive by one ``aiohttp.ClientSession``.
 
 The decision after each attempt comes from ``proxy.retry.decide``; this module only
-carries it out. It must never block the loop (no Kafka calls except non-blocking produce)
+carries it out. With a ``ParkingLot`` it also parks messages in the retry topic
+(``proxy.parking``): in the main lane a message still failing after ``park_after_s``, one
+of a tenant over its pending share, and one behind a parked message of its key; in the retry
+lane (the writer of the retry topic's reader) every failure, after waiting for each parked
+message's not-before time. It must never block the loop (no Kafka calls except
+non-blocking produce)
 and never mark an offset done before the message's records are acknowledged.
 """
 
@@ -16,12 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import enum
 import logging
 import random
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -33,6 +41,7 @@ from proxy.deadletter import dead_letter_record, delivery_outcome
 from proxy.envelope import DeliveryOutcome, Envelope, TopicPartition
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox, OutRecord
+from proxy.parking import MAX_PARKED_BYTES, Lines, Parked, encode_header, park_headers
 from proxy.retry import (
     AttemptResult,
     ConnectFailure,
@@ -53,6 +62,26 @@ from proxy.state import SharedState
 from topics.models import DeliveryRetry
 
 log = logging.getLogger("tocsin.proxy")
+
+
+class Lane(enum.Enum):
+    MAIN = "main"  # the source topics
+    RETRY = "retry"  # the retry topic: parked messages
+
+
+class ParkReason(enum.Enum):
+    RETRYING = "retrying"  # still failing after park_after_s (or any failure, retry lane)
+    TENANT_SHARE = "tenant_share"  # its tenant holds its share of the pending bounds
+    BEHIND = "behind"  # an earlier message of its key is parked: it keeps its place
+
+
+@dataclass
+class ParkingLot:
+    """What both lanes' writers share: the retry topic and the lines, behind one lock."""
+
+    topic: str
+    lines: Lines = field(default_factory=Lines)
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 def _tenant_of(env: Envelope) -> str | None:
@@ -91,7 +120,16 @@ class Writer:
         dead_letter_topic: str,
         deliveries_topic: str | None,
         rand: Callable[[], float] = random.random,
+        lot: ParkingLot | None = None,
+        lane: Lane = Lane.MAIN,
     ) -> None:
+        self._lot = lot
+        self._lane = lane
+        # A Kafka callback may not write into the proxy's own topics (a forged parked
+        # message or dead letter).
+        self._own_topics = frozenset(
+            t for t in (dead_letter_topic, deliveries_topic, lot.topic if lot else None) if t
+        )
         self._state = state
         self._s = settings
         self._policy: RetryPolicy = settings.retry_policy()
@@ -120,7 +158,9 @@ class Writer:
         self._drain_timeout_s = settings.shutdown_timeout_s
         self._session: aiohttp.ClientSession | None = None
         self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="proxy-writer", daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, daemon=True,
+            name="proxy-writer" if lane is Lane.MAIN else "proxy-retry-writer")
         self.error: BaseException | None = None
 
     # ---- lifecycle (called from other threads) -------------------------------------------
@@ -161,6 +201,16 @@ class Writer:
             log.debug("freeze skipped", exc_info=True)
 
     async def _freeze(self, tps: set[TopicPartition]) -> None:
+        lot = self._lot
+        if lot is not None:
+            # A revoked partition's messages are read again by their new owner, which knows
+            # nothing of these lines; keeping them would hold later messages back for ever.
+            with lot.lock:
+                if self._lane is Lane.RETRY:
+                    lot.lines.clear()
+                else:
+                    for topic, partition in tps:
+                        lot.lines.drop_partition(topic, partition)
         for env in [e for e in self._backoff if e.tp in tps]:
             if env.timer is not None:
                 env.timer.cancel()
@@ -250,6 +300,8 @@ class Writer:
             if env.cancelled or env.tp in self._state.revoking:
                 self._abandon(env)
                 continue
+            if self._lot is not None and self._hold_back(env):
+                continue
             tenant = _tenant_of(env)
             if tenant is not None and self._tenant_active.get(tenant, 0) >= self._tenant_cap:
                 self._tenant_parked.setdefault(tenant, deque()).append(env)
@@ -337,6 +389,103 @@ class Writer:
         env.cancelled = True
         env.attempting = False
         self._state.release(env)
+
+    # ---- parking (proxy.parking) -------------------------------------------------------
+
+    def _hold_back(self, env: Envelope) -> bool:
+        """Park ``env`` or let it wait instead of attempting it now; False: attempt it."""
+        lot = self._lot
+        assert lot is not None
+        now = time.monotonic()
+        key = env.line_key
+        with lot.lock:
+            if key is None:
+                behind = False
+            elif self._lane is Lane.RETRY:
+                behind = env.park_id is not None and not lot.lines.is_head(key, env.park_id)
+            else:
+                behind = lot.lines.has_line(key)
+        if behind:
+            not_before = env.not_before_s if env.not_before_s is not None else now
+            if not self._park(env, ParkReason.BEHIND, max(now, not_before)):
+                self._wait(env, self._s.retry_base_delay_s or 0.2)  # for its line to move
+            return True
+        if env.not_before_s is not None and env.not_before_s > now:
+            self._wait(env, env.not_before_s - now)
+            return True
+        if (self._lane is Lane.MAIN
+                and self._state.over_share(env.tenant, self._s.tenant_pending_share)):
+            return self._park(env, ParkReason.TENANT_SHARE, now)
+        return False
+
+    def _wait(self, env: Envelope, delay_s: float) -> None:
+        """Hold ``env`` (in flight, its key blocked, no writer slot) for ``delay_s``."""
+        loop = asyncio.get_running_loop()
+        env.timer = loop.call_later(delay_s, self._retry_due, env)
+        self._backoff.add(env)
+
+    def _park(self, env: Envelope, reason: ParkReason, not_before_s: float) -> bool:
+        """Produce ``env`` to the retry topic and release it; its offset is done once Kafka
+        acknowledges. False (nothing done) when it is too large to park."""
+        lot = self._lot
+        assert lot is not None
+        size = (len(env.key or b"") + len(env.value or b"")
+                + sum(len(k) + len(v or b"") for k, v in env.headers))
+        if size > MAX_PARKED_BYTES:
+            return False
+        key = env.line_key
+        park_id = uuid.uuid4().hex
+        evicted = 0
+        with lot.lock:
+            if key is not None:
+                if env.park_id is not None and lot.lines.holds(key, env.park_id):
+                    lot.lines.replace(key, env.park_id, park_id)  # keeps its place
+                else:
+                    evicted = lot.lines.append(key, park_id)
+        if evicted:
+            self._metrics.lines_evicted.inc(evicted)
+        now, now_ms = time.monotonic(), _now_ms()
+        header = encode_header(
+            Parked(park_id=park_id, origin=env.source, state=env.attempt_state,
+                   not_before_ms=now_ms + max(0, int((not_before_s - now) * 1000))),
+            now_s=now, now_ms=now_ms,
+        )
+        st = env.attempt_state
+        first = st.first_failure_s if st.first_failure_s is not None else now
+        last = st.last_failure_s if st.last_failure_s is not None else now
+        dead_letter = dead_letter_record(
+            env, reason=f"could not be parked in {lot.topic} (refused for good); last: "
+            f"{st.last_error or 'no attempt yet'}",
+            status=st.last_status, now_ms=now_ms, group_id=self._s.group_id,
+            first_failure_ms=now_ms - int((now - first) * 1000),
+            last_failure_ms=now_ms - int((now - last) * 1000), coordinates_only=True,
+        )
+
+        def unpark() -> None:
+            if key is not None:
+                with lot.lock:
+                    lot.lines.finish(key, park_id)
+
+        record = OutRecord(
+            lot.topic, env.key, env.value or b"", headers=park_headers(env.headers, header),
+            fallback=OutRecord(self._dlq_topic, env.key, dead_letter),
+            on_fallback=unpark,
+        )
+        self._metrics.parked.labels(reason.value).inc()
+        log.debug("message parked", extra={"record": repr(env), "reason": reason.value})
+        self._state.release(env)  # the next message of its key sees the line at once
+        if env.cancelled:
+            unpark()
+            return True
+        self._outbox.send_all([record], lambda: self._state.offset_done(env))
+        return True
+
+    def _finish_line(self, env: Envelope) -> None:
+        """A parked message reached its outcome: the next one of its key may go."""
+        lot, key = self._lot, env.line_key
+        if lot is not None and key is not None and env.park_id is not None:
+            with lot.lock:
+                lot.lines.finish(key, env.park_id)
 
     def _retry_due(self, env: Envelope) -> None:
         env.timer = None
@@ -440,6 +589,8 @@ class Writer:
         """A trigger whose callback is a Kafka topic: produce its payload there."""
         target, trig = env.kafka_target, env.trigger
         assert target is not None and trig is not None
+        if target.topic in self._own_topics:
+            return Undeliverable(detail=f"kafka callback to the proxy's own topic {target.topic!r}")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
 
@@ -471,15 +622,24 @@ class Writer:
 
     # ---- outcomes ----------------------------------------------------------------------
 
+    def _should_park(self, env: Envelope, now: float) -> bool:
+        if self._lane is Lane.RETRY:
+            return True  # the retry lane holds no failing message in memory
+        first = env.attempt_state.first_failure_s
+        if first is not None and now - first >= self._s.park_after_s:
+            return True
+        return self._state.over_share(env.tenant, self._s.tenant_pending_share)
+
     def _carry_out(self, env: Envelope, decision: Decision, sclass: str, now: float) -> None:
         if isinstance(decision, Retry):
             self._metrics.retries.labels(sclass).inc()
             if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
                 self._abandon(env)
                 return
-            loop = asyncio.get_running_loop()
-            env.timer = loop.call_later(decision.after_s, self._retry_due, env)
-            self._backoff.add(env)
+            if (self._lot is not None and self._should_park(env, now)
+                    and self._park(env, ParkReason.RETRYING, now + decision.after_s)):
+                return
+            self._wait(env, decision.after_s)
             log.debug("retry scheduled", extra={"record": repr(env), "after_s": decision.after_s,
                                                "reason": decision.reason})
             return
@@ -487,6 +647,7 @@ class Writer:
             self._state.release(env)  # revoked meanwhile: the new owner decides again
             return
         self._state.release(env)  # unblocks the key before the records are acknowledged
+        self._finish_line(env)
         latency_s = now - env.read_s
         self._metrics.latency.observe(latency_s)
         now_ms = _now_ms()
@@ -514,9 +675,10 @@ class Writer:
                     group_id=self._s.group_id, coordinates_only=coordinates_only,
                 )
 
-            records.append(OutRecord(self._dlq_topic, env.key,
-                                     dead_letter(coordinates_only=False),
-                                     fallback=dead_letter(coordinates_only=True)))
+            records.append(OutRecord(
+                self._dlq_topic, env.key, dead_letter(coordinates_only=False),
+                fallback=OutRecord(self._dlq_topic, env.key, dead_letter(coordinates_only=True)),
+            ))
             log.warning("message dead-lettered", extra={
                 "topic": env.topic, "partition": env.partition, "offset": env.offset,
                 "reason": decision.reason, "attempts": st.attempts,

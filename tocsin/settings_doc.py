@@ -158,6 +158,9 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("PROXY_DEAD_LETTER_TOPIC", P, UNSET, "dead letters (unset: the catalog's)"),
     SettingDoc("PROXY_DELIVERIES_TOPIC", P, UNSET,
                "fires: delivery outcomes (unset: the catalog's)"),
+    SettingDoc("PROXY_RETRY_TOPIC", P, UNSET,
+               "parked messages: failing ones and a tenant's over its share (unset: the "
+               "catalog's)"),
     SettingDoc("PROXY_MAX_PENDING_MESSAGES", P, "10000",
                "messages read and not yet done before reading pauses"),
     SettingDoc("PROXY_MAX_PENDING_BYTES", P, "67108864",
@@ -180,6 +183,12 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("PROXY_RETRIES_6XX", P, "3", "retries of a 6xx before the dead letter"),
     SettingDoc("PROXY_POISON_TIMEOUTS", P, "5",
                "timeouts after which a message is a poison pill (dead-lettered)"),
+    SettingDoc("PROXY_PARK_AFTER_S", P, "10",
+               "how long a failing message is retried in memory before it is parked in the "
+               "retry topic (its source offset then commits)"),
+    SettingDoc("PROXY_TENANT_PENDING_SHARE", P, "0.25",
+               "fires: fraction of either pending bound one tenant may hold; its further "
+               "messages are parked instead"),
     SettingDoc("PROXY_COMMIT_INTERVAL_S", P, "5", "how often offsets are committed"),
     SettingDoc("PROXY_SHUTDOWN_TIMEOUT_S", P, "20", "how long a stop waits for in-flight work"),
     SettingDoc("PROXY_REVOKE_TIMEOUT_S", P, "5",

@@ -38,9 +38,11 @@ class Catalog:
     fires: TopicSpec
     deliveries: TopicSpec
     dead_letters: TopicSpec
+    retries: TopicSpec
 
     def all(self) -> list[TopicSpec]:
-        return [self.commands, self.command_results, self.fires, self.deliveries, self.dead_letters]
+        return [self.commands, self.command_results, self.fires, self.deliveries,
+                self.dead_letters, self.retries]
 
 
 def catalog(topics: TopicSettings) -> Catalog:
@@ -88,6 +90,17 @@ def catalog(topics: TopicSettings) -> Catalog:
             key="the original message key",
             value="dead-letter record JSON: original message, reason, attempts",
             config={"cleanup.policy": "delete", "retention.ms": str(30 * _DAY_MS), **durable},
+        ),
+        retries=TopicSpec(
+            name=f"{p}retries",
+            partitions=topics.fire_partitions,
+            replication_factor=rf,
+            key="the original message key: a key's parked messages stay in order",
+            value="the original record, parked by the proxy; header tocsin-retry: its origin, "
+            "retry state and not-before time (docs/proxy.md)",
+            # A parked record is needed until the retry lane reads it; a week covers a proxy
+            # that is down for days, like the fires topic.
+            config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS), **durable},
         ),
     )
 

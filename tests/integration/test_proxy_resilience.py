@@ -1,4 +1,5 @@
-"""The proxy under failure: SIGKILL mid-stream and restart; two instances rebalancing.
+"""The proxy under failure: SIGKILL mid-stream and restart; two instances rebalancing; a
+tenant whose endpoint keeps failing; a message failing long enough to be parked.
 
 The promise is at-least-once with per-key order: nothing is ever lost, duplicates are
 possible (and counted), and within one proxy's lifetime a key is delivered in order.
@@ -10,11 +11,15 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
+import orjson
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from proxy.app import ProxyApp
 from tests.integration.test_proxy_delivery import (
@@ -150,4 +155,121 @@ def test_two_proxies_rebalance_keeps_order_and_loses_nothing(stack: Settings) ->
     finally:
         for app in apps:
             app.stop(timeout_s=5)
+        receiver.stop()
+
+
+def committed_offsets(stack: Settings, group: str, topic: str, partitions: int) -> list[int]:
+    c = Consumer({**stack.kafka.librdkafka(), "group.id": group,
+                  "enable.auto.commit": False})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return [tp.offset for tp in got]
+    finally:
+        c.close()
+
+
+def test_a_failing_tenant_neither_pauses_another_nor_pins_the_commit_position(
+    stack: Settings,
+) -> None:
+    """Tenant A's endpoint answers 503 to 200 triggers of 48 KiB (about 20 MB held at the
+    proxy's estimate, five times its 4 MiB bound); once they are all being retried, tenant
+    B's 300 triggers come on the same partitions. B's all arrive, and the fires topic's
+    commit position reaches its end while A is still failing."""
+    fires = f"{stack.topics.prefix}fires-{uid()}"
+    retries = f"{stack.topics.prefix}retries-{uid()}"
+    dlq, deliveries = f"{stack.topics.prefix}dlq-{uid()}", f"{stack.topics.prefix}dl-{uid()}"
+    create_topics(stack, [fires, retries], partitions=2)
+    create_topics(stack, [dlq, deliveries])
+    receiver = Receiver(behave=lambda hit, n: 503 if hit.path == "/a" else 200).start()
+    apps: list[ProxyApp] = []
+    base = f"http://127.0.0.1:{receiver.port}"
+
+    def trigger(tenant: str, sid: str, path: str, payload: object) -> bytes:
+        return orjson.dumps({
+            "trigger_id": f"t-{sid}", "schedule_id": sid, "tenant": tenant,
+            "due_ms": 1_700_000_000_000, "emitted_ms": 1_700_000_000_005, "attempt": 1,
+            "order_key": sid, "payload": payload,
+            "callback": {"type": "http", "url": base + path, "timeout_s": 5},
+        })
+
+    pad = "x" * 48 * 1024
+    a_ids = [f"a{i}" for i in range(200)]
+    b_ids = [f"b{i}" for i in range(300)]
+    try:
+        produce(stack, fires, [(sid.encode(), trigger("tenant-a", sid, "/a", {"pad": pad}), None)
+                               for sid in a_ids])
+        ps = fast_settings(mode="fires", source_topic=fires, endpoint_url="",
+                           dead_letter_topic=dlq, deliveries_topic=deliveries,
+                           retry_topic=retries, max_pending_bytes=4 * 1024 * 1024,
+                           retry_base_delay_s=0.05, retry_max_delay_s=0.5, park_after_s=1.0)
+        app = start_proxy(stack, ps, apps)
+
+        def attempted(path: str) -> set[str]:
+            with receiver._lock:
+                return {h.headers["Tocsin-Schedule-Id"] for h in receiver.hits
+                        if h.path == path}
+
+        # The reader takes in a whole batch before it pauses, so B comes once A is read.
+        wait_for(lambda: attempted("/a") == set(a_ids), 90, "every trigger of A attempted")
+        produce(stack, fires, [(sid.encode(), trigger("tenant-b", sid, "/b", {"n": sid}), None)
+                               for sid in b_ids])
+        wait_for(lambda: attempted("/b") >= set(b_ids), 90, "every trigger of tenant B")
+        assert {h.headers["Tocsin-Schedule-Id"] for h in receiver.delivered()} == set(b_ids)
+        ends = end_offsets(stack, fires, 2)
+        wait_for(lambda: committed_offsets(stack, ps.group_id, fires, 2) == ends, 60,
+                 f"the fires topic committed to its end {ends} while A fails")
+        assert not any(h.status == 200 for h in receiver.hits if h.path == "/a")
+        assert app.metrics.parked.labels("retrying")._value.get() > 0
+        assert app.failure() is None
+    finally:
+        for a in apps:
+            a.stop(timeout_s=5)
+        receiver.stop()
+
+
+def end_offsets(stack: Settings, topic: str, partitions: int) -> list[int]:
+    c = Consumer({**stack.kafka.librdkafka(), "group.id": f"ends-{uid()}"})
+    try:
+        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in range(partitions)]
+    finally:
+        c.close()
+
+
+def test_a_long_failing_message_is_parked_and_its_key_stays_in_order(stack: Settings) -> None:
+    """Message 0 of a key fails until the source is committed past every message of the
+    key (possible only once it is parked, with the 19 after it parked behind it); then the
+    receiver recovers and the key arrives in order 0..19."""
+    topic, retries = f"{stack.topics.prefix}src-{uid()}", f"{stack.topics.prefix}rt-{uid()}"
+    dlq = f"{stack.topics.prefix}dlq-{uid()}"
+    create_topics(stack, [topic, retries, dlq])
+    recovered = threading.Event()
+
+    def behave(hit: Hit, n: int) -> Any:
+        return 503 if hit.body == seq_body("k", 0) and not recovered.is_set() else 200
+
+    receiver = Receiver(behave=behave).start()
+    apps: list[ProxyApp] = []
+    try:
+        produce(stack, topic, [(b"k", seq_body("k", s), None) for s in range(20)]
+                + [(b"other", seq_body("other", s), None) for s in range(5)])
+        ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
+                           retry_topic=retries, retry_base_delay_s=0.05, retry_max_delay_s=0.2,
+                           park_after_s=0.5)
+        start_proxy(stack, ps, apps)
+        wait_for(lambda: committed_offsets(stack, ps.group_id, topic, 1) == [25], 60,
+                 "the source committed past the failing message")
+        assert not any(h.key == "k" and h.status == 200 for h in receiver.hits)
+        recovered.set()
+        wait_for(lambda: len({h.body for h in receiver.delivered()}) == 25, 60,
+                 "every message once the receiver recovered")
+        firsts: list[int] = []
+        for h in receiver.delivered():
+            key, seq, _ = parse_body(h.body)
+            if key == "k" and seq not in firsts:
+                firsts.append(seq)
+        assert firsts == list(range(20))
+    finally:
+        for a in apps:
+            a.stop(timeout_s=5)
         receiver.stop()

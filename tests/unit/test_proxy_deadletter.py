@@ -77,7 +77,8 @@ def outbox(producer: FakeProducer, metrics: ProxyMetrics | None = None) -> Outbo
 def test_a_record_the_broker_refuses_as_too_large_is_replaced_by_its_fallback() -> None:
     fake = FakeProducer()
     done: list[int] = []
-    outbox(fake).send_all([OutRecord("dlq", b"k", b"FULL", fallback=b"SMALL")],
+    small = OutRecord("dlq", b"k", b"SMALL")
+    outbox(fake).send_all([OutRecord("dlq", b"k", b"FULL", fallback=small)],
                           lambda: done.append(1))
     _, value, ack = fake.calls[0]
     assert value == b"FULL"
@@ -104,6 +105,8 @@ def test_a_record_refused_for_good_without_fallback_is_dropped_counted_and_done(
 def test_transient_failures_are_still_produced_again() -> None:
     fake = FakeProducer()
     done: list[int] = []
-    outbox(fake).send_all([OutRecord("dlq", None, b"v", fallback=b"s")], lambda: done.append(1))
+    small = OutRecord("dlq", None, b"s")
+    outbox(fake).send_all([OutRecord("dlq", None, b"v", fallback=small)],
+                          lambda: done.append(1))
     fake.calls[0][2](RdKafkaError(RdKafkaError._MSG_TIMED_OUT), None)
     assert [v for _, v, _ in fake.calls] == [b"v", b"v"] and not done

@@ -119,3 +119,24 @@ async def test_a_failing_attempt_task_marks_the_writer_failed(server: str) -> No
         assert isinstance(writer.error, RuntimeError)
     finally:
         await asyncio.to_thread(writer.drain, 1)
+
+
+async def test_a_kafka_callback_into_the_proxys_own_topics_is_undeliverable() -> None:
+    import orjson
+
+    from proxy.envelope import _fallback_decode_trigger, prepare_fire
+    from proxy.retry import Undeliverable
+    from proxy.writer import ParkingLot
+
+    settings = ProxySettings(metrics_port=0)
+    writer = Writer(state=SharedState(Bounds()), settings=settings, metrics=ProxyMetrics(),
+                    outbox=FakeOutbox(), dead_letter_topic="dlq", deliveries_topic="out",
+                    lot=ParkingLot(topic="retries"))  # type: ignore[arg-type]
+    for topic in ("retries", "dlq", "out"):
+        doc = {"trigger_id": "t", "schedule_id": "s", "tenant": "a", "due_ms": 1,
+               "payload": {"forged": True}, "callback": {"type": "kafka", "topic": topic}}
+        e = Envelope(topic="fires", partition=0, offset=0, key=b"s",
+                     value=orjson.dumps(doc), headers=[], timestamp_ms=None, read_s=0.0)
+        prepare_fire(e, _fallback_decode_trigger)
+        result = await writer._send(e)
+        assert isinstance(result, Undeliverable) and "own topic" in result.detail
