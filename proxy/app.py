@@ -22,7 +22,8 @@ from dataclasses import replace
 from types import FrameType
 from typing import Any
 
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import KafkaError as RdKafkaError
 
 from proxy.committer import Committer
 from proxy.envelope import Envelope, prepare_fire, prepare_generic, trigger_decoder
@@ -99,6 +100,7 @@ class ProxyApp:
             interval_s=proxy.commit_interval_s, request_commit=self._request_commits,
             paused=lambda: self.reader.paused_partitions,
         )
+        self.retry_lane = True  # off when the retry topic does not exist (see start)
         self._started = False
         self._stopped = False
 
@@ -140,16 +142,41 @@ class ProxyApp:
 
     # ---- lifecycle ---------------------------------------------------------------------
 
+    def _retry_topic_missing(self) -> bool:
+        """True only when Kafka says the retry topic does not exist. Unreachable Kafka is no
+        answer: the topic is assumed there (``tocsin setup`` creates it)."""
+        try:
+            meta = self.outbox.producer.list_topics(self.retry_topic, timeout=10)
+        except KafkaException as exc:
+            log.warning("cannot check the retry topic; assuming it exists",
+                        extra={"topic": self.retry_topic, "error": str(exc)})
+            return False
+        topic = meta.topics.get(self.retry_topic)
+        return topic is None or (topic.error is not None
+                                 and topic.error.code() == RdKafkaError.UNKNOWN_TOPIC_OR_PART)
+
     def start(self) -> None:
+        if self._retry_topic_missing():
+            # Parking into a topic that does not exist would hold each parked message's
+            # produce, and its partition's commit position, until someone creates it.
+            log.error("retry topic missing: parking is off, failing messages stay in memory "
+                      "as before; run 'tocsin setup' (it creates every catalog topic) or set "
+                      "TOCSIN_PROXY_RETRY_TOPIC", extra={"topic": self.retry_topic})
+            self.writer.disable_parking()
+            self.retry_lane = False
+        self.metrics.parking.set(1 if self.retry_lane else 0)
         self.writer.start()
-        self.retry_writer.start()
+        if self.retry_lane:
+            self.retry_writer.start()
         self.reader.start()
-        self.retry_reader.start()
+        if self.retry_lane:
+            self.retry_reader.start()
         self.committer.start()
         self._started = True
         log.info("proxy started", extra={
             "mode": self.proxy.mode, "topics": self.topics, "group": self.proxy.group_id,
-            "concurrency": self.proxy.concurrency,
+            "concurrency": self.proxy.concurrency, "retry_topic": self.retry_topic,
+            "parking": self.retry_lane,
         })
 
     def stop(self, timeout_s: float | None = None) -> None:
@@ -159,20 +186,22 @@ class ProxyApp:
         self._stopped = True
         timeout = self.proxy.shutdown_timeout_s if timeout_s is None else timeout_s
         t0 = time.monotonic()
-        for reader in (self.reader, self.retry_reader):
+        readers = [self.reader, self.retry_reader] if self.retry_lane else [self.reader]
+        writers = [self.writer, self.retry_writer] if self.retry_lane else [self.writer]
+        for reader in readers:
             reader.stop_reading()
-        for reader in (self.reader, self.retry_reader):
+        for reader in readers:
             reader.stopped_reading.wait(10)
         drains = [threading.Thread(target=w.drain, args=(timeout,), daemon=True)
-                  for w in (self.writer, self.retry_writer)]
+                  for w in writers]
         for t in drains:
             t.start()
         for t in drains:
             t.join()
         self.outbox.flush(10)
         self.committer.stop()
-        self.reader.close(30)
-        self.retry_reader.close(30)
+        for reader in readers:
+            reader.close(30)
         self.outbox.close(5)
         log.info("proxy stopped", extra={"seconds": round(time.monotonic() - t0, 3)})
 

@@ -49,6 +49,9 @@ class ProxyMetrics:
         self.request_latency = Histogram("tocsin_proxy_request_seconds",
                                          "One HTTP attempt, request to response",
                                          buckets=_LATENCY_BUCKETS, registry=r)
+        self.parking = Gauge("tocsin_proxy_parking",
+                             "1 if failing messages are parked in the retry topic, 0 if it is "
+                             "missing and they stay in memory", registry=r)
         self.parked = Counter("tocsin_proxy_parked",
                               "Messages parked in the retry topic, by reason", ["reason"],
                               registry=r)

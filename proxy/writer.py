@@ -169,6 +169,10 @@ class Writer:
         self._thread.start()
         self._ready.wait(10)
 
+    def disable_parking(self) -> None:
+        """Before ``start``: no retry topic, so failing messages stay in memory."""
+        self._lot = None
+
     def notify(self) -> None:
         """New messages were pushed: wake the dispatcher (thread-safe, cheap)."""
         loop, wake = self._loop, self._wake

@@ -273,3 +273,23 @@ def test_a_long_failing_message_is_parked_and_its_key_stays_in_order(stack: Sett
         for a in apps:
             a.stop(timeout_s=5)
         receiver.stop()
+
+
+def test_without_a_retry_topic_parking_is_off_and_delivery_goes_on(stack: Settings) -> None:
+    topic, dlq = f"{stack.topics.prefix}src-{uid()}", f"{stack.topics.prefix}dlq-{uid()}"
+    create_topics(stack, [topic, dlq])
+    receiver = Receiver(behave=lambda hit, n: 503 if n == 1 else 200).start()
+    apps: list[ProxyApp] = []
+    try:
+        produce(stack, topic, [(b"k", seq_body("k", s), None) for s in range(5)])
+        ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
+                           retry_topic=f"{stack.topics.prefix}missing-{uid()}", park_after_s=0)
+        app = start_proxy(stack, ps, apps)
+        assert not app.retry_lane and app.metrics.parking._value.get() == 0
+        wait_for(lambda: len({h.body for h in receiver.delivered()}) == 5, 60, "every message")
+        assert app.metrics.parked.labels("retrying")._value.get() == 0
+        assert app.failure() is None
+    finally:
+        for a in apps:
+            a.stop(timeout_s=5)
+        receiver.stop()
