@@ -621,3 +621,91 @@ def register(sub: Any) -> None:
     )
     dev.add_argument("--receiver-port", type=int, default=18766)
     dev.set_defaults(func=cmd_dev)
+
+
+def cmd_status(args: argparse.Namespace, settings: Settings, *, proxy_group: str) -> int:
+    """``tocsin status``: per tenant, what is scheduled, due in the next hour, fired and
+    delivered in the last hour, lateness; and the consumers' lag (streams.status)."""
+    import time
+
+    from streams.status import HOUR_MS, Report, Window, render
+    from streams.status_io import collect, consumer_lags, lag_pairs
+    from tocsin.cli import EXIT_OK, EXIT_USAGE
+    from tocsin.errors import KafkaError
+
+    lookback_s = (
+        args.lookback_s
+        if args.lookback_s is not None
+        else HOUR_MS // 1000 + settings.scheduler.default_misfire_tolerance_s
+    )
+    if lookback_s < 0 or args.horizon_s < 0 or args.max_rows < 1:
+        print("error: --lookback-s and --horizon-s must be >= 0, --max-rows >= 1", file=sys.stderr)
+        return EXIT_USAGE
+    window = Window(
+        now_ms=time.time_ns() // 1_000_000,
+        lookback_ms=lookback_s * 1000,
+        horizon_ms=args.horizon_s * 1000,
+    )
+
+    async def gather(store: Any) -> Any:
+        return await collect(
+            store,
+            window,
+            partitions=settings.topics.command_partitions,
+            shards=settings.scheduler.bucket_shards,
+            tenant=args.tenant,
+            max_rows=args.max_rows,
+        )
+
+    tally = asyncio.run(_with_store(settings, gather))
+    problems = []
+    try:
+        lags = consumer_lags(settings.kafka, lag_pairs(settings, proxy_group))
+    except KafkaError as exc:
+        lags, problems = [], [f"consumer lag not read: {exc}"]
+    report = Report(window=window, tenants=tally.figures(), lags=lags, problems=problems)
+    if getattr(args, "json", False):
+        print(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2).decode())
+    else:
+        sys.stdout.write(render(report))
+    return EXIT_OK
+
+
+def register_status(sub: Any, func: Any) -> None:
+    """``tocsin status`` (``func`` supplies the proxy's consumer group; tocsin.cli)."""
+    status = sub.add_parser(
+        "status",
+        help="per tenant: scheduled, due in the next hour, fired/delivered/dead-lettered in "
+        "the last hour, lateness p50/p99; consumer lag (the stack itself: tocsin infra status)",
+        description="Reads the store by time window only (bucket rows due from LOOKBACK ago "
+        "to an hour ahead, each tenant's one-shots due within HORIZON and its recurring "
+        "schedules), and the committed offsets of the worker's and the proxy's consumer "
+        "groups. docs/operations.md#status.",
+    )
+    status.add_argument("--tenant", help="only this tenant")
+    status.add_argument(
+        "--lookback-s",
+        type=int,
+        help="read triggers due this far back to find those fired and delivered in the last "
+        "hour (default: 1 h + TOCSIN_DEFAULT_MISFIRE_TOLERANCE_S)",
+    )
+    status.add_argument(
+        "--horizon-s",
+        type=int,
+        default=7 * 24 * 3600,
+        help="one-shot schedules due within this count as scheduled (default 7 days)",
+    )
+    status.add_argument(
+        "--max-rows",
+        type=int,
+        default=100_000,
+        help="read at most this many index entries (and recurring schedules) per tenant "
+        "for the scheduled count; more shows as >=N",
+    )
+    status.add_argument(
+        "--proxy-group", help="the proxy's consumer group (default: TOCSIN_PROXY_GROUP_ID)"
+    )
+    status.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
+    )
+    status.set_defaults(func=func)

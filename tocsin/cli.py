@@ -153,6 +153,16 @@ def replace_block(text: str, process: Process) -> str:
     return text[:begin] + sd.block(process) + text[end + len(sd.END_MARKER):]
 
 
+def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
+    """``tocsin status`` (streams.cli.cmd_status), with the proxy's consumer group read
+    from the proxy's own settings unless ``--proxy-group`` names it."""
+    from proxy.settings import ProxySettings
+    from streams.cli import cmd_status as run_status
+
+    group = args.proxy_group or ProxySettings.from_env(os.environ).group_id
+    return run_status(args, settings, proxy_group=group)
+
+
 # ----------------------------------------------------------------------------- main
 
 
@@ -190,8 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from proxy.cli import register as register_proxy
     from streams.cli import register as register_streams
+    from streams.cli import register_status
 
     register_streams(sub)
+    # The schedules' view; the local Kafka and Cassandra servers are `tocsin infra status`.
+    register_status(sub, cmd_status)
     from api.cli import register as register_api
 
     register_api(sub)
