@@ -124,6 +124,16 @@ class Proc:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def peak_rss_mib(self) -> int | None:
+        """The process's peak resident memory so far (Linux VmHWM), while it runs."""
+        if self.proc is None:
+            return None
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) // 1024
+        return None
+
 
 # ----------------------------------------------------------------------------- counting
 
@@ -214,6 +224,7 @@ class Receiver:
         self.mode = "ok"
         self.attempts = 0
         self.largest_body_bytes = 0
+        self.huge_bodies_sent = 0  # whole huge bodies written (the client read to the end)
         self.refused_window = 0
         self.by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
         self._lock = threading.Lock()
@@ -315,6 +326,8 @@ class Receiver:
                 await resp.write(chunk[: min(left, len(chunk))])
                 left -= len(chunk)
             await resp.write_eof()
+            with self._lock:
+                self.huge_bodies_sent += 1
         return resp
 
     def order_violations(self) -> int:
@@ -1252,7 +1265,7 @@ def sc_hostile_tenant(chaos: Chaos) -> dict[str, Any]:
     calm = Receiver(s.tally).start()
     try:
         s.worker("w")
-        s.proxy("proxy")
+        proxy = s.proxy("proxy")
         s.wait_ready()
         start = now_ms()
         calm_load = Stream(
@@ -1299,6 +1312,8 @@ def sc_hostile_tenant(chaos: Chaos) -> dict[str, Any]:
             calm_lateness_p99_huge_body_ms=p99["huge_body"],
             calm_p99_within_1s_of_quiet=worst - p99["quiet"] <= 1_000,
             hostile_attempts=hostile.attempts,
+            hostile_huge_bodies_sent=hostile.huge_bodies_sent,
+            proxy_peak_rss_mib=proxy.peak_rss_mib(),
             duplicate_bound=0,
         )
     finally:
