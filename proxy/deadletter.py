@@ -34,8 +34,8 @@ import orjson
 
 from proxy.envelope import DeliveryOutcome, Envelope
 
-# Below librdkafka's default message.max.bytes (1,000,000) and Kafka's default topic limit
-# (1,048,588), with room for the record's headers and batch framing.
+# Below Kafka's default topic limit (1,048,588 bytes), with room for batch framing: the
+# dead-letters topic is created with the default.
 MAX_RECORD_BYTES = 900_000
 # A reason is built from a body snippet and a URL; cap it so it can never be the problem.
 _MAX_REASON_CHARS = 4096

@@ -33,6 +33,8 @@ log = logging.getLogger("tocsin.proxy")
 Headers = Sequence[tuple[str, str | bytes | None]]
 Ack = Callable[[Any, Any], None]
 
+PRODUCER_MAX_BYTES = 2_200_000
+
 # Producing these again can never succeed: the record, not the moment, is the problem.
 PERMANENT_PRODUCE_ERRORS = frozenset({
     RdKafkaError.MSG_SIZE_TOO_LARGE, RdKafkaError.RECORD_LIST_TOO_LARGE,
@@ -69,6 +71,9 @@ class Outbox:
             # Give up a single produce after 30 s and produce again ourselves, so a long
             # Kafka outage shows up in the logs instead of silently piling up.
             "message.timeout.ms": 30_000,
+            # A parked message is a whole source record plus its retry header: room for any
+            # record Kafka's default 1 MiB limit admits (the retries topic allows 2 MiB).
+            "message.max.bytes": PRODUCER_MAX_BYTES,
         })
         try:
             self.producer = Producer(conf)

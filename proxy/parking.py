@@ -32,9 +32,10 @@ import orjson
 from proxy.retry import AttemptState
 
 RETRY_HEADER = "tocsin-retry"
-# A parked record carries the whole source record; past this it would risk Kafka's default
-# message limit (1,000,000 bytes in librdkafka), so such a message is retried in memory.
-MAX_PARKED_BYTES = 900_000
+# A parked record carries the whole source record. The retries topic allows 2 MiB, twice
+# Kafka's default limit, so any record a default topic admits can be parked; a larger one
+# (a source topic configured above that) is retried in memory.
+MAX_PARKED_BYTES = 2_000_000
 # Parked messages tracked for order at once (about 100 bytes each). Past it the line
 # touched least recently is forgotten: with several proxies a line whose messages another
 # instance's retry lane finished never empties here, and a full table must not stall.

@@ -242,8 +242,18 @@ class Writer:
             log.exception("proxy writer failed")
             self._ready.set()
 
+    def _loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """A timer or callback raised: the message it carried is stuck, so the writer is
+        broken and must say so (``error``) rather than only log."""
+        exc = context.get("exception")
+        log.error("proxy writer callback failed; the proxy stops",
+                  extra={"context": context.get("message")}, exc_info=exc)
+        if self.error is None:
+            self.error = exc if exc is not None else RuntimeError(str(context.get("message")))
+
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop.set_exception_handler(self._loop_error)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         connector = aiohttp.TCPConnector(

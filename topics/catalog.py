@@ -99,8 +99,10 @@ def catalog(topics: TopicSettings) -> Catalog:
             value="the original record, parked by the proxy; header tocsin-retry: its origin, "
             "retry state and not-before time (docs/proxy.md)",
             # A parked record is needed until the retry lane reads it; a week covers a proxy
-            # that is down for days, like the fires topic.
-            config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS), **durable},
+            # that is down for days, like the fires topic. 2 MiB: a parked record is a whole
+            # source record plus a header, so any record a default topic admits fits.
+            config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS),
+                    "max.message.bytes": str(2 * 1024 * 1024), **durable},
         ),
     )
 

@@ -293,3 +293,30 @@ def test_without_a_retry_topic_parking_is_off_and_delivery_goes_on(stack: Settin
         for a in apps:
             a.stop(timeout_s=5)
         receiver.stop()
+
+
+def test_a_failing_record_near_kafkas_default_limit_is_parked_too(stack: Settings) -> None:
+    """950 KB, under a default topic's limit: parking it must not need more than that."""
+    topic, retries = f"{stack.topics.prefix}src-{uid()}", f"{stack.topics.prefix}rt-{uid()}"
+    dlq = f"{stack.topics.prefix}dlq-{uid()}"
+    create_topics(stack, [topic, retries, dlq])
+    big = b"x" * 950_000
+    recovered = threading.Event()
+    receiver = Receiver(
+        behave=lambda hit, n: 503 if hit.body == big and not recovered.is_set() else 200
+    ).start()
+    apps: list[ProxyApp] = []
+    try:
+        produce(stack, topic, [(b"big", big, None), (b"small", b"s", None)])
+        ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
+                           retry_topic=retries, park_after_s=0.3)
+        start_proxy(stack, ps, apps)
+        wait_for(lambda: committed_offsets(stack, ps.group_id, topic, 1) == [2], 60,
+                 "the source committed past the failing 950 KB record")
+        recovered.set()
+        wait_for(lambda: any(h.body == big for h in receiver.delivered()), 60,
+                 "the big record delivered from the retry topic")
+    finally:
+        for a in apps:
+            a.stop(timeout_s=5)
+        receiver.stop()

@@ -140,3 +140,21 @@ async def test_a_kafka_callback_into_the_proxys_own_topics_is_undeliverable() ->
         prepare_fire(e, _fallback_decode_trigger)
         result = await writer._send(e)
         assert isinstance(result, Undeliverable) and "own topic" in result.detail
+
+
+def test_a_failing_timer_callback_marks_the_writer_failed() -> None:
+    writer, _ = make_writer("http://127.0.0.1:1")
+    writer.start()
+    try:
+        assert writer._loop is not None
+
+        def boom() -> None:
+            raise ZeroDivisionError("a retry timer broke")
+
+        writer._loop.call_soon_threadsafe(boom)
+        deadline = time.monotonic() + 10
+        while writer.error is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert isinstance(writer.error, ZeroDivisionError)
+    finally:
+        writer.drain(1)
