@@ -320,3 +320,54 @@ def test_a_failing_record_near_kafkas_default_limit_is_parked_too(stack: Setting
         for a in apps:
             a.stop(timeout_s=5)
         receiver.stop()
+
+
+def test_a_slow_tenant_does_not_hold_back_another(stack: Settings) -> None:
+    """Tenant A's endpoint takes 2 s per answer for 300 triggers of 48 KiB (about 30 MB at
+    the proxy's estimate against a 4 MiB bound; 8 writers for A, so over a minute of work);
+    tenant B's 200 triggers, produced once A is under way, all arrive while most of A's are
+    still waiting."""
+    fires = f"{stack.topics.prefix}fires-{uid()}"
+    retries = f"{stack.topics.prefix}retries-{uid()}"
+    dlq, deliveries = f"{stack.topics.prefix}dlq-{uid()}", f"{stack.topics.prefix}dl-{uid()}"
+    create_topics(stack, [fires, retries], partitions=2)
+    create_topics(stack, [dlq, deliveries])
+    receiver = Receiver(
+        behave=lambda hit, n: (200, {}, 2.0) if hit.path == "/a" else 200
+    ).start()
+    apps: list[ProxyApp] = []
+    base = f"http://127.0.0.1:{receiver.port}"
+
+    def trigger(tenant: str, sid: str, path: str, payload: object) -> bytes:
+        return orjson.dumps({
+            "trigger_id": f"t-{sid}", "schedule_id": sid, "tenant": tenant,
+            "due_ms": 1_700_000_000_000, "emitted_ms": 1_700_000_000_005, "attempt": 1,
+            "order_key": sid, "payload": payload,
+            "callback": {"type": "http", "url": base + path, "timeout_s": 10},
+        })
+
+    pad = "x" * 48 * 1024
+    b_ids = [f"b{i}" for i in range(200)]
+    try:
+        produce(stack, fires, [(f"a{i}".encode(), trigger("tenant-a", f"a{i}", "/a",
+                                                          {"pad": pad}), None)
+                               for i in range(300)])
+        ps = fast_settings(mode="fires", source_topic=fires, endpoint_url="",
+                           dead_letter_topic=dlq, deliveries_topic=deliveries,
+                           retry_topic=retries, max_pending_bytes=4 * 1024 * 1024)
+        start_proxy(stack, ps, apps)
+        wait_for(lambda: len(receiver.delivered()) >= 1, 30, "A under way")
+        produce(stack, fires, [(sid.encode(), trigger("tenant-b", sid, "/b", {"n": sid}), None)
+                               for sid in b_ids])
+
+        def b_delivered() -> set[str]:
+            return {h.headers["Tocsin-Schedule-Id"] for h in receiver.delivered()
+                    if h.path == "/b"}
+
+        wait_for(lambda: b_delivered() == set(b_ids), 60, "every trigger of tenant B")
+        a_done = sum(1 for h in receiver.delivered() if h.path == "/a")
+        assert a_done < 150, f"B waited for A: {a_done} of A's 300 were done first"
+    finally:
+        for a in apps:
+            a.stop(timeout_s=5)
+        receiver.stop()
