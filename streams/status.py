@@ -318,10 +318,10 @@ def render(report: Report) -> str:
         return "  ".join([first, *rest]).rstrip()
 
     out = [
-        f"schedules (scheduled: waiting to fire, one-shots due within "
-        f"{_span(w.horizon_ms)} plus active recurring; DUE<1H: due in the next hour; "
-        f"FIRED, MISSED, DELIVERED, DEAD and lateness: in the last {_span(w.recent_ms)}, "
-        f"of triggers due in the last {_span(w.lookback_ms)})",
+        f"SCHEDULED: waiting to fire (one-shots due within {_span(w.horizon_ms)}, recurring "
+        f"once); DUE<1H: due in the next {_span(w.ahead_ms)}",
+        f"FIRED to LATE: in the last {_span(w.recent_ms)}, of triggers due in the last "
+        f"{_span(w.lookback_ms)}",
     ]
     out += [line(cells) for cells in table]
     if not rows:

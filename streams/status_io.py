@@ -158,8 +158,8 @@ def consumer_lags(
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
-    admin = AdminClient(kafka.librdkafka())
     try:
+        admin = AdminClient(kafka.librdkafka())
         # Loads the metadata list_offsets needs to find the leaders.
         admin.list_topics(timeout=timeout_s)
         tps = {TopicPartition(t, p) for _, t, n in pairs for p in range(n)}

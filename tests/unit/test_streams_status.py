@@ -140,7 +140,8 @@ def test_render_is_a_table_with_lag_and_problems() -> None:
     assert lines[header + 1].split() == ["acme", ">=12", "1", "0", "1", "0", "0", "0",
                                          "3", "ms", "3", "ms"]
     assert lines[header + 2].split()[:2] == ["b", "0"] and lines[header + 2].endswith("-")
-    assert "1 d" in lines[0] and "last 2 h" in lines[0]
+    assert "within 1 d" in lines[0] and "next 1 h" in lines[0]
+    assert "in the last 1 h, of triggers due in the last 2 h" in lines[1]
     assert any(line.split()[:3] == ["tocsin.scheduler", "tocsin.commands", "7"]
                and "2/8 partitions never committed" in line for line in lines)
     assert lines[-1] == "warning: something unreadable"
