@@ -18,6 +18,9 @@ from typing import Any
 
 HOUR_MS = 3_600_000
 MINUTE_MS = 60_000
+# A trigger is recorded as fired once Kafka acknowledges it, a moment after its due time:
+# one still waiting this long after it is overdue, not just in flight.
+OVERDUE_AFTER_MS = 10_000
 
 
 class State(StrEnum):
@@ -185,7 +188,8 @@ class Tally:
         if row is None or row.version != version or row.due_ms != due_ms:
             return
         if row.state == State.SCHEDULED:
-            figures.overdue += 1
+            if due_ms <= self.window.now_ms - OVERDUE_AFTER_MS:
+                figures.overdue += 1
             return
         if (
             row.state == State.FIRED

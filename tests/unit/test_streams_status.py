@@ -12,6 +12,7 @@ import pytest
 from streams.status import (
     HOUR_MS,
     MINUTE_MS,
+    OVERDUE_AFTER_MS,
     Lag,
     Report,
     ScheduleState,
@@ -81,6 +82,8 @@ def test_past_triggers_count_by_when_they_fired_and_were_delivered() -> None:
         # missed 30 min ago (no fired_ms; its time is updated_ms)
         (old_due, state("m1", "missed", old_due, updated_ms=NOW - 30 * MINUTE_MS)),
         (recent_due, state("o1", "scheduled", recent_due)),  # overdue
+        # due a moment ago: being fired, not overdue
+        (NOW - OVERDUE_AFTER_MS + 1, state("w1", "scheduled", NOW - OVERDUE_AFTER_MS + 1)),
         (recent_due, state("c1", "cancelled", recent_due)),
     ]
     for due, row in rows:
