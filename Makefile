@@ -107,10 +107,12 @@ bench-cassandra: up
 
 bench: bench-scheduler bench-proxy
 
-# Fault injection (bench/chaos.py, RELIABILITY.md): workers SIGKILLed, the broker restarted,
-# Cassandra stopped, receivers and proxies down, a skewed clock, a read-only/full state
-# folder. It starts its OWN stack (Kafka 19092, Cassandra 19042, state in .state/chaos) and
-# never touches the main one. ~20 min, so not part of `make test` (its property tests are).
+# Fault injection (bench/chaos.py, RELIABILITY.md): workers SIGKILLed or rolled, the broker
+# restarted, Cassandra stopped or frozen, receivers and proxies down, a skewed clock, a
+# read-only/full state folder, maximal payloads, hostile commands and a hostile tenant; exits
+# 1 on anything lost, unanswered, early, out of order or duplicated past its bound. It starts
+# its OWN stack (Kafka 19092, Cassandra 19042, state in .state/chaos) and never touches the
+# main one. ~30 min, so not part of `make test` (its property tests are).
 # Its receivers listen on 127.0.0.1, which workers and proxies refuse by default.
 chaos: $(STAMP)
 	TOCSIN_ALLOW_PRIVATE_TARGETS=true $(BIN)/python -m bench.chaos $(CHAOS_ARGS)

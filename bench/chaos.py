@@ -18,7 +18,7 @@ violations, and the duplicate bound the guarantee allows for the scenario's faul
 ``chaos_duplicate_bound_breaches``; the exit code is 1 when any of them is not zero or a
 scenario failed (``verdict``).
 
-    .venv/bin/python -m bench.chaos                    # every scenario (~20 min)
+    .venv/bin/python -m bench.chaos                    # every scenario (~30 min)
     .venv/bin/python -m bench.chaos --only workers,skew
     .venv/bin/python -m bench.chaos --keep-stack       # leave the chaos stack running
 """
