@@ -7,6 +7,14 @@ queue is the commands topic (keyed by schedule id, so the owning worker gets it)
 response queue is command-results, and the correlation id is the command's ``request_id``
 (``api-<instance>-<n>``).
 
+A request id is no secret: it is sequential and anyone reading the commands topic sees it,
+and a worker echoes it even for a command it refuses as unsigned or another tenant's. So a
+result is only taken as the answer when it also carries the request's ``reply_nonce`` (128
+random bits in the signed command, echoed by a worker only for a command whose signature
+verified) and names the request's tenant and schedule (``Expected.matches``): another
+producer can neither guess the nonce nor get a worker to echo one it copied under the
+requester's tenant without the tenant's signing key.
+
 Every API instance reads every partition of command-results from the end (the watermarks
 are taken before the first request, so no answer can be missed) and ignores results whose
 request id it is not waiting for. That is cheap for a handful of API instances; with many,
@@ -29,12 +37,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import hmac
 import itertools
 import logging
 import os
+import secrets
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -49,6 +60,30 @@ from topics.catalog import catalog
 log = logging.getLogger("tocsin.api")
 
 
+def new_reply_nonce() -> str:
+    """A command's reply_nonce: 32 hex digits of 128 random bits."""
+    return secrets.token_hex(16)
+
+
+@dataclass(frozen=True, slots=True)
+class Expected:
+    """What the answer to one request must carry."""
+
+    reply_nonce: str
+    tenant: str
+    schedule_id: str
+
+    def matches(self, doc: dict[str, Any]) -> bool:
+        """Whether a result document answers this request (its request id already does)."""
+        nonce = doc.get("reply_nonce")
+        return (
+            isinstance(nonce, str)
+            and hmac.compare_digest(nonce.encode(), self.reply_nonce.encode())
+            and doc.get("tenant") == self.tenant
+            and doc.get("schedule_id") == self.schedule_id
+        )
+
+
 class CommandBridge:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
@@ -56,7 +91,7 @@ class CommandBridge:
         self.partitions = self.catalog.commands.partitions
         self.instance = f"{uuid.uuid4().hex[:8]}"
         self._ids = itertools.count(1)
-        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._pending: dict[str, tuple[asyncio.Future[dict[str, Any]], Expected]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self.ready = False
@@ -135,16 +170,17 @@ class CommandBridge:
         headers: list[tuple[str, bytes]],
         *,
         request_id: str,
-        wait_result: bool,
+        expected: Expected | None,
         timeout_s: float,
     ) -> dict[str, Any] | None:
-        """Produce a command. With ``wait_result``, return its result (None when no result
-        arrived within ``timeout_s``, which bounds the whole exchange); otherwise return None
-        once Kafka acknowledged the command. Raises KafkaError when Kafka refused it."""
+        """Produce a command. With ``expected`` (the reply_nonce the command carries, its
+        tenant and schedule id), return its result (None when no result arrived within
+        ``timeout_s``, which bounds the whole exchange); otherwise return None once Kafka
+        acknowledged the command. Raises KafkaError when Kafka refused it."""
         result: asyncio.Future[dict[str, Any]] | None = None
-        if wait_result:
+        if expected is not None:
             result = asyncio.get_running_loop().create_future()
-            self._pending[request_id] = result
+            self._pending[request_id] = (result, expected)
         try:
             acked = self.producer.send(
                 self.catalog.commands.name, key=key, value=value, headers=headers,
@@ -202,9 +238,9 @@ class CommandBridge:
                 except orjson.JSONDecodeError:
                     continue
                 rid = doc.get("request_id") if isinstance(doc, dict) else None
-                fut = pending.get(rid) if isinstance(rid, str) else None
-                if fut is not None:
-                    found.append((fut, doc))
+                waiting = pending.get(rid) if isinstance(rid, str) else None
+                if waiting is not None and waiting[1].matches(doc):
+                    found.append((waiting[0], doc))
             if found:
                 with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
                     loop.call_soon_threadsafe(_resolve_all, found)

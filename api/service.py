@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from api.bridge import CommandBridge
+from api.bridge import CommandBridge, Expected, new_reply_nonce
 from api.views import (
     ApiError,
     cancel_command,
@@ -196,6 +196,11 @@ class Service:
         result arrives in time."""
         tenant = command["tenant"]
         sid = command["schedule_id"]
+        expected = None
+        if wait:
+            # The answer must bring this back (api.bridge): a request id alone is guessable.
+            expected = Expected(reply_nonce=new_reply_nonce(), tenant=tenant, schedule_id=sid)
+            command = {**command, "reply_nonce": expected.reply_nonce}
         value = orjson.dumps(command)
         key = sid.encode("utf-8")
         try:
@@ -210,7 +215,7 @@ class Service:
             headers = sign_headers(secret, signed_at_ms=now_ms(), key=key, value=value)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         result = await self.bridge.send_command(
-            key, value, headers, request_id=command["request_id"], wait_result=wait,
+            key, value, headers, request_id=command["request_id"], expected=expected,
             timeout_s=timeout,
         )
         if wait and result is None:

@@ -15,7 +15,7 @@ from topics.codes import Code
 from topics.ids import MAX_EPOCH_MS, format_iso_ms, parse_iso_ms, trigger_id
 
 # Fields the API sets itself; a body carrying them is refused with a clear message.
-RESERVED_BODY_FIELDS = ("type", "tenant", "request_id")
+RESERVED_BODY_FIELDS = ("type", "tenant", "request_id", "reply_nonce")
 CREATE_BODY_FIELDS = frozenset(
     {"schedule_id", "due", "recurrence", "payload", "payload_b64", "callback", "order_key",
      "misfire_tolerance_s"}
@@ -54,6 +54,8 @@ _HTTP: dict[str, int] = {
     Code.INACTIVE_TENANT: 403,
     Code.BAD_SIGNATURE: 403,
     Code.SIGNING_KEY_RETIRED: 403,
+    Code.STALE_COMMAND: 403,
+    Code.REPLAYED_COMMAND: 403,
     Code.CALLBACK_NOT_ALLOWED: 422,
     Code.BEYOND_HORIZON: 422,
     Code.DUE_IN_PAST: 422,

@@ -37,6 +37,7 @@ from tocsin.health import serve as serve_health
 from tocsin.logs import setup_logging
 from tocsin.settings import Settings
 from topics.catalog import catalog
+from topics.signing import TimestampType
 from topics.validation import Limits
 
 log = logging.getLogger("tocsin.worker")
@@ -174,6 +175,7 @@ class Worker:
                         value=e.message.value,
                         timestamp_ms=int(e.message.timestamp * 1000),
                         headers=e.message.headers or (),
+                        timestamp_type=_timestamp_type(e.message.timestamp_type),
                     )
                     for e in events
                 ]
@@ -306,6 +308,16 @@ def set_fetch_max_wait(app: faust.App, ms: int) -> None:
         log.warning("cannot set the consumer's fetch wait", extra={"error": repr(exc)})
         return
     metrics.CONSUMER_FETCH_MAX_WAIT.set(used)
+
+
+# aiokafka's timestamp_type of a record the broker stamped (its batch's attribute bit).
+_AIOKAFKA_LOG_APPEND_TIME = 1
+
+
+def _timestamp_type(value: int | None) -> TimestampType:
+    if value == _AIOKAFKA_LOG_APPEND_TIME:
+        return TimestampType.LOG_APPEND_TIME
+    return TimestampType.CREATE_TIME
 
 
 def skewed_clock(skew_ms: int) -> Callable[[], int]:

@@ -78,7 +78,14 @@ from topics.models import (
     ResultStatus,
     UpdateCommand,
 )
-from topics.signing import SigningKeys, check_signature, header_map
+from topics.signing import (
+    SeenSignatures,
+    SigningKeys,
+    TimestampType,
+    check_signature,
+    header_map,
+    signed_fields,
+)
 from topics.validation import Limits, check_not_past, decode_command, salvage_ids
 
 log = logging.getLogger("tocsin.commands")
@@ -99,6 +106,9 @@ class RawCommand:
     timestamp_ms: int
     # Kafka headers as (name, value) pairs; carry the tenant signature (topics.signing).
     headers: Any = ()
+    # Whether ``timestamp_ms`` is the broker's: only then can a signature's freshness be
+    # judged (topics.signing), so a record of unknown origin counts as producer time.
+    timestamp_type: TimestampType = TimestampType.CREATE_TIME
 
 
 @dataclass(frozen=True, slots=True)
@@ -342,6 +352,9 @@ class CommandProcessor:
         self.recurring = RecurringStore(store)
         self.recurring_horizon_ms = 600_000
         self.quotas = QuotaBook(partitions)
+        # Per partition (so bounded by the partition count): signatures of verified
+        # commands within the freshness window, to refuse copies of them.
+        self.seen_signatures: dict[int, SeenSignatures] = {}
         # Tocsin's own topics: a Kafka callback may never produce into them.
         suffix = "command-results"
         prefix = results_topic[: -len(suffix)] if results_topic.endswith(suffix) else None
@@ -371,6 +384,8 @@ class CommandProcessor:
         outcomes: list[tuple[Command | None, Code, str]] = []
         valid: list[tuple[int, Command]] = []
         policies: dict[str, TenantConfig] = {}
+        # Index -> reply_nonce to echo: only for commands that proved their tenant.
+        nonces: dict[int, str] = {}
         for index, msg in enumerate(batch):
             command: Command | None = None
             try:
@@ -378,6 +393,9 @@ class CommandProcessor:
                     msg.value or b"", key=msg.key, now_ms=now, limits=self.limits
                 )
                 await self._check_sender(command, msg)
+                await self._check_signature(command, msg, now)
+                if command.reply_nonce is not None:
+                    nonces[index] = command.reply_nonce
                 policies[command.tenant] = await self._check_tenant_policy(command, msg, now)
                 valid.append((index, command))
                 outcomes.append((command, Code.OK, ""))
@@ -432,7 +450,8 @@ class CommandProcessor:
 
         await self._persist(decisions, now, policies)
         results = [
-            self._result(msg, *outcome, now) for msg, outcome in zip(batch, outcomes, strict=True)
+            self._result(msg, *outcome, now, reply_nonce=nonces.get(index))
+            for index, (msg, outcome) in enumerate(zip(batch, outcomes, strict=True))
         ]
         # One counter update per outcome, not per command (a label lookup each).
         outcomes_seen: Counter[tuple[str, str, str]] = Counter(
@@ -482,31 +501,54 @@ class CommandProcessor:
                 "default partitioner (librdkafka: partitioner=murmur2_random)",
             )
 
+    async def _check_signature(self, command: Command, msg: RawCommand, now: int) -> None:
+        """The command comes from its tenant, freshly: signed with its key (the current
+        one, or the previous one during a rotation), within the window of the broker's
+        append time, and not a copy of a record already read (topics.signing). A tenant
+        without a key passes only where unsigned commands are allowed. The tenant row is
+        cached."""
+        tenant = await self.tenants.get(command.tenant)
+        keys = SigningKeys.of_row(tenant)
+        if keys.current is None:
+            if self.require_signed:
+                raise CommandRejected(
+                    Code.BAD_SIGNATURE,
+                    f"tenant {command.tenant!r} has no signing key, so none of its commands "
+                    "can be verified; give it one (`tocsin tenant rotate-key`) or, for a "
+                    "trusted network only, set TOCSIN_REQUIRE_SIGNED_COMMANDS=false",
+                )
+            return
+        headers = header_map(msg.headers)
+        failed = check_signature(
+            keys,
+            headers,
+            key=msg.key,
+            value=msg.value or b"",
+            record_ms=msg.timestamp_ms,
+            timestamp_type=msg.timestamp_type,
+            now_ms=now,
+        )
+        if failed is not None:
+            raise CommandRejected(*failed)
+        signed = signed_fields(headers)
+        assert signed is not None  # it verified
+        seen = self.seen_signatures.get(msg.partition)
+        if seen is None:
+            seen = self.seen_signatures[msg.partition] = SeenSignatures()
+        first = seen.first_offset(
+            signed[1], offset=msg.offset, signed_at_ms=signed[0], record_ms=msg.timestamp_ms
+        )
+        if first is not None:
+            raise CommandRejected(
+                Code.REPLAYED_COMMAND,
+                f"the same signed record was read at offset {first} of partition "
+                f"{msg.partition}; a copy is not applied (sign each command anew)",
+            )
+
     async def _check_tenant_policy(
         self, command: Command, msg: RawCommand, now: int
     ) -> TenantConfig:
-        """Signature and the tenant's own limits (issue 5); the tenant row is cached."""
-        tenant = await self.tenants.get(command.tenant)
-        keys = SigningKeys.of_row(tenant)
-        if keys.current is None and self.require_signed:
-            raise CommandRejected(
-                Code.BAD_SIGNATURE,
-                f"tenant {command.tenant!r} has no signing key, so none of its commands can "
-                "be verified; give it one (`tocsin tenant rotate-key`) or, for a trusted "
-                "network only, set TOCSIN_REQUIRE_SIGNED_COMMANDS=false",
-            )
-        if keys.current is not None:
-            # The current key, or the previous one during a rotation (topics.signing).
-            failed = check_signature(
-                keys,
-                header_map(msg.headers),
-                key=msg.key,
-                value=msg.value or b"",
-                record_ms=msg.timestamp_ms,
-                now_ms=now,
-            )
-            if failed is not None:
-                raise CommandRejected(*failed)
+        """The tenant's own limits; the tenant row is cached."""
         config = await self.tenants.config(command.tenant)
         if isinstance(command, CreateCommand | UpdateCommand):
             limit = config.max_payload_bytes
@@ -682,7 +724,10 @@ class CommandProcessor:
             command = decode_command(msg.value or b"", key=msg.key, now_ms=now, limits=self.limits)
         except CommandRejected:
             command = None
-        result = self._result(msg, command, code, text, now)
+        nonce = None
+        if command is not None and command.reply_nonce is not None:
+            nonce = command.reply_nonce if await self._proves_tenant(command, msg, now) else None
+        result = self._result(msg, command, code, text, now, reply_nonce=nonce)
         labels = (str(result.command or "unknown"), str(result.status), str(code))
         metrics.COMMANDS.labels(*labels).inc()
         log.warning(
@@ -697,6 +742,28 @@ class CommandProcessor:
         )
         return result
 
+    async def _proves_tenant(self, command: Command, msg: RawCommand, now: int) -> bool:
+        """Whether a command answered on its own may have its reply_nonce echoed: its
+        signature verifies now. A failure to tell (the tenant unreadable) means no echo;
+        the requester then times out rather than trust an unverified answer."""
+        try:
+            tenant = await self.tenants.get(command.tenant)
+        except TocsinError:
+            return False
+        keys = SigningKeys.of_row(tenant)
+        if keys.current is None:
+            return not self.require_signed
+        failed = check_signature(
+            keys,
+            header_map(msg.headers),
+            key=msg.key,
+            value=msg.value or b"",
+            record_ms=msg.timestamp_ms,
+            timestamp_type=msg.timestamp_type,
+            now_ms=now,
+        )
+        return failed is None
+
     def _hand_to_ticker(self, row: ScheduleRow) -> asyncio.Future[None] | None:
         """Give the partition's ticker a row just written; a future to wait for before
         answering, or None. The ticker decides by its own clock and checkpoint
@@ -708,7 +775,14 @@ class CommandProcessor:
         return ticker.hand_over(BucketRow.for_schedule(row, shards=self.bucket_shards))
 
     def _result(
-        self, msg: RawCommand, command: Command | None, code: Code, text: str, now: int
+        self,
+        msg: RawCommand,
+        command: Command | None,
+        code: Code,
+        text: str,
+        now: int,
+        *,
+        reply_nonce: str | None = None,
     ) -> CommandResult:
         tenant: str | None
         sid: str | None
@@ -736,6 +810,7 @@ class CommandProcessor:
             at_ms=now,
             partition=msg.partition,
             offset=msg.offset,
+            reply_nonce=reply_nonce,
         )
 
 

@@ -29,6 +29,9 @@ class TopicSpec:
     key: str  # what the message key means, for humans and docs
     value: str
     config: Mapping[str, str] = field(default_factory=dict)
+    # Entries of ``config`` that ``ensure_topics`` also sets on an existing topic: ones
+    # correctness depends on, unlike retention, which operators may tune.
+    enforced: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,7 +60,16 @@ def catalog(topics: TopicSettings) -> Catalog:
             replication_factor=rf,
             key="schedule id; its partition owns the schedule's Cassandra buckets",
             value="command JSON (schema/json/command.schema.json)",
-            config={"cleanup.policy": "delete", "retention.ms": str(7 * _DAY_MS), **durable},
+            # The broker stamps each command with its own append time, so a signed
+            # command's freshness is judged against a clock its producer cannot set
+            # (topics.signing): a copy produced again later is stale.
+            config={
+                "cleanup.policy": "delete",
+                "retention.ms": str(7 * _DAY_MS),
+                "message.timestamp.type": "LogAppendTime",
+                **durable,
+            },
+            enforced=frozenset({"message.timestamp.type"}),
         ),
         command_results=TopicSpec(
             name=f"{p}command-results",
@@ -110,7 +122,9 @@ def catalog(topics: TopicSettings) -> Catalog:
 def ensure_topics(
     kafka: KafkaSettings, specs: list[TopicSpec], *, timeout_s: float = 30.0
 ) -> dict[str, str]:
-    """Create missing topics and verify existing ones; return {name: "created"|"ok"}.
+    """Create missing topics and verify existing ones; return {name: "created"|"altered"|
+    "ok"}. An existing topic gets its ``enforced`` config entries set where they differ
+    ("altered").
 
     Raises TopicMismatchError when an existing topic has another partition count.
     """
@@ -144,6 +158,10 @@ def ensure_topics(
             outcome[spec.name] = "ok"
     if problems:
         raise TopicMismatchError("\n".join(problems))
+    for name in _align_enforced(
+        admin, [s for s in specs if s.enforced and outcome.get(s.name) == "ok"], timeout_s
+    ):
+        outcome[name] = "altered"
     if missing:
         futures = admin.create_topics(
             [
@@ -173,6 +191,53 @@ def ensure_topics(
         _wait_for_leaders(admin, [s.name for s in missing], timeout_s)
         _wait_for_offsets(admin, missing, timeout_s)
     return outcome
+
+
+def _align_enforced(admin: Any, specs: list[TopicSpec], timeout_s: float) -> list[str]:
+    """Set each spec's enforced config entries on its existing topic where they differ;
+    the names of the topics altered."""
+    if not specs:
+        return []
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import (  # type: ignore[attr-defined]
+        AlterConfigOpType,
+        ConfigEntry,
+        ConfigResource,
+        ResourceType,
+    )
+
+    altered: list[str] = []
+    try:
+        described = admin.describe_configs(
+            [ConfigResource(ResourceType.TOPIC, s.name) for s in specs],
+            request_timeout=timeout_s,
+        )
+        current = {res.name: fut.result(timeout=timeout_s) for res, fut in described.items()}
+        changes = []
+        for spec in specs:
+            entries = current.get(spec.name, {})
+            wrong = [
+                name for name in sorted(spec.enforced)
+                if name not in entries or entries[name].value != spec.config[name]
+            ]
+            if wrong:
+                changes.append(ConfigResource(ResourceType.TOPIC, spec.name, incremental_configs=[
+                    ConfigEntry(name, spec.config[name],
+                                incremental_operation=AlterConfigOpType.SET)
+                    for name in wrong
+                ]))
+        if changes:
+            done = admin.incremental_alter_configs(changes, request_timeout=timeout_s)
+            for res, fut in done.items():
+                fut.result(timeout=timeout_s)
+                altered.append(res.name)
+    except KafkaException as exc:
+        raise KafkaError(f"cannot set the topics' required configuration: {exc}",
+                         retriable=True) from exc
+    if altered:
+        log.warning("topic configuration aligned with the catalog",
+                    extra={"topics": sorted(altered)})
+    return altered
 
 
 def _wait_for_offsets(admin: Any, specs: list[TopicSpec], timeout_s: float) -> None:

@@ -62,7 +62,7 @@ RESULT_FIELDS = Fields(
         "partition",
         "offset",
     ),
-    optional=(),
+    optional=("reply_nonce",),
 )
 # Exactly one of payload / payload_b64 is present in a trigger.
 TRIGGER_FIELDS = Fields(
@@ -233,6 +233,8 @@ def command_to_dict(command: Command) -> dict[str, Any]:
     }
     if command.request_id is not None:
         out["request_id"] = command.request_id
+    if command.reply_nonce is not None:
+        out["reply_nonce"] = command.reply_nonce
     if isinstance(command, CreateCommand):
         if command.recurrence is not None:
             out["recurrence"] = recurrence_to_dict(command.recurrence)
@@ -265,20 +267,21 @@ def encode_command(command: Command) -> bytes:
 
 
 def encode_result(result: CommandResult) -> bytes:
-    return orjson.dumps(
-        {
-            "schedule_id": result.schedule_id,
-            "tenant": result.tenant,
-            "request_id": result.request_id,
-            "command": None if result.command is None else str(result.command),
-            "status": str(result.status),
-            "code": str(result.code),
-            "message": result.message,
-            "at_ms": result.at_ms,
-            "partition": result.partition,
-            "offset": result.offset,
-        }
-    )
+    out = {
+        "schedule_id": result.schedule_id,
+        "tenant": result.tenant,
+        "request_id": result.request_id,
+        "command": None if result.command is None else str(result.command),
+        "status": str(result.status),
+        "code": str(result.code),
+        "message": result.message,
+        "at_ms": result.at_ms,
+        "partition": result.partition,
+        "offset": result.offset,
+    }
+    if result.reply_nonce is not None:
+        out["reply_nonce"] = result.reply_nonce
+    return orjson.dumps(out)
 
 
 def decode_result(raw: bytes) -> CommandResult:
@@ -304,6 +307,7 @@ def decode_result(raw: bytes) -> CommandResult:
             at_ms=_int(obj, "at_ms"),
             partition=_int(obj, "partition"),
             offset=_int(obj, "offset"),
+            reply_nonce=_opt_str(obj, "reply_nonce") if "reply_nonce" in obj else None,
         )
     except ValueError as exc:
         raise CommandRejected(Code.INVALID_FIELD, str(exc)) from None

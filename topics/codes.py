@@ -41,6 +41,8 @@ class Code(StrEnum):
     CALLBACK_NOT_ALLOWED = "callback_not_allowed"
     BEYOND_HORIZON = "beyond_horizon"
     SIGNING_KEY_RETIRED = "signing_key_retired"
+    STALE_COMMAND = "stale_command"
+    REPLAYED_COMMAND = "replayed_command"
     STORE_REJECTED = "store_rejected"
     INTERNAL_ERROR = "internal_error"
 
@@ -84,7 +86,7 @@ DOCS: dict[Code, str] = {
     ),
     Code.BAD_SIGNATURE: (
         "The command lacks a valid tocsin-signature header for its tenant (HMAC-SHA256 with "
-        "the tenant's signing key), or the signature is stale."
+        "the tenant's signing key)."
     ),
     Code.CALLBACK_NOT_ALLOWED: (
         "The callback host or Kafka topic is not in the tenant's allowed list, or is internal."
@@ -96,6 +98,15 @@ DOCS: dict[Code, str] = {
     Code.SIGNING_KEY_RETIRED: (
         "The command is signed with a signing key of the tenant that was rotated out and "
         "retired; sign with the tenant's current key."
+    ),
+    Code.STALE_COMMAND: (
+        "The command is correctly signed but its tocsin-signed-at is too far from the time "
+        "the broker appended it (a late replay), or the commands topic does not stamp "
+        "broker time (LogAppendTime); sign again when producing."
+    ),
+    Code.REPLAYED_COMMAND: (
+        "The same signed record (identical signature) was already read at another offset "
+        "of the partition within the signature window; the copy is not applied."
     ),
     Code.STORE_REJECTED: (
         "Cassandra or Kafka refused this command's data for good (the message says why); "
@@ -128,5 +139,7 @@ STATEFUL_CODES: frozenset[Code] = frozenset(
         Code.CALLBACK_NOT_ALLOWED,
         Code.BEYOND_HORIZON,
         Code.SIGNING_KEY_RETIRED,
+        Code.STALE_COMMAND,
+        Code.REPLAYED_COMMAND,
     }
 )

@@ -135,6 +135,9 @@ class CreateCommand:
     tenant: str
     schedule_id: str
     request_id: str | None = None
+    # Echoed in the result only once the worker verified the command's signature, so a
+    # requester can tell its own command's answer from one another producer provoked.
+    reply_nonce: str | None = None
     due_ms: int = 0
     payload: bytes = b""
     payload_type: PayloadType = PayloadType.BYTES
@@ -161,6 +164,7 @@ class UpdateCommand:
     tenant: str
     schedule_id: str
     request_id: str | None = None
+    reply_nonce: str | None = None
     due_ms: int | None = None
     payload: bytes | None = None
     payload_type: PayloadType | None = None
@@ -196,6 +200,7 @@ class CancelCommand:
     tenant: str
     schedule_id: str
     request_id: str | None = None
+    reply_nonce: str | None = None
 
     @property
     def type(self) -> CommandType:
@@ -223,6 +228,8 @@ class CommandResult:
     at_ms: int
     partition: int
     offset: int
+    # The command's reply_nonce, only when its signature verified (see CreateCommand).
+    reply_nonce: str | None = None
 
     def __post_init__(self) -> None:
         # Clients branch on either field; they must never disagree.

@@ -10,10 +10,18 @@ Its producers add two Kafka headers to each command:
 
 (``key`` is the record key, empty when keyless; lengths and times are ASCII decimals). The
 command agent looks the key up by the command's ``tenant`` and rejects the message with
-``bad_signature`` when the header is missing or wrong, or when ``signed_at`` is more than
-``MAX_SKEW_MS`` away from the record's timestamp (a copied message re-produced later gets a
-new timestamp; a crash replay of the same record keeps its own). So tenant B cannot cancel,
-update or create schedules of tenant A through the topic without A's key.
+``bad_signature`` when the header is missing or wrong. So tenant B cannot cancel, update or
+create schedules of tenant A through the topic without A's key.
+
+**Freshness.** A correctly signed record is refused with ``stale_command`` when
+``signed_at`` is more than ``MAX_SKEW_MS`` away from the record's timestamp, and that
+timestamp must be the broker's: the commands topic is created with
+``message.timestamp.type=LogAppendTime`` (topics.catalog), so a copy re-produced later gets
+the broker's time of the copy whatever its producer says, while a crash replay of the same
+record keeps its own. A record stamped by its producer (``CreateTime``: a topic created
+before this setting, or not altered) cannot be judged and is refused ``stale_command`` too.
+Within the window, ``SeenSignatures`` refuses a second record carrying a signature already
+read at another offset of the partition (``replayed_command``).
 
 **Rotation** (``SigningKeys``): a tenant has a current key and, during a rotation, the
 previous one. Both verify until the previous key is retired - explicitly, or when its
@@ -34,8 +42,10 @@ import base64
 import hashlib
 import hmac
 import secrets
+from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from topics.codes import Code
@@ -45,6 +55,17 @@ HEADER_SIGNED_AT = "tocsin-signed-at"
 VERSION = "v1"
 MAX_SKEW_MS = 5 * 60 * 1000
 SIGNING_KEY_PREFIX = "tss_"
+# Signatures remembered per partition for the replay check: a bound on memory (about 4 MB
+# a partition), covering 66 signed commands a second over the 5-minute window. Beyond that
+# rate the oldest are forgotten first and only the window refuses their copies.
+SEEN_SIGNATURES_PER_PARTITION = 20_000
+
+
+class TimestampType(StrEnum):
+    """Who set a Kafka record's timestamp (the topic's ``message.timestamp.type``)."""
+
+    CREATE_TIME = "CreateTime"  # the producer: anything it likes
+    LOG_APPEND_TIME = "LogAppendTime"  # the broker, when it appended the record
 
 
 def new_signing_key() -> str:
@@ -121,9 +142,10 @@ _MISMATCH = "signature does not match the command and the tenant's signing key"
 
 
 def _signed(
-    headers: Mapping[str, bytes], record_ms: int, max_skew_ms: int
+    headers: Mapping[str, bytes], record_ms: int, max_skew_ms: int | None
 ) -> tuple[int, bytes] | str:
-    """(signed_at, signature header) of a record, or why they are missing or unusable."""
+    """(signed_at, signature header) of a record, or why they are missing or unusable (or,
+    with ``max_skew_ms``, too far from ``record_ms``)."""
     raw_sig = headers.get(HEADER_SIGNATURE)
     raw_at = headers.get(HEADER_SIGNED_AT)
     if raw_sig is None or raw_at is None:
@@ -135,7 +157,7 @@ def _signed(
         signed_at = int(raw_at.decode("ascii"))
     except (UnicodeDecodeError, ValueError):
         return f"{HEADER_SIGNED_AT} must be decimal epoch ms"
-    if abs(record_ms - signed_at) > max_skew_ms:
+    if max_skew_ms is not None and abs(record_ms - signed_at) > max_skew_ms:
         return (
             f"{HEADER_SIGNED_AT} is {abs(record_ms - signed_at)} ms away from the record "
             f"timestamp (at most {max_skew_ms} allowed): sign when producing"
@@ -177,6 +199,12 @@ class SigningKeys:
         return expires is None or (record_ms < expires and now_ms < expires + max_skew_ms)
 
 
+def signed_fields(headers: Mapping[str, bytes]) -> tuple[int, bytes] | None:
+    """(signed_at, signature header) of a record, None when missing or malformed."""
+    parsed = _signed(headers, 0, None)
+    return None if isinstance(parsed, str) else parsed
+
+
 def check_signature(
     keys: SigningKeys,
     headers: Mapping[str, bytes],
@@ -184,21 +212,25 @@ def check_signature(
     key: bytes | None,
     value: bytes,
     record_ms: int,
+    timestamp_type: TimestampType,
     now_ms: int,
     max_skew_ms: int = MAX_SKEW_MS,
 ) -> tuple[Code, str] | None:
     """None when the record is signed with the current key, or with the previous key while
-    it is valid; else (``bad_signature`` or ``signing_key_retired``, why)."""
+    it is valid, and fresh; else (``bad_signature``, ``signing_key_retired`` or
+    ``stale_command``, why). Fresh: ``record_ms`` is the broker's append time and within
+    ``max_skew_ms`` of ``signed_at``. The signature is checked first, so only a holder of
+    the key learns that a record is stale."""
     if keys.current is None:
         return Code.BAD_SIGNATURE, "the tenant has no signing key"
-    parsed = _signed(headers, record_ms, max_skew_ms)
+    parsed = _signed(headers, record_ms, None)
     if isinstance(parsed, str):
-        return Code.BAD_SIGNATURE, parsed  # missing or malformed headers, stale timestamp
+        return Code.BAD_SIGNATURE, parsed  # missing or malformed headers
     if _matches(keys.current, parsed, key, value):
-        return None
+        return _stale(parsed[0], record_ms, timestamp_type, max_skew_ms)
     if keys.previous is not None and _matches(keys.previous, parsed, key, value):
         if keys.previous_valid(record_ms=record_ms, now_ms=now_ms, max_skew_ms=max_skew_ms):
-            return None
+            return _stale(parsed[0], record_ms, timestamp_type, max_skew_ms)
         return (
             Code.SIGNING_KEY_RETIRED,
             f"signed with the tenant's previous signing key, retired at epoch ms "
@@ -210,3 +242,63 @@ def check_signature(
             "signed with a signing key the tenant has rotated out; sign with the current key",
         )
     return Code.BAD_SIGNATURE, _MISMATCH
+
+
+def _stale(
+    signed_at_ms: int, record_ms: int, timestamp_type: TimestampType, max_skew_ms: int
+) -> tuple[Code, str] | None:
+    if timestamp_type is not TimestampType.LOG_APPEND_TIME:
+        return (
+            Code.STALE_COMMAND,
+            "the record's timestamp was set by its producer (CreateTime), so its freshness "
+            "cannot be checked; the commands topic must have "
+            "message.timestamp.type=LogAppendTime (`tocsin setup` sets it)",
+        )
+    if abs(record_ms - signed_at_ms) > max_skew_ms:
+        return (
+            Code.STALE_COMMAND,
+            f"{HEADER_SIGNED_AT} is {abs(record_ms - signed_at_ms)} ms away from the time the "
+            f"broker appended the record (at most {max_skew_ms} allowed): sign when producing",
+        )
+    return None
+
+
+class SeenSignatures:
+    """The signatures of one partition's verified records within the freshness window.
+
+    A record whose signature was already read at another offset is a copy of that record
+    (``first_offset`` answers where); the same offset read again is the same record (a
+    batch retried, a crash replay) and is not a copy. An entry is forgotten once its
+    ``signed_at`` is more than the window behind the newest broker time of the partition
+    (a copy of it would be stale) or, beyond ``max_entries``, oldest first. Pure."""
+
+    def __init__(
+        self, *, window_ms: int = MAX_SKEW_MS, max_entries: int = SEEN_SIGNATURES_PER_PARTITION
+    ) -> None:
+        self.window_ms = window_ms
+        self.max_entries = max_entries
+        # signature -> (offset, signed_at), in the order first read.
+        self._seen: OrderedDict[bytes, tuple[int, int]] = OrderedDict()
+        self._newest_ms = 0
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def first_offset(
+        self, signature: bytes, *, offset: int, signed_at_ms: int, record_ms: int
+    ) -> int | None:
+        """The offset where ``signature`` was first read when that is not ``offset``;
+        otherwise None (and the signature is remembered)."""
+        self._newest_ms = max(self._newest_ms, record_ms)
+        horizon = self._newest_ms - self.window_ms
+        seen = self._seen
+        hit = seen.get(signature)
+        if hit is not None:
+            return hit[0] if hit[0] != offset else None
+        while seen:
+            first = next(iter(seen.values()))
+            if first[1] >= horizon and len(seen) < self.max_entries:
+                break
+            seen.popitem(last=False)
+        seen[signature] = (offset, signed_at_ms)
+        return None

@@ -143,6 +143,7 @@ COMMAND_FIELDS: dict[CommandType, Fields] = {
         required=("type", "tenant", "schedule_id", "callback"),
         optional=(
             "request_id",
+            "reply_nonce",
             "due",
             "recurrence",
             "payload",
@@ -153,11 +154,19 @@ COMMAND_FIELDS: dict[CommandType, Fields] = {
     ),
     CommandType.UPDATE: Fields(
         required=("type", "tenant", "schedule_id"),
-        optional=("request_id", "due", "recurrence", "payload", "payload_b64", "callback"),
+        optional=(
+            "request_id",
+            "reply_nonce",
+            "due",
+            "recurrence",
+            "payload",
+            "payload_b64",
+            "callback",
+        ),
     ),
     CommandType.CANCEL: Fields(
         required=("type", "tenant", "schedule_id"),
-        optional=("request_id",),
+        optional=("request_id", "reply_nonce"),
     ),
 }
 RECURRENCE_FIELDS = Fields(
@@ -193,6 +202,7 @@ _TENANT = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TENANT_LEN}}}", re.ASCII)
 _FORBIDDEN_CHAR = re.compile(
     "[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
 )
+_REPLY_NONCE = re.compile(r"[A-Za-z0-9_-]{16,128}", re.ASCII)
 _TOPIC = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_TOPIC_LEN}}}", re.ASCII)
 _HEADER_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+", re.ASCII)  # RFC 9110 token
 # Visible ASCII, space and tab: servers disagree on how to read bytes >= 0x80 in a header.
@@ -884,11 +894,26 @@ def decode_command(raw: bytes, *, key: bytes | None, now_ms: int, limits: Limits
     request_id = obj.get("request_id")
     if request_id is not None:
         request_id = check_text(request_id, "request_id", max_len=limits.max_id_len)
+    nonce = check_reply_nonce(obj["reply_nonce"]) if "reply_nonce" in obj else None
     if ctype is CommandType.CANCEL:
-        return CancelCommand(tenant=tenant, schedule_id=schedule_id, request_id=request_id)
+        return CancelCommand(
+            tenant=tenant, schedule_id=schedule_id, request_id=request_id, reply_nonce=nonce
+        )
     if ctype is CommandType.CREATE:
-        return _create(obj, tenant, schedule_id, request_id, now_ms=now_ms, limits=limits)
-    return _update(obj, tenant, schedule_id, request_id, now_ms=now_ms, limits=limits)
+        return _create(obj, tenant, schedule_id, request_id, nonce, now_ms=now_ms, limits=limits)
+    return _update(obj, tenant, schedule_id, request_id, nonce, now_ms=now_ms, limits=limits)
+
+
+def check_reply_nonce(value: object) -> str:
+    """A command's ``reply_nonce``: 16-128 characters of ``A-Z a-z 0-9 _ -``. At least 16
+    so a requester cannot pick one another producer could guess (the API sends 32 hex
+    digits of 128 random bits)."""
+    if not isinstance(value, str) or not _REPLY_NONCE.fullmatch(value):
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"reply_nonce must be 16-128 characters of A-Z a-z 0-9 _ -, got {_show(value)}",
+        )
+    return value
 
 
 def _create(
@@ -896,6 +921,7 @@ def _create(
     tenant: str,
     schedule_id: str,
     request_id: str | None,
+    reply_nonce: str | None,
     *,
     now_ms: int,
     limits: Limits,
@@ -933,6 +959,7 @@ def _create(
         tenant=tenant,
         schedule_id=schedule_id,
         request_id=request_id,
+        reply_nonce=reply_nonce,
         due_ms=due_ms,
         payload=b"" if payload is None else payload,
         payload_type=PayloadType.BYTES if payload_type is None else payload_type,
@@ -948,6 +975,7 @@ def _update(
     tenant: str,
     schedule_id: str,
     request_id: str | None,
+    reply_nonce: str | None,
     *,
     now_ms: int,
     limits: Limits,
@@ -977,6 +1005,7 @@ def _update(
         tenant=tenant,
         schedule_id=schedule_id,
         request_id=request_id,
+        reply_nonce=reply_nonce,
         due_ms=due_ms,
         payload=payload,
         payload_type=payload_type,

@@ -218,10 +218,12 @@ def worker_factory(real_stack: Settings, tenant: str, tmp_path: Path) -> Iterato
 class ApiServer:
     """A running ``tocsin api`` subprocess plus a worker; ``call`` makes HTTP requests."""
 
-    def __init__(self, settings: Settings, base: str, admin_key: str) -> None:
+    def __init__(self, settings: Settings, base: str, admin_key: str,
+                 worker: WorkerProcess | None = None) -> None:
         self.settings = settings
         self.base = base
         self.admin_key = admin_key
+        self.worker = worker  # its one worker (a test may pause it; see test_api_security)
 
     def call(self, method: str, path: str, *, key: str | None = None, body: object = None,
              raw: bytes | None = None, headers: dict[str, str] | None = None,
@@ -291,7 +293,7 @@ def api_server(api_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPa
                 raise AssertionError("api did not start:\n" + api_log.read_text()[-3000:])
             time.sleep(0.2)
         wait_worker_ready(api_stack, tenant, worker=worker)
-        yield ApiServer(api_stack, base, admin)
+        yield ApiServer(api_stack, base, admin, worker)
     finally:
         if api.poll() is None:
             os.killpg(api.pid, signal.SIGTERM)

@@ -20,7 +20,7 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from api.bridge import CommandBridge
+from api.bridge import CommandBridge, Expected, new_reply_nonce
 from api.service import Service
 from api.views import ApiError, create_command
 from streams.partitioner import partition_for
@@ -49,10 +49,13 @@ def own_topics(real_stack: Settings) -> Iterator[Settings]:
 
 
 class Responder:
-    """Plays the worker: answers every command on command-results with its request id,
-    after a result for a request id nobody waits for (another API instance's)."""
+    """Plays the worker: answers every command on command-results with its request id and
+    reply_nonce, after a result for a request id nobody waits for (another API instance's).
+    With ``forge``, first what another producer can provoke: a result with the request's
+    id (echoed for a record it wrote) but without its nonce, or under its own tenant."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, forge: bool = False) -> None:
+        self.forge = forge
         cat = catalog(settings.topics)
         self.commands, self.results = cat.commands.name, cat.command_results.name
         self.consumer = Consumer({**settings.kafka.librdkafka(),
@@ -87,22 +90,37 @@ class Responder:
                 continue
             cmd = orjson.loads(m.value())
             self.seen.append(cmd)
-            for rid in (f"api-someone-else-{len(self.seen)}", cmd["request_id"]):
-                self.producer.produce(self.results, key=m.key(), value=orjson.dumps({
-                    "schedule_id": cmd["schedule_id"], "tenant": cmd["tenant"],
+            answers: list[tuple[str, str, str | None, str]] = [
+                (f"api-someone-else-{len(self.seen)}", cmd["tenant"], cmd.get("reply_nonce"),
+                 "ok"),
+            ]
+            if self.forge:
+                answers += [
+                    (cmd["request_id"], cmd["tenant"], None, "forged"),
+                    (cmd["request_id"], cmd["tenant"], new_reply_nonce(), "forged"),
+                    (cmd["request_id"], "mallory", cmd.get("reply_nonce"), "forged"),
+                ]
+            answers.append((cmd["request_id"], cmd["tenant"], cmd.get("reply_nonce"), "ok"))
+            for rid, tenant, nonce, message in answers:
+                doc = {
+                    "schedule_id": cmd["schedule_id"], "tenant": tenant,
                     "request_id": rid, "command": cmd["type"], "status": "accepted",
-                    "code": "ok", "message": "scheduled", "at_ms": 0,
+                    "code": "ok", "message": message, "at_ms": 0,
                     "partition": m.partition(), "offset": m.offset(),
-                }))
+                }
+                if nonce is not None:
+                    doc["reply_nonce"] = nonce
+                self.producer.produce(self.results, key=m.key(), value=orjson.dumps(doc))
             self.producer.poll(0)
 
 
-def _command(bridge: CommandBridge, n: int) -> tuple[bytes, bytes, str]:
+def _command(bridge: CommandBridge, n: int) -> tuple[bytes, bytes, str, Expected]:
     sid = f"b-{uuid.uuid4().hex[:8]}-{n}"
     rid = bridge.new_request_id()
+    expected = Expected(reply_nonce=new_reply_nonce(), tenant="acme", schedule_id=sid)
     value = orjson.dumps({"type": "create", "tenant": "acme", "schedule_id": sid,
-                          "request_id": rid})
-    return sid.encode(), value, rid
+                          "request_id": rid, "reply_nonce": expected.reply_nonce})
+    return sid.encode(), value, rid, expected
 
 
 async def test_each_request_gets_its_own_result(own_topics: Settings) -> None:
@@ -112,11 +130,11 @@ async def test_each_request_gets_its_own_result(own_topics: Settings) -> None:
         with Responder(own_topics) as responder:
             commands = [_command(bridge, n) for n in range(300)]
             answers = await asyncio.gather(*(
-                bridge.send_command(key, value, [], request_id=rid, wait_result=True,
+                bridge.send_command(key, value, [], request_id=rid, expected=expected,
                                     timeout_s=60)
-                for key, value, rid in commands
+                for key, value, rid, expected in commands
             ))
-        for (key, _value, rid), answer in zip(commands, answers, strict=True):
+        for (key, _value, rid, _), answer in zip(commands, answers, strict=True):
             assert answer is not None, f"no result for {rid}"
             assert answer["request_id"] == rid and answer["schedule_id"] == key.decode()
             # Produced to the partition the workers expect (murmur2 of the key).
@@ -127,20 +145,44 @@ async def test_each_request_gets_its_own_result(own_topics: Settings) -> None:
         await bridge.close()
 
 
+async def test_a_forged_reply_does_not_answer_a_waiting_request(own_topics: Settings) -> None:
+    """Before each true answer come results with the request's id that another producer
+    can provoke: without the nonce, with a guessed one, under another tenant. The request
+    gets the true answer (message "ok"), never a forged one."""
+    bridge = CommandBridge(own_topics)
+    await bridge.start()
+    try:
+        with Responder(own_topics, forge=True):
+            commands = [_command(bridge, n) for n in range(20)]
+            answers = await asyncio.gather(*(
+                bridge.send_command(key, value, [], request_id=rid, expected=expected,
+                                    timeout_s=60)
+                for key, value, rid, expected in commands
+            ))
+        for (_key, _value, rid, expected), answer in zip(commands, answers, strict=True):
+            assert answer is not None, f"no result for {rid}"
+            assert answer["message"] == "ok", answer
+            assert answer["reply_nonce"] == expected.reply_nonce
+            assert answer["tenant"] == "acme"
+        assert bridge._pending == {}
+    finally:
+        await bridge.close()
+
+
 async def test_no_result_in_time_is_none_and_the_command_was_still_produced(
     own_topics: Settings,
 ) -> None:
     bridge = CommandBridge(own_topics)
     await bridge.start()
     try:
-        key, value, rid = _command(bridge, 0)
+        key, value, rid, expected = _command(bridge, 0)
         consumer = Consumer({**own_topics.kafka.librdkafka(),
                              "group.id": f"check-{uuid.uuid4().hex[:6]}",
                              "enable.auto.commit": False})
         topic = bridge.catalog.commands.name
         part = partition_for(key, bridge.partitions)
         _, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
-        answer = await bridge.send_command(key, value, [], request_id=rid, wait_result=True,
+        answer = await bridge.send_command(key, value, [], request_id=rid, expected=expected,
                                            timeout_s=1.0)
         assert answer is None
         assert bridge._pending == {}
@@ -201,11 +243,11 @@ async def test_a_command_kafka_refuses_fails_with_kafka_error_not_a_timeout(
     set_max_bytes("2048")
     await bridge.start()
     try:
-        key, _, rid = _command(bridge, 0)
+        key, _, rid, expected = _command(bridge, 0)
         big = orjson.dumps({"type": "create", "tenant": "acme", "schedule_id": key.decode(),
                             "request_id": rid, "payload": "x" * 10_000})
         with pytest.raises(KafkaError):
-            await bridge.send_command(key, big, [], request_id=rid, wait_result=True,
+            await bridge.send_command(key, big, [], request_id=rid, expected=expected,
                                       timeout_s=60)
         assert bridge._pending == {}
     finally:

@@ -3,15 +3,20 @@ the commands topic (signatures), deactivation, and the proxy's SSRF guard."""
 
 from __future__ import annotations
 
+import os
+import signal
+import threading
 import time
 import uuid
 from typing import Any
 
 import orjson
 import pytest
+from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
 from proxy.app import ProxyApp
 from streams.client import CommandClient, ResultWatcher
+from streams.partitioner import partition_for
 from tests.integration.test_proxy_delivery import (
     Receiver,
     create_topics,
@@ -23,6 +28,7 @@ from tests.integration.test_proxy_delivery import (
     start_proxy,
 )
 from tocsin.settings import Settings
+from topics.catalog import catalog
 from topics.signing import sign_headers
 
 pytestmark = pytest.mark.integration
@@ -107,7 +113,8 @@ def test_a_tenant_cannot_forge_commands_on_the_topic(api_server: Any, two: Any) 
     key = sid.encode()
     client, results = CommandClient(settings), ResultWatcher(settings)
     try:
-        # 1. unsigned, 2. signed with mallory's key, 3. a stale signature of alice's key
+        # 1. unsigned, 2. signed with mallory's key, 3. alice's key, signed an hour before
+        # the broker appended it
         client.send_raw(key, cancel)
         client.send_raw(key, cancel, headers=sign_headers(
             mallory["signing_key"], signed_at_ms=now_ms(), key=key, value=cancel))
@@ -118,7 +125,7 @@ def test_a_tenant_cannot_forge_commands_on_the_topic(api_server: Any, two: Any) 
         deadline = time.monotonic() + 60
         while len(seen) < 3 and time.monotonic() < deadline:
             seen += [r for r in results.poll() if r.schedule_id == sid]
-        assert [str(r.code) for r in seen] == ["bad_signature"] * 3, seen
+        assert [str(r.code) for r in seen] == ["bad_signature"] * 2 + ["stale_command"], seen
         # The real owner's signed cancel works (the signature scheme is not just a wall).
         client.send_raw(key, cancel, headers=sign_headers(
             alice["signing_key"], signed_at_ms=now_ms(), key=key, value=cancel))
@@ -127,6 +134,156 @@ def test_a_tenant_cannot_forge_commands_on_the_topic(api_server: Any, two: Any) 
         assert str(got[sid].code) == "ok"
     finally:
         results.close()
+
+
+def _commands_of(settings: Settings, sid: str) -> list[Message]:
+    """The records of the commands topic keyed ``sid``, oldest first."""
+    spec = catalog(settings.topics).commands
+    key = sid.encode()
+    consumer = Consumer({**settings.kafka.librdkafka(), "group.id": uid("read"),
+                         "enable.auto.commit": False})
+    tp = TopicPartition(spec.name, partition_for(key, spec.partitions))
+    low, high = consumer.get_watermark_offsets(tp, timeout=10)
+    consumer.assign([TopicPartition(spec.name, tp.partition, low)])
+    found: list[Message] = []
+    position, deadline = low, time.monotonic() + 30
+    while position < high and time.monotonic() < deadline:
+        m = consumer.poll(0.5)
+        if m is None or m.error() is not None:
+            continue
+        position = m.offset() + 1
+        if m.key() == key:
+            found.append(m)
+    consumer.close()
+    return found
+
+
+def _result_of(results: ResultWatcher, sid: str, offset: int) -> Any:
+    """The result of the command at ``offset`` of schedule ``sid``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for r in results.poll():
+            if r.schedule_id == sid and r.offset == offset:
+                return r
+    raise AssertionError(f"no result for {sid} at offset {offset}")
+
+
+def test_a_reply_another_producer_provokes_does_not_answer_an_api_call(
+    api_server: Any, two: Any
+) -> None:
+    """Mallory reads the API's request id series off the commands topic and, while the
+    worker is paused, produces a command of her own (validly signed, her tenant) carrying
+    the next request id, just before alice's conflicting create through the API. The worker
+    answers hers first, echoing that request id with "ok"; alice must still get her own
+    answer, 409 conflict, not 201."""
+    alice, mallory = two
+    settings: Settings = api_server.settings
+    worker = api_server.worker
+    assert worker is not None and worker.proc is not None
+    sid = uid("taken")
+    _create(api_server, alice, sid)
+    series, n = orjson.loads(_commands_of(settings, sid)[-1].value())["request_id"].rsplit(
+        "-", 1)
+    key = sid.encode()
+    forged = orjson.dumps({
+        "type": "create", "tenant": mallory["tenant"], "schedule_id": sid,
+        "request_id": f"{series}-{int(n) + 1}", "due": now_ms() + 3_600_000,
+        "callback": {"type": "http", "url": "https://h.example/x"}})
+    spec = catalog(settings.topics).commands
+    tp = TopicPartition(spec.name, partition_for(key, spec.partitions))
+    watch = Consumer({**settings.kafka.librdkafka(), "group.id": uid("watch")})
+    client = CommandClient(settings)
+    answer: dict[str, Any] = {}
+
+    def conflicting_create() -> None:
+        answer["http"] = api_server.call("POST", "/v1/schedules", key=alice["api_key"], body={
+            "schedule_id": sid, "due": now_ms() + 7_200_000,
+            "callback": {"type": "http", "url": "https://h.example/x"}}, timeout_s=90)
+
+    call = threading.Thread(target=conflicting_create)
+    os.killpg(worker.proc.pid, signal.SIGSTOP)
+    try:
+        client.send_raw(key, forged, headers=sign_headers(
+            mallory["signing_key"], signed_at_ms=now_ms(), key=key, value=forged))
+        client.flush()
+        _, after_forged = watch.get_watermark_offsets(tp, timeout=10)
+        call.start()
+        deadline = time.monotonic() + 30  # until alice's command is behind mallory's
+        while watch.get_watermark_offsets(tp, timeout=10)[1] <= after_forged:
+            assert time.monotonic() < deadline, "the API's command never reached Kafka"
+            time.sleep(0.05)
+    finally:
+        os.killpg(worker.proc.pid, signal.SIGCONT)
+        watch.close()
+    call.join(90)
+    status, body = answer["http"]
+    assert (status, body["code"]) == (409, "conflict"), (status, body)
+    # Mallory's command itself was applied to her own tenant; it answered nobody's call.
+    st, view = api_server.call("GET", f"/v1/schedules/{sid}", key=mallory["api_key"])
+    assert st == 200 and view["status"] == "scheduled"
+
+
+def test_a_signed_update_replayed_later_is_refused(api_server: Any, two: Any) -> None:
+    """An update alice signed ten minutes ago, produced again now with its record timestamp
+    set to match its signature: the broker's append time is what counts, so it is stale and
+    the schedule keeps its due time."""
+    alice, _ = two
+    settings: Settings = api_server.settings
+    sid = uid("late")
+    _create(api_server, alice, sid)
+    st, before = api_server.call("GET", f"/v1/schedules/{sid}", key=alice["api_key"])
+    key = sid.encode()
+    signed_at = now_ms() - 600_000
+    update = orjson.dumps({"type": "update", "tenant": alice["tenant"], "schedule_id": sid,
+                           "due": now_ms() + 7_200_000})
+    spec = catalog(settings.topics).commands
+    producer = Producer(settings.kafka.librdkafka())
+    results = ResultWatcher(settings)
+    try:
+        delivered: list[Any] = []
+        producer.produce(spec.name, key=key, value=update, timestamp=signed_at,
+                         partition=partition_for(key, spec.partitions),
+                         headers=sign_headers(alice["signing_key"], signed_at_ms=signed_at,
+                                              key=key, value=update),
+                         on_delivery=lambda err, msg: delivered.append(msg))
+        producer.flush(30)
+        assert delivered and delivered[0].error() is None
+        result = _result_of(results, sid, delivered[0].offset())
+        assert str(result.code) == "stale_command", result
+    finally:
+        results.close()
+    st, after = api_server.call("GET", f"/v1/schedules/{sid}", key=alice["api_key"])
+    assert st == 200 and after["due_ms"] == before["due_ms"]
+
+
+def test_a_signed_update_copied_within_the_window_cannot_revert_a_later_one(
+    api_server: Any, two: Any
+) -> None:
+    """Alice moves a schedule twice through the API; a copy of her first update (value and
+    headers exactly as on the topic) produced right after does not move it back."""
+    alice, _ = two
+    settings: Settings = api_server.settings
+    sid = uid("moved")
+    _create(api_server, alice, sid)
+    first_due, second_due = now_ms() + 7_200_000, now_ms() + 10_800_000
+    for due in (first_due, second_due):
+        st, res = api_server.call("PATCH", f"/v1/schedules/{sid}", key=alice["api_key"],
+                                  body={"due": due})
+        assert st == 200, res
+    captured = next(m for m in _commands_of(settings, sid)
+                    if orjson.loads(m.value()).get("due") == first_due)
+    client, results = CommandClient(settings), ResultWatcher(settings)
+    try:
+        client.send_raw(captured.key(), captured.value(), headers=captured.headers())
+        client.flush()
+        copy = _commands_of(settings, sid)[-1]
+        assert copy.value() == captured.value() and copy.offset() > captured.offset()
+        result = _result_of(results, sid, copy.offset())
+        assert str(result.code) == "replayed_command", result
+    finally:
+        results.close()
+    st, view = api_server.call("GET", f"/v1/schedules/{sid}", key=alice["api_key"])
+    assert st == 200 and view["due_ms"] == second_due
 
 
 def test_deactivated_tenant_is_refused_everywhere(api_server: Any) -> None:

@@ -117,3 +117,33 @@ def test_migrations_are_idempotent(keyspace: Settings) -> None:
     assert migrate(keyspace.cassandra) == []
     versions = [m.version for m in load_migrations(keyspace=keyspace.cassandra.keyspace)]
     assert versions == sorted(versions) and versions[0] == 1
+
+
+def test_setup_makes_an_existing_commands_topic_stamp_broker_time(topics: Settings) -> None:
+    """A commands topic created before its timestamps had to be the broker's (CreateTime) is
+    altered to LogAppendTime by ensure_topics (so by `tocsin setup`), and only that entry."""
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    spec = catalog(topics.topics).commands
+    old = TopicSpec(name=f"{spec.name}-old-{uuid.uuid4().hex[:6]}", partitions=1,
+                    replication_factor=1, key="k", value="v",
+                    config={**spec.config}, enforced=spec.enforced)
+    admin = AdminClient(topics.kafka.librdkafka())
+    created = admin.create_topics([NewTopic(old.name, num_partitions=1, replication_factor=1,
+                                            config={"retention.ms": "1234567"})])
+    created[old.name].result(30)
+
+    def config() -> dict[str, str]:
+        res = ConfigResource(ResourceType.TOPIC, old.name)
+        entries = admin.describe_configs([res])[res].result(30)
+        return {k: v.value for k, v in entries.items()}
+
+    try:
+        assert config()["message.timestamp.type"] == "CreateTime"
+        assert ensure_topics(topics.kafka, [old]) == {old.name: "altered"}
+        after = config()
+        assert after["message.timestamp.type"] == "LogAppendTime"
+        assert after["retention.ms"] == "1234567"  # retention is the operator's
+        assert ensure_topics(topics.kafka, [old]) == {old.name: "ok"}
+    finally:
+        admin.delete_topics([old.name])[old.name].result(30)

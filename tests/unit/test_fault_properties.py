@@ -26,7 +26,13 @@ from tocsin.errors import CommandRejected, TocsinError
 from topics.codec import callback_from_json, decode_result, decode_trigger, encode_command
 from topics.codes import Code
 from topics.models import CreateCommand, HttpCallback, PayloadType
-from topics.signing import header_map, new_signing_key, sign_headers, verify
+from topics.signing import (
+    TimestampType,
+    header_map,
+    new_signing_key,
+    sign_headers,
+    verify,
+)
 from topics.validation import Limits
 
 PARTITIONS = 8
@@ -209,7 +215,8 @@ def good_record(offset: int) -> RawCommand:
     key = sid.encode()
     return RawCommand(partition=partition_for(key, PARTITIONS), offset=offset, key=key,
                       value=value, timestamp_ms=NOW,
-                      headers=sign_headers(SECRET, signed_at_ms=NOW, key=key, value=value))
+                      headers=sign_headers(SECRET, signed_at_ms=NOW, key=key, value=value),
+                      timestamp_type=TimestampType.LOG_APPEND_TIME)
 
 
 records = st.builds(
@@ -231,7 +238,7 @@ def test_worker_answers_every_record_and_never_crashes(batch: list[Any], good_at
     raws = [
         RawCommand(partition=p, offset=i, key=k, value=v, timestamp_ms=NOW,
                    headers=sign_headers(SECRET, signed_at_ms=NOW, key=k, value=v or b"")
-                   if signed else ())
+                   if signed else (), timestamp_type=TimestampType.LOG_APPEND_TIME)
         for i, (k, v, signed, p) in enumerate(batch)
     ]
     good_at = min(good_at, len(raws))

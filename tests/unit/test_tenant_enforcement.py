@@ -30,6 +30,7 @@ from topics.models import (
 from topics.signing import (
     MAX_SKEW_MS,
     SigningKeys,
+    TimestampType,
     check_signature,
     header_map,
     new_signing_key,
@@ -49,7 +50,7 @@ def check(keys: SigningKeys, secret: str, *, record_ms: int = NOW, now_ms: int =
     key, value = b"s1", b'{"type":"cancel"}'
     headers = header_map(sign_headers(secret, signed_at_ms=record_ms, key=key, value=value))
     return check_signature(keys, headers, key=key, value=value, record_ms=record_ms,
-                           now_ms=now_ms)
+                           timestamp_type=TimestampType.LOG_APPEND_TIME, now_ms=now_ms)
 
 
 def code(result: tuple[Code, str] | None) -> Code | None:
@@ -100,7 +101,8 @@ def test_records_from_before_the_retirement_verify_briefly_and_back_dating_does_
 
 def test_missing_headers_are_a_bad_signature_not_a_retirement() -> None:
     keys = SigningKeys(current=NEW, previous=OLD, previous_expires_ms=NOW - 1)
-    result = check_signature(keys, {}, key=b"k", value=b"v", record_ms=NOW, now_ms=NOW)
+    result = check_signature(keys, {}, key=b"k", value=b"v", record_ms=NOW,
+                             timestamp_type=TimestampType.LOG_APPEND_TIME, now_ms=NOW)
     assert code(result) == Code.BAD_SIGNATURE
 
 
