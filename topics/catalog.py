@@ -232,8 +232,15 @@ def _align_enforced(admin: Any, specs: list[TopicSpec], timeout_s: float) -> lis
                 fut.result(timeout=timeout_s)
                 altered.append(res.name)
     except KafkaException as exc:
-        raise KafkaError(f"cannot set the topics' required configuration: {exc}",
-                         retriable=True) from exc
+        err: Any = exc.args[0] if exc.args else None
+        # Unreachable or busy brokers pass; a denied DescribeConfigs/AlterConfigs does not.
+        retriable = bool(err.retriable()) if hasattr(err, "retriable") else True
+        raise KafkaError(
+            f"cannot set the topics' required configuration ({', '.join(s.name for s in specs)}"
+            f"): {exc}; the principal running setup needs DescribeConfigs and AlterConfigs "
+            "on them",
+            retriable=retriable,
+        ) from exc
     if altered:
         log.warning("topic configuration aligned with the catalog",
                     extra={"topics": sorted(altered)})
