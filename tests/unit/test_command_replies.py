@@ -23,6 +23,7 @@ from topics.codec import decode_result, encode_command, encode_result
 from topics.codes import Code
 from topics.models import (
     CancelCommand,
+    Command,
     CommandResult,
     CreateCommand,
     HttpCallback,
@@ -119,7 +120,7 @@ def test_seen_signatures_forget_what_the_window_refuses_and_stay_bounded() -> No
 
 def test_reply_nonce_is_decoded_for_every_command_type_and_encoded_back() -> None:
     callback = HttpCallback(url="https://h.example/cb")
-    commands = [
+    commands: list[Command] = [
         CreateCommand(tenant="acme", schedule_id="s1", due_ms=NOW + 60_000, callback=callback,
                       misfire_tolerance_s=60, reply_nonce=NONCE),
         UpdateCommand(tenant="acme", schedule_id="s1", due_ms=NOW + 60_000, reply_nonce=NONCE),
@@ -221,3 +222,45 @@ def test_a_copy_of_a_signed_record_is_refused_without_the_nonce() -> None:
     assert (copy["code"], copy["offset"]) == ("replayed_command", 8)
     assert "reply_nonce" not in copy and first["reply_nonce"] == NONCE
 
+
+
+class KeylessStore(FakeStore):
+    """A tenant registered without a signing key (rows older than the keys)."""
+
+    async def get_tenant(self, tenant: str) -> dict[str, Any] | None:
+        return {"tenant": tenant, "active": True, "config": "{}"} if tenant == "acme" else None
+
+
+@pytest.mark.parametrize("require_signed", [True, False])
+def test_a_keyless_tenant_gets_its_nonce_only_where_unsigned_commands_are_trusted(
+    require_signed: bool,
+) -> None:
+    sink = FakeSink()
+    processor = CommandProcessor(
+        store=KeylessStore(), sink=sink, tickers={}, results_topic="t.command-results",
+        partitions=PARTITIONS, limits=LIMITS, clock_ms=lambda: NOW,
+        require_signed=require_signed,
+    )
+    asyncio.run(processor.process_batch([_record(1, signed=False)]))
+    result = orjson.loads(sink.sent[0][2])
+    if require_signed:
+        assert result["code"] == "bad_signature" and "reply_nonce" not in result
+    else:
+        assert (result["code"], result["reply_nonce"]) == ("ok", NONCE)
+
+
+def test_a_command_answered_on_its_own_echoes_the_nonce_only_when_it_verifies() -> None:
+    sink = FakeSink()
+    processor = CommandProcessor(
+        store=FakeStore(), sink=sink, tickers={}, results_topic="t.command-results",
+        partitions=PARTITIONS, limits=LIMITS, clock_ms=lambda: NOW,
+    )
+
+    async def answer_both() -> None:
+        await processor.answer(_record(1), Code.STORE_REJECTED, "refused")
+        await processor.answer(_record(2, signed=False), Code.STORE_REJECTED, "refused")
+
+    asyncio.run(answer_both())
+    signed, unsigned = (orjson.loads(value) for _, _, value in sink.sent)
+    assert (signed["code"], signed["reply_nonce"]) == ("store_rejected", NONCE)
+    assert unsigned["code"] == "store_rejected" and "reply_nonce" not in unsigned
