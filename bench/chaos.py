@@ -511,7 +511,7 @@ class Scenario:
             while pending and time.monotonic() < deadline:
                 if time.monotonic() - last_send > resend_after_s:
                     if last_send:
-                        say(f"{self.name}: re-sending {len(pending)} unanswered commands")
+                        say(f"{self.name}: re-sending {len(pending)} commands not yet settled")
                         self.extra["resent"] = self.extra.get("resent", 0) + len(pending)
                     for c in pending.values():
                         self.send(c)
