@@ -567,8 +567,11 @@ class CommandProcessor:
             if command.recurrence is not None and horizon is not None:
                 check_recurring_horizon(command.recurrence, horizon, now)
             retention = config.retention_s or self.fired_retention_s
-            first = due if command.recurrence is None else first_run(command.recurrence, now)
-            check_storable(first, now, retention)
+            if command.recurrence is None:
+                check_storable(due, now, retention)
+            elif (first := first_run(command.recurrence, now)) < NEVER_MS:
+                # A rule without any run (NEVER_MS) is left to the decision: invalid_field.
+                check_storable(first, now, retention)
             if command.callback is not None:
                 self._check_callback(command.callback, config)
         return config
@@ -832,7 +835,7 @@ def check_storable(first_ms: int | None, now_ms: int, retention_s: int) -> None:
     until due plus ``retention_s``, which Cassandra allows up to a 20-year TTL
     (streams.buckets.max_due_ms); later is ``beyond_horizon``, whatever the tenant's own
     horizon."""
-    if first_ms is None or first_ms >= NEVER_MS:
+    if first_ms is None:
         return
     limit = max_due_ms(now_ms, retention_s)
     if first_ms > limit:

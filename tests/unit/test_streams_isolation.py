@@ -111,6 +111,17 @@ def test_a_create_due_beyond_what_cassandra_can_keep_is_rejected_alone() -> None
     assert answers(sink) == {"a": "ok", "far": "beyond_horizon", "b": "ok"}
 
 
+def test_a_create_due_at_the_last_representable_instant_is_rejected_alone() -> None:
+    """9999-12-31T23:59:59.999Z is also the recurring rules' 'never' marker; as a due time
+    it is just too far ahead."""
+    store = PickyStore()
+    sink, _ = run(store, [record("a", 1), record("max", 2, due_ms=253_402_300_799_999),
+                          record("b", 3)])
+    assert answers(sink) == {"a": "ok", "max": "beyond_horizon", "b": "ok"}
+    with pytest.raises(CommandRejected, match="beyond_horizon"):
+        check_storable(253_402_300_799_999, NOW, 7 * 24 * 3600)
+
+
 def test_storable_limit_follows_retention() -> None:
     year_s = 365 * 24 * 3600
     check_storable(NOW + 19 * year_s * 1000, NOW, 7 * 24 * 3600)
