@@ -143,6 +143,9 @@ class Tally:
     """Acknowledged schedules versus what a receiver (or the fire topic) saw."""
 
     due: dict[str, int] = field(default_factory=dict)  # trigger id -> due ms (acknowledged)
+    acked_ms: dict[str, int] = field(default_factory=dict)  # trigger id -> when its client
+    # learned it was accepted (first time): a later-due trigger delivered before that moment
+    # cannot have been held back for it
     seen: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     lock: threading.Lock = field(default_factory=threading.Lock)
     # How far before its due time a first sighting may come and not count as early: 0 when
@@ -152,6 +155,7 @@ class Tally:
     def expect(self, trigger_id: str, due_ms: int) -> None:
         with self.lock:
             self.due[trigger_id] = due_ms
+            self.acked_ms.setdefault(trigger_id, now_ms())
 
     def saw(self, trigger_id: str, at_ms: int) -> None:
         with self.lock:
@@ -226,7 +230,8 @@ class Receiver:
         self.largest_body_bytes = 0
         self.huge_bodies_sent = 0  # whole huge bodies written (the client read to the end)
         self.refused_window = 0
-        self.by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)
+        # order key -> (due ms, sequence, trigger id, received ms) of each 2xx delivery
+        self.by_key: dict[str, list[tuple[int, int, str, int]]] = defaultdict(list)
         self._lock = threading.Lock()
         self._site: Any = None
         self._runner: Any = None
@@ -308,7 +313,7 @@ class Receiver:
             doc = orjson.loads(body)
             due = int(request.headers.get("Tocsin-Due-Ms", "0"))
             with self._lock:
-                self.by_key[str(doc["k"])].append((due, int(doc["seq"])))
+                self.by_key[str(doc["k"])].append((due, int(doc["seq"]), tid, at))
         if self.mode == "huge-body":
             return await self._huge_body(request)
         return web.Response(status=200, text="ok")
@@ -331,21 +336,36 @@ class Receiver:
         return resp
 
     def order_violations(self) -> int:
-        """Deliveries that came after a later-due trigger of the same order key had already
-        been delivered (only first deliveries count: a redelivery is a duplicate)."""
-        bad = 0
-        with self._lock:
+        """First deliveries that came after a later-due trigger of the same order key had
+        been delivered, although the earlier-due one was already acknowledged to its client
+        then (a redelivery is a duplicate, not a violation). A create that reached the
+        scheduler only after a later-due trigger of its key was out (a client's send delayed
+        by a broker outage) cannot be put before it: ``late_creates_out_of_order`` counts
+        those."""
+        return self._out_of_order()[0]
+
+    def late_creates_out_of_order(self) -> int:
+        return self._out_of_order()[1]
+
+    def _out_of_order(self) -> tuple[int, int]:
+        bad = late = 0
+        with self._lock, self.tally.lock:
+            acked = dict(self.tally.acked_ms)
             for deliveries in self.by_key.values():
                 seen: set[int] = set()
-                latest_due = -1
-                for due, seq in deliveries:
+                before: list[tuple[int, int]] = []  # (due, received) of first deliveries
+                for due, seq, tid, at in deliveries:
                     if seq in seen:
                         continue
                     seen.add(seq)
-                    if due < latest_due:
-                        bad += 1
-                    latest_due = max(latest_due, due)
-        return bad
+                    if any(d > due for d, _ in before):
+                        known_ms = acked.get(tid, -1)
+                        if any(d > due and got >= known_ms for d, got in before):
+                            bad += 1
+                        else:
+                            late += 1
+                    before.append((due, at))
+        return bad, late
 
 
 # ----------------------------------------------------------------------------- a scenario
@@ -879,6 +899,7 @@ def sc_broker(chaos: Chaos) -> dict[str, Any]:
         return s.report(
             scheduled=stream.scheduled,
             order_violations=receiver.order_violations(),
+            late_creates_out_of_order=receiver.late_creates_out_of_order(),
             duplicate_bound=duplicate_bound(rate_per_s=20, broker_down_s=down_s),
         )
     finally:
@@ -911,7 +932,8 @@ def sc_cassandra(chaos: Chaos) -> dict[str, Any]:
         stream.join(420)
         s.extra["codes"] = dict(stream.codes)
         s.wait_all_seen(240)
-        return s.report(scheduled=stream.scheduled, order_violations=receiver.order_violations())
+        return s.report(scheduled=stream.scheduled, order_violations=receiver.order_violations(),
+                        late_creates_out_of_order=receiver.late_creates_out_of_order())
     finally:
         receiver.stop()
         s.close()
@@ -947,6 +969,7 @@ def sc_receiver(chaos: Chaos) -> dict[str, Any]:
         return s.report(
             scheduled=n,
             order_violations=receiver.order_violations(),
+            late_creates_out_of_order=receiver.late_creates_out_of_order(),
             attempts=receiver.attempts,
             drained_s_after_recovery=round((last - back) / 1000, 1),
             **{"triggers": seen["triggers"]},
@@ -985,6 +1008,7 @@ def sc_proxy(chaos: Chaos) -> dict[str, Any]:
         return s.report(
             scheduled=n,
             order_violations=receiver.order_violations(),
+            late_creates_out_of_order=receiver.late_creates_out_of_order(),
             duplicate_bound=duplicate_bound(rate_per_s=n / 45, proxy_handovers=4),
         )
     finally:
@@ -1181,6 +1205,7 @@ def sc_large_payloads(chaos: Chaos) -> dict[str, Any]:
         return s.report(
             scheduled=n + len(over),
             order_violations=receiver.order_violations(),
+            late_creates_out_of_order=receiver.late_creates_out_of_order(),
             largest_body_bytes=receiver.largest_body_bytes,
             ok_over_limit_rejected=codes.get("payload_too_large", 0) == len(over),
             duplicate_bound=0,
@@ -1240,6 +1265,7 @@ def sc_hostile_commands(chaos: Chaos) -> dict[str, Any]:
             good=n,
             hostile=n,
             order_violations=receiver.order_violations(),
+            late_creates_out_of_order=receiver.late_creates_out_of_order(),
             good_lateness_p50_ms=percentile(late, 0.5),
             good_lateness_p99_ms=percentile(late, 0.99),
             # each hostile command is answered with the code for what is wrong with it
@@ -1352,6 +1378,7 @@ def sc_cassandra_slow(chaos: Chaos) -> dict[str, Any]:
         return s.report(
             scheduled=load.scheduled,
             order_violations=receiver.order_violations(),
+            late_creates_out_of_order=receiver.late_creates_out_of_order(),
             duplicate_bound=0,
         )
     finally:
@@ -1387,6 +1414,7 @@ def sc_rolling_restart(chaos: Chaos) -> dict[str, Any]:
         return s.report(
             scheduled=load.scheduled,
             order_violations=receiver.order_violations(),
+            late_creates_out_of_order=receiver.late_creates_out_of_order(),
             duplicate_bound=duplicate_bound(rate_per_s=10, worker_handovers=4),
         )
     finally:

@@ -119,9 +119,21 @@ def test_percentile() -> None:
 def test_order_violations_count_first_deliveries_only() -> None:
     r = Receiver(Tally())
     # key k: due 1, 2, then 1 again (a redelivery: fine), then 3; key j: 5 before 4 (bad)
-    r.by_key["k"] = [(1, 0), (2, 1), (1, 0), (3, 2)]
-    r.by_key["j"] = [(5, 1), (4, 0)]
+    r.by_key["k"] = [(1, 0, "a", 10), (2, 1, "b", 11), (1, 0, "a", 12), (3, 2, "c", 13)]
+    r.by_key["j"] = [(5, 1, "e", 10), (4, 0, "d", 11)]
     assert r.order_violations() == 1
+
+
+def test_a_create_acknowledged_after_a_later_due_delivery_is_not_a_violation() -> None:
+    tally = Tally()
+    r = Receiver(tally)
+    # d (due 4) was acknowledged at 20, after e (due 5) was delivered at 10: the scheduler
+    # could not have held e back for it. g (due 6) was acknowledged at 5, before h (due 7)
+    # was delivered at 10: delivering it after h breaks order.
+    tally.acked_ms.update({"d": 20, "e": 1, "g": 5, "h": 1})
+    r.by_key["j"] = [(5, 1, "e", 10), (4, 0, "d", 21)]
+    r.by_key["m"] = [(7, 1, "h", 10), (6, 0, "g", 11)]
+    assert (r.order_violations(), r.late_creates_out_of_order()) == (1, 1)
 
 
 def test_spread() -> None:
