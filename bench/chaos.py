@@ -347,6 +347,11 @@ class Receiver:
     def late_creates_out_of_order(self) -> int:
         return self._out_of_order()[1]
 
+    def order_figures(self) -> dict[str, int]:
+        """A scenario report's order figures."""
+        bad, late = self._out_of_order()
+        return {"order_violations": bad, "late_creates_out_of_order": late}
+
     def _out_of_order(self) -> tuple[int, int]:
         bad = late = 0
         with self._lock, self.tally.lock:
@@ -898,8 +903,7 @@ def sc_broker(chaos: Chaos) -> dict[str, Any]:
         s.wait_all_seen(180)
         return s.report(
             scheduled=stream.scheduled,
-            order_violations=receiver.order_violations(),
-            late_creates_out_of_order=receiver.late_creates_out_of_order(),
+            **receiver.order_figures(),
             duplicate_bound=duplicate_bound(rate_per_s=20, broker_down_s=down_s),
         )
     finally:
@@ -932,8 +936,7 @@ def sc_cassandra(chaos: Chaos) -> dict[str, Any]:
         stream.join(420)
         s.extra["codes"] = dict(stream.codes)
         s.wait_all_seen(240)
-        return s.report(scheduled=stream.scheduled, order_violations=receiver.order_violations(),
-                        late_creates_out_of_order=receiver.late_creates_out_of_order())
+        return s.report(scheduled=stream.scheduled, **receiver.order_figures())
     finally:
         receiver.stop()
         s.close()
@@ -968,8 +971,7 @@ def sc_receiver(chaos: Chaos) -> dict[str, Any]:
         last = max((min(v) for v in s.tally.seen.values()), default=back)
         return s.report(
             scheduled=n,
-            order_violations=receiver.order_violations(),
-            late_creates_out_of_order=receiver.late_creates_out_of_order(),
+            **receiver.order_figures(),
             attempts=receiver.attempts,
             drained_s_after_recovery=round((last - back) / 1000, 1),
             **{"triggers": seen["triggers"]},
@@ -1007,8 +1009,7 @@ def sc_proxy(chaos: Chaos) -> dict[str, Any]:
         # a killed, b and c joining (one rebalance each), c leaving: four handovers.
         return s.report(
             scheduled=n,
-            order_violations=receiver.order_violations(),
-            late_creates_out_of_order=receiver.late_creates_out_of_order(),
+            **receiver.order_figures(),
             duplicate_bound=duplicate_bound(rate_per_s=n / 45, proxy_handovers=4),
         )
     finally:
@@ -1204,8 +1205,7 @@ def sc_large_payloads(chaos: Chaos) -> dict[str, Any]:
         s.wait_all_seen(120)
         return s.report(
             scheduled=n + len(over),
-            order_violations=receiver.order_violations(),
-            late_creates_out_of_order=receiver.late_creates_out_of_order(),
+            **receiver.order_figures(),
             largest_body_bytes=receiver.largest_body_bytes,
             ok_over_limit_rejected=codes.get("payload_too_large", 0) == len(over),
             duplicate_bound=0,
@@ -1264,8 +1264,7 @@ def sc_hostile_commands(chaos: Chaos) -> dict[str, Any]:
             scheduled=len(items),
             good=n,
             hostile=n,
-            order_violations=receiver.order_violations(),
-            late_creates_out_of_order=receiver.late_creates_out_of_order(),
+            **receiver.order_figures(),
             good_lateness_p50_ms=percentile(late, 0.5),
             good_lateness_p99_ms=percentile(late, 0.99),
             # each hostile command is answered with the code for what is wrong with it
@@ -1377,8 +1376,7 @@ def sc_cassandra_slow(chaos: Chaos) -> dict[str, Any]:
         )  # fmt: skip
         return s.report(
             scheduled=load.scheduled,
-            order_violations=receiver.order_violations(),
-            late_creates_out_of_order=receiver.late_creates_out_of_order(),
+            **receiver.order_figures(),
             duplicate_bound=0,
         )
     finally:
@@ -1413,8 +1411,7 @@ def sc_rolling_restart(chaos: Chaos) -> dict[str, Any]:
         # Each stop hands its partitions over, each replacement takes some: four handovers.
         return s.report(
             scheduled=load.scheduled,
-            order_violations=receiver.order_violations(),
-            late_creates_out_of_order=receiver.late_creates_out_of_order(),
+            **receiver.order_figures(),
             duplicate_bound=duplicate_bound(rate_per_s=10, worker_handovers=4),
         )
     finally:
