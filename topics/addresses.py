@@ -16,6 +16,8 @@ overrides it for the proxy). Pure: no I/O, no name resolution.
 from __future__ import annotations
 
 import ipaddress
+import re
+import socket
 
 # IPv6 ranges that carry (or translate to) an IPv4 address, or that Python versions have
 # called global although they are not: an explicit list, so the classification does not
@@ -52,6 +54,9 @@ def address_allowed(address: str) -> bool:
     return bool(ip.is_global) and not ip.is_multicast
 
 
+_NUMERIC_HOST = re.compile(r"(?:0[xX][0-9a-fA-F]+|[0-9]+)(?:\.(?:0[xX][0-9a-fA-F]+|[0-9]+)){0,3}")
+
+
 def refused_literal(host: str) -> str | None:
     """The address if ``host`` (a URL's host, IPv6 with or without brackets) is an IP
     literal a callback may not reach; None when it is allowed or a name (names are judged
@@ -60,5 +65,12 @@ def refused_literal(host: str) -> str | None:
     try:
         ipaddress.ip_address(bare.split("%", 1)[0])
     except ValueError:
-        return None
+        # The resolver's inet_aton also reads 2130706433, 0x7f000001, 0177.1 and 127.1 as
+        # IPv4 addresses; a host name never consists of numbers and dots alone.
+        if not _NUMERIC_HOST.fullmatch(bare):
+            return None
+        try:
+            bare = socket.inet_ntoa(socket.inet_aton(bare))
+        except OSError:
+            return None
     return None if address_allowed(bare) else bare

@@ -928,6 +928,12 @@ INTERNAL_URLS = [
     "https://127.0.0.1:8443/cb",
     "http://[::ffff:192.168.1.1]/",
     "http://0.0.0.0/",
+    # Numeric forms the resolver's inet_aton reads as IPv4 (127.0.0.1, 10.0.0.1).
+    "http://2130706433/",
+    "http://0x7f000001/",
+    "http://0177.0.0.1/",
+    "http://127.1/",
+    "http://10.1/",
 ]
 
 
@@ -944,6 +950,7 @@ def test_a_callback_to_an_internal_ip_literal_is_rejected_at_once(url: str) -> N
     "url",
     [
         "http://93.184.216.34/cb",
+        "http://134744072/cb",  # 8.8.8.8 in decimal
         "https://[2606:4700::1111]:8443/cb",
         "https://hooks.example.com/due",
         # A name is judged by the proxy once resolved, whatever it resolves to.
