@@ -212,11 +212,14 @@ def find_maven(cache: Path) -> str:
     return str(mvn)
 
 
-def resolve_jars(name: str, state_dir: Path, jars_dir: Path | None = None) -> Path:
+def resolve_jars(
+    name: str, state_dir: Path, jars_dir: Path | None = None, *, java: str | None = None
+) -> Path:
     """Resolve the server's jars with Maven into a folder keyed by the pom's hash.
 
     The cache is ``jars_dir`` (TOCSIN_JARS_DIR) if given, else ``state_dir/jars``; a Maven
-    fetched because none is on PATH lives there too.
+    fetched because none is on PATH lives there too. ``java``: the binary the servers run
+    on; Maven runs on it when JAVA_HOME is not set (a fetched Maven finds no other).
     """
     pom = INFRA_DIR / name / "pom.xml"
     digest = hashlib.sha256(pom.read_bytes()).hexdigest()[:12]
@@ -245,6 +248,7 @@ def resolve_jars(name: str, state_dir: Path, jars_dir: Path | None = None) -> Pa
         ],
         capture_output=True,
         text=True,
+        env=_maven_env(java),
     )
     if proc.returncode != 0 or not any(target.glob("*.jar")):
         shutil.rmtree(target, ignore_errors=True)
@@ -252,6 +256,13 @@ def resolve_jars(name: str, state_dir: Path, jars_dir: Path | None = None) -> Pa
         raise InfraError(f"Maven could not resolve the {name} jars:\n{tail}")
     marker.write_text(f"resolved in {time.monotonic() - started:.1f}s\n")
     return target
+
+
+def _maven_env(java: str | None) -> dict[str, str]:
+    env = dict(os.environ)
+    if java and not env.get("JAVA_HOME"):
+        env["JAVA_HOME"] = str(Path(java).resolve().parent.parent)
+    return env
 
 
 # ----------------------------------------------------------------------------- servers
@@ -342,7 +353,7 @@ class _Server:
             return self._wait_ready(time.monotonic())
         if taken := self.taken_ports():
             raise InfraError(ports_taken_message(taken))
-        jars = resolve_jars(self.name, self.stack.state_dir, self.stack.jars_dir)
+        jars = resolve_jars(self.name, self.stack.state_dir, self.stack.jars_dir, java=java)
         try:
             (self.home / "logs").mkdir(parents=True, exist_ok=True)
             self._prepare(jars)
@@ -642,7 +653,7 @@ class Stack:
         # Resolve jars one after the other: two Maven runs sharing ~/.m2 can corrupt it.
         for server in self.servers:
             if not server.running():
-                resolve_jars(server.name, self.stack.state_dir, self.stack.jars_dir)
+                resolve_jars(server.name, self.stack.state_dir, self.stack.jars_dir, java=java)
         timings: dict[str, float] = {}
         errors: list[InfraError] = []
 

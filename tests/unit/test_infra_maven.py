@@ -80,3 +80,16 @@ def test_mvn_on_path_is_used_as_is(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setattr(infra, "MAVEN_URL", "http://127.0.0.1:1/never-fetched")
     assert infra.find_maven(tmp_path / "jars") == str(mvn)
     assert not (tmp_path / "jars").exists()
+
+
+def test_maven_runs_on_the_servers_java_when_java_home_is_unset(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    java = tmp_path / "jdk" / "bin" / "java"
+    java.parent.mkdir(parents=True)
+    java.write_text("")
+    monkeypatch.delenv("JAVA_HOME", raising=False)
+    assert infra._maven_env(str(java))["JAVA_HOME"] == str(tmp_path / "jdk")
+    # A JAVA_HOME the user set is theirs.
+    monkeypatch.setenv("JAVA_HOME", "/opt/mine")
+    assert infra._maven_env(str(java))["JAVA_HOME"] == "/opt/mine"
