@@ -47,6 +47,11 @@ log = logging.getLogger("tocsin.proxy")
 RETRY_LANE_SHARE = 0.25
 
 
+def retry_group_id(group_id: str) -> str:
+    """The consumer group of the retry lane of the proxies in ``group_id``."""
+    return f"{group_id}.retries"
+
+
 class ProxyApp:
     """One proxy instance: ``start()``, then ``stop()``; safe to run several in a process."""
 
@@ -87,7 +92,8 @@ class ProxyApp:
                                                                positions),
         )
         self.retry_reader = Reader(
-            kafka_conf=kafka_conf, settings=replace(proxy, group_id=f"{proxy.group_id}.retries"),
+            kafka_conf=kafka_conf,
+            settings=replace(proxy, group_id=retry_group_id(proxy.group_id)),
             topics=[self.retry_topic], state=self.retry_state, writer=self.retry_writer,
             outbox=self.outbox, metrics=self.metrics,
             prepare=self._retry_preparer(self._preparer()),

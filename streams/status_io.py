@@ -204,7 +204,9 @@ def consumer_lags(
 
 def lag_pairs(settings: Any, proxy_group: str) -> list[tuple[str, str, int]]:
     """The (group, topic, partitions) Tocsin's own consumers read: the worker's group
-    (``<prefix>scheduler``) on the commands and deliveries topics, the proxy's on fires."""
+    (``<prefix>scheduler``) on the commands and deliveries topics, the proxy's on fires and
+    its retry lane's (``<group>.retries``) on the retries topic, where parked triggers
+    wait."""
     from topics.catalog import catalog
 
     cat = catalog(settings.topics)
@@ -213,4 +215,5 @@ def lag_pairs(settings: Any, proxy_group: str) -> list[tuple[str, str, int]]:
         (worker, cat.commands.name, cat.commands.partitions),
         (worker, cat.deliveries.name, cat.deliveries.partitions),
         (proxy_group, cat.fires.name, cat.fires.partitions),
+        (f"{proxy_group}.retries", cat.retries.name, cat.retries.partitions),
     ]
