@@ -673,25 +673,37 @@ class PartitionTicker:
                 if next_due is not None and next_due <= self.clock_ms() and not self._stopping:
                     await asyncio.sleep(0.01)  # emitting comes first; bookkeeping can wait
                     continue
-                group = [
+                group = deque(
                     self._to_mark.popleft()
                     for _ in range(min(len(self._to_mark), self.config.mark_group))
-                ]
-                retention = {t: await self._retention_of(t) for t in {k[0] for k, _, _ in group}}
-                outcomes = await self.store.mark_fired_many(
-                    [
-                        FiredMark(key[0], key[1], trig_id, emitted_ms, key[2], retention[key[0]])
-                        for key, trig_id, emitted_ms in group
-                    ]
                 )
                 failed = False
-                for (key, trig_id, emitted_ms), outcome in zip(group, outcomes, strict=True):
-                    if isinstance(outcome, BaseException):
-                        # Kafka has it; only the bookkeeping failed: try the record again.
-                        self._to_mark.append((key, trig_id, emitted_ms))
-                        failed = True
-                    elif key in self._inflight:
-                        self._forget(key)
+                try:
+                    tenants = {k[0] for k, _, _ in group}
+                    retention = {t: await self._retention_of(t) for t in tenants}
+                    outcomes = await self.store.mark_fired_many(
+                        [
+                            FiredMark(k[0], k[1], trig_id, emitted_ms, k[2], retention[k[0]])
+                            for k, trig_id, emitted_ms in group
+                        ]
+                    )
+                    for (key, trig_id, emitted_ms), outcome in zip(
+                        list(group), outcomes, strict=True
+                    ):
+                        group.popleft()
+                        if isinstance(outcome, BaseException):
+                            # Kafka has it; only the bookkeeping failed: try it again.
+                            self._to_mark.append((key, trig_id, emitted_ms))
+                            failed = True
+                        elif key in self._inflight:
+                            self._forget(key)
+                finally:
+                    # Taken but not settled (an unexpected error, or cancellation, midway):
+                    # back to the front for the restarted loop. Dropped, these triggers
+                    # would stay in flight for good, pinning the checkpoint below them.
+                    if group:
+                        self._to_mark.extendleft(reversed(group))
+                        self._mark_wake.set()
                 if failed:
                     log.warning(
                         "recording fired triggers failed; retrying",

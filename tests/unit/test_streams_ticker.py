@@ -252,3 +252,40 @@ async def test_no_checkpoint_passes_a_first_read_still_running() -> None:
     assert ticker.checkpoint_candidate(now[0]) <= 150_000
     await ticker.stop(timeout_s=0.1)
     assert all(c <= 150_000 for c in store.checkpoints)  # (none written: nothing new)
+
+
+async def test_a_marker_restart_keeps_the_group_it_was_recording() -> None:
+    # The marker fails unexpectedly after taking a group off the queue (here the store
+    # raising a bug, not an outage): its supervised restart must still record that group,
+    # or those triggers stay in flight for good, pinning the checkpoint below them.
+    now = [100_000]
+    ticker, store, sink = make(now)
+
+    class Broken(Exception):
+        pass
+
+    calls = [0]
+    original = store.mark_fired_many
+
+    async def fails_once(marks: Sequence[FiredMark]) -> list[BaseException | None]:
+        calls[0] += 1
+        if calls[0] == 1:
+            raise Broken("unexpected")
+        return await original(marks)
+
+    store.mark_fired_many = fails_once  # type: ignore[method-assign]
+    r = row("grouped", 90_000)
+    ticker._dispatch(Entry(r.due_ms, r.tenant, r.schedule_id, r.version, r), now[0])
+    sink.sent[0][1].set_result((0, 0))
+    await settle()
+    with pytest.raises(Broken):
+        await asyncio.wait_for(ticker._mark_loop(), 1)
+    marker = asyncio.create_task(ticker._mark_loop())  # what the supervisor does next
+    for _ in range(50):
+        if store.fired:
+            break
+        await asyncio.sleep(0.005)
+    assert store.fired == ["grouped"]
+    assert not ticker.is_firing("t", "grouped")
+    assert ticker.checkpoint_candidate(now[0]) == now[0] + 1
+    marker.cancel()
