@@ -59,6 +59,8 @@ class OutRecord:
     fallback: OutRecord | None = None
     headers: Headers | None = None
     on_fallback: Callable[[], None] | None = None  # called when the fallback is written
+    # Called with the partition Kafka acknowledged the record on.
+    on_written: Callable[[int], None] | None = None
 
 
 class Outbox:
@@ -126,8 +128,10 @@ class Outbox:
                                  "bytes": len(rec.value)})
                 finished_one()
 
-            def ack(err: Any, _msg: Any) -> None:
+            def ack(err: Any, msg: Any) -> None:
                 if err is None:
+                    if rec.on_written is not None:
+                        rec.on_written(msg.partition())
                     finished_one()
                 elif refused_for_good(err):
                     refused(err)

@@ -140,6 +140,9 @@ class Lines:
     def __init__(self, max_entries: int = MAX_LINE_ENTRIES) -> None:
         self.max_entries = max_entries
         self._lines: OrderedDict[Hashable, deque[str]] = OrderedDict()
+        # The retry-topic partition a line's records sit on (every record of a key goes to
+        # the same one), once Kafka has acknowledged one of them.
+        self._placed: dict[Hashable, int] = {}
         self._entries = 0
 
     def has_line(self, key: Hashable) -> bool:
@@ -167,10 +170,32 @@ class Lines:
         self._entries += 1
         evicted = 0
         while self._entries > self.max_entries:
-            _, oldest = self._lines.popitem(last=False)
+            old_key, oldest = self._lines.popitem(last=False)
+            self._placed.pop(old_key, None)
             self._entries -= len(oldest)
             evicted += 1
         return evicted
+
+    def placed(self, key: Hashable, retry_partition: int) -> None:
+        """Kafka acknowledged a parked record of ``key`` on ``retry_partition``."""
+        if key in self._lines:
+            self._placed[key] = retry_partition
+
+    def forget(self, key: Hashable) -> None:
+        """Drop ``key``'s line: this proxy can no longer see its records finish."""
+        line = self._lines.pop(key, None)
+        if line is not None:
+            self._entries -= len(line)
+        self._placed.pop(key, None)
+
+    def drop_retry_partitions(self, partitions: set[int]) -> int:
+        """Forget the lines whose records sit on these retry-topic partitions (revoked from
+        this proxy's retry lane: another instance finishes those records, unseen here).
+        Lines on other partitions, or not acknowledged yet, stay. Returns how many went."""
+        gone = [k for k, p in self._placed.items() if p in partitions]
+        for key in gone:
+            self.forget(key)
+        return len(gone)
 
     def replace(self, key: Hashable, old_id: str, new_id: str) -> None:
         """A parked message was parked again: it keeps its place under its new id. One in no
@@ -195,14 +220,16 @@ class Lines:
         self._entries -= 1
         if not line:
             del self._lines[key]
+            self._placed.pop(key, None)
 
     def drop_partition(self, topic: str, partition: int) -> None:
         """Forget the lines of a source partition (revoked: its new owner starts afresh)."""
         for key in [k for k in self._lines if _partition_of(k) == (topic, partition)]:
-            self._entries -= len(self._lines.pop(key))
+            self.forget(key)
 
     def clear(self) -> None:
         self._lines.clear()
+        self._placed.clear()
         self._entries = 0
 
     def __len__(self) -> int:

@@ -209,9 +209,12 @@ class Writer:
         if lot is not None:
             # A revoked partition's messages are read again by their new owner, which knows
             # nothing of these lines; keeping them would hold later messages back for ever.
+            # The retry lane drops only the lines on its revoked retry-topic partitions: the
+            # others still wait on records this proxy finishes (the main lane's order).
             with lot.lock:
                 if self._lane is Lane.RETRY:
-                    lot.lines.clear()
+                    lot.lines.drop_retry_partitions(
+                        {p for t, p in tps if t == lot.topic})
                 else:
                     for topic, partition in tps:
                         lot.lines.drop_partition(topic, partition)
@@ -480,10 +483,15 @@ class Writer:
                 with lot.lock:
                     lot.lines.finish(key, park_id)
 
+        def placed(retry_partition: int) -> None:
+            if key is not None:
+                with lot.lock:
+                    lot.lines.placed(key, retry_partition)
+
         record = OutRecord(
             lot.topic, env.key, env.value or b"", headers=park_headers(env.headers, header),
             fallback=OutRecord(self._dlq_topic, env.key, dead_letter),
-            on_fallback=unpark,
+            on_fallback=unpark, on_written=placed,
         )
         self._metrics.parked.labels(reason.value).inc()
         log.debug("message parked", extra={"record": repr(env), "reason": reason.value})

@@ -118,3 +118,16 @@ def test_the_queue_counts_each_tenants_share_and_forgets_empty_tenants() -> None
     assert q.group_held("A") == (0, 0) and not q._groups  # no entry left behind
     q.push(Msg("a9", "A", partition=1))
     assert q.drop_partition(1) == 1 and not q._groups
+
+
+def test_lines_forget_only_those_on_revoked_retry_partitions() -> None:
+    lines = Lines()
+    on0, on1, unacked = ("fires", 0, b"a"), ("fires", 0, b"b"), ("fires", 0, b"c")
+    for k in (on0, on1, unacked):
+        lines.append(k, "x")
+    lines.placed(on0, 0)
+    lines.placed(on1, 1)
+    lines.placed(("fires", 9, b"none"), 1)  # no line: nothing recorded
+    assert lines.drop_retry_partitions({1}) == 1
+    assert lines.has_line(on0) and not lines.has_line(on1) and lines.has_line(unacked)
+    assert len(lines) == 2

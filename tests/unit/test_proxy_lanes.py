@@ -1,0 +1,82 @@
+"""Both lanes' writers sharing one ParkingLot: what one lane's rebalance or a refused park
+does to the other lane's lines, and when the main lane parks at all."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from proxy.envelope import Envelope, prepare_generic
+from proxy.metrics import ProxyMetrics
+from proxy.ordering import Bounds
+from proxy.settings import ProxySettings
+from proxy.state import SharedState
+from proxy.writer import Lane, ParkingLot, ParkReason, Writer
+
+RETRIES = "retries"
+
+
+class Msg:
+    def __init__(self, partition: int) -> None:
+        self._partition = partition
+
+    def partition(self) -> int:
+        return self._partition
+
+
+class AckingOutbox:
+    """Acknowledges every record at once, a parked one on retry partition ``partition``."""
+
+    def __init__(self, partition: int = 0) -> None:
+        self.partition = partition
+        self.records: list[Any] = []
+
+    def send_all(self, records: Any, done: Any) -> None:
+        for rec in records:
+            self.records.append(rec)
+            on_written = getattr(rec, "on_written", None)
+            if on_written is not None:
+                on_written(self.partition)
+        done()
+
+
+def settings(**kw: Any) -> ProxySettings:
+    return ProxySettings(mode="generic", source_topic="t", endpoint_url="http://127.0.0.1:9/",
+                         metrics_port=0, retry_base_delay_s=0.01, retry_max_delay_s=0.01, **kw)
+
+
+def writers(outbox: Any, s: ProxySettings | None = None,
+            bounds: Bounds | None = None) -> tuple[Writer, Writer, SharedState, ParkingLot]:
+    s = s or settings()
+    lot = ParkingLot(topic=RETRIES)
+    state = SharedState(bounds or Bounds())
+    state.assign([("t", 0)])
+    common: dict[str, Any] = dict(settings=s, metrics=ProxyMetrics(), outbox=outbox,
+                                  dead_letter_topic="dlq", deliveries_topic=None, lot=lot)
+    main = Writer(state=state, **common)
+    retry = Writer(state=SharedState(Bounds()), lane=Lane.RETRY, **common)
+    return main, retry, state, lot
+
+
+def envelope(state: SharedState, offset: int, key: bytes = b"K") -> Envelope:
+    e = Envelope(topic="t", partition=0, offset=offset, key=key, value=b"v", headers=[],
+                 timestamp_ms=None, read_s=time.monotonic())
+    prepare_generic(e, url="http://127.0.0.1:9/", timeout_s=1.0)
+    state.push([e])
+    return e
+
+
+def test_a_retry_lane_rebalance_keeps_the_main_lanes_lines_on_other_partitions() -> None:
+    main, retry, state, lot = writers(AckingOutbox(partition=0))
+    a = envelope(state, 0)
+    assert state.take() is a
+    assert main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
+    key = a.line_key
+    assert lot.lines.has_line(key)
+    # The retries group rebalances: this proxy's retry lane loses partition 1 only; A sits
+    # on partition 0, which it keeps, so B of the same key must still queue behind A.
+    asyncio.run(retry._freeze({(RETRIES, 1)}))
+    assert lot.lines.has_line(key)
+    asyncio.run(retry._freeze({(RETRIES, 0)}))  # A's own partition goes: its line too
+    assert not lot.lines.has_line(key)
