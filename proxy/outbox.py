@@ -11,7 +11,10 @@ A record Kafka refuses for good (too large for the producer or the topic, not au
 invalid) is never produced again: its ``fallback`` (a smaller form of the same record) is
 written instead, and without one, or when that is refused too, the refusal is logged and
 counted and the record counts as written, so the source offset moves on and nothing stalls
-behind it.
+behind it. A record with ``on_topic_refused`` (a parked message) is different: a refusal of
+its topic (not authorised, no such topic) says nothing about the record, only about the
+deployment, so it is handed back through that callback, neither written, nor replaced by
+its fallback, nor counted done.
 """
 
 from __future__ import annotations
@@ -48,6 +51,18 @@ def refused_for_good(err: Any) -> bool:
     return isinstance(err, RdKafkaError) and err.code() in PERMANENT_PRODUCE_ERRORS
 
 
+# The topic, not the record, is the problem: no right to write it, or it does not exist.
+TOPIC_REFUSALS = frozenset({
+    RdKafkaError.TOPIC_AUTHORIZATION_FAILED, RdKafkaError._UNKNOWN_TOPIC,
+    RdKafkaError.UNKNOWN_TOPIC_OR_PART,
+})
+
+
+def topic_refused(err: Any) -> bool:
+    """True when a produce error refuses the record's topic rather than the record."""
+    return isinstance(err, RdKafkaError) and err.code() in TOPIC_REFUSALS
+
+
 @dataclass(frozen=True, slots=True)
 class OutRecord:
     """A record the proxy must write; ``fallback`` is written instead if Kafka refuses it
@@ -61,6 +76,9 @@ class OutRecord:
     on_fallback: Callable[[], None] | None = None  # called when the fallback is written
     # Called with the partition Kafka acknowledged the record on.
     on_written: Callable[[int], None] | None = None
+    # Called (instead of any fallback) when Kafka refuses the record's topic; the record
+    # then never counts as written.
+    on_topic_refused: Callable[[Any], None] | None = None
 
 
 class Outbox:
@@ -133,6 +151,8 @@ class Outbox:
                     if rec.on_written is not None:
                         rec.on_written(msg.partition())
                     finished_one()
+                elif rec.on_topic_refused is not None and topic_refused(err):
+                    rec.on_topic_refused(err)
                 elif refused_for_good(err):
                     refused(err)
                 elif not self.closed:
@@ -145,6 +165,9 @@ class Outbox:
                     self.produce(rec.topic, rec.key, rec.value, rec.headers, ack)
                 except KafkaException as exc:
                     err = exc.args[0] if exc.args else None
+                    if rec.on_topic_refused is not None and topic_refused(err):
+                        rec.on_topic_refused(err)
+                        return
                     if refused_for_good(err):
                         refused(err)
                         return

@@ -82,6 +82,9 @@ class ParkingLot:
     topic: str
     lines: Lines = field(default_factory=Lines)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Why Kafka refused the retry topic itself (no right to write it, or gone): parking is
+    # then off for both lanes and failing messages stay in memory until a restart.
+    refused: str | None = None
 
 
 def _tenant_of(env: Envelope) -> str | None:
@@ -448,7 +451,7 @@ class Writer:
         assert lot is not None
         size = (len(env.key or b"") + len(env.value or b"")
                 + sum(len(k) + len(v or b"") for k, v in env.headers))
-        if size > MAX_PARKED_BYTES:
+        if size > MAX_PARKED_BYTES or lot.refused is not None:
             return False
         key = env.line_key
         park_id = uuid.uuid4().hex
@@ -488,19 +491,60 @@ class Writer:
                 with lot.lock:
                     lot.lines.placed(key, retry_partition)
 
+        def refused(err: object) -> None:
+            # The retry topic refused, not this record: the message is still pending here
+            # (released only on the acknowledgement), so it goes back to waiting in memory.
+            self._parking_refused(lot, str(err))
+            unpark()
+            self._from_outbox(self._unparked, env, not_before_s)
+
+        def parked() -> None:
+            self._state.release(env)
+            self._state.offset_done(env)
+
         record = OutRecord(
             lot.topic, env.key, env.value or b"", headers=park_headers(env.headers, header),
             fallback=OutRecord(self._dlq_topic, env.key, dead_letter),
-            on_fallback=unpark, on_written=placed,
+            on_fallback=unpark, on_written=placed, on_topic_refused=refused,
         )
         self._metrics.parked.labels(reason.value).inc()
         log.debug("message parked", extra={"record": repr(env), "reason": reason.value})
-        self._state.release(env)  # the next message of its key sees the line at once
         if env.cancelled:
+            self._state.release(env)
             unpark()
             return True
-        self._outbox.send_all([record], lambda: self._state.offset_done(env))
+        # Its key stays blocked until Kafka has the record: its line already exists, so the
+        # next message of the key is parked behind it once it is released.
+        self._outbox.send_all([record], parked)
         return True
+
+    def _parking_refused(self, lot: ParkingLot, reason: str) -> None:
+        """Kafka refused the retry topic itself (on the producer's thread): parking is off."""
+        with lot.lock:
+            first = lot.refused is None
+            lot.refused = lot.refused or reason
+        self._metrics.records_refused.labels(lot.topic).inc()
+        if first:
+            self._metrics.parking.set(0)
+            log.error("retry topic refused: parking is off, failing messages stay in memory "
+                      "until the proxy restarts; grant this proxy write access to the topic "
+                      "or create it ('tocsin setup')",
+                      extra={"topic": lot.topic, "error": reason})
+
+    def _from_outbox(self, fn: Callable[..., None], *args: Any) -> None:
+        """Run ``fn`` on the writer's loop (from a producer callback thread)."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return  # shutting down: the message's offset is not done, so it is read again
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(fn, *args)
+
+    def _unparked(self, env: Envelope, not_before_s: float) -> None:
+        """A message whose park was refused waits in memory instead (on the loop)."""
+        if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
+            self._abandon(env)
+            return
+        self._wait(env, max(0.0, not_before_s - time.monotonic()))
 
     def _finish_line(self, env: Envelope) -> None:
         """A parked message reached its outcome: the next one of its key may go."""

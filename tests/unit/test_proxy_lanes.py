@@ -7,9 +7,12 @@ import asyncio
 import time
 from typing import Any
 
+from confluent_kafka import KafkaError
+
 from proxy.envelope import Envelope, prepare_generic
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
+from proxy.outbox import Outbox
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
 from proxy.writer import Lane, ParkingLot, ParkReason, Writer
@@ -80,3 +83,43 @@ def test_a_retry_lane_rebalance_keeps_the_main_lanes_lines_on_other_partitions()
     assert lot.lines.has_line(key)
     asyncio.run(retry._freeze({(RETRIES, 0)}))  # A's own partition goes: its line too
     assert not lot.lines.has_line(key)
+
+
+class RefusingProducer:
+    """A producer whose credentials do not cover the retry topic."""
+
+    def __init__(self) -> None:
+        self.written: list[str] = []
+
+    def produce(self, topic: str, *, value: bytes, key: bytes | None, headers: Any,
+                on_delivery: Any) -> None:
+        if topic == RETRIES:
+            on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), None)
+        else:
+            self.written.append(topic)
+            on_delivery(None, Msg(0))
+
+
+def test_a_refused_retry_topic_switches_parking_off_and_dead_letters_nothing() -> None:
+    outbox = Outbox({"bootstrap.servers": "127.0.0.1:1"})
+    producer = RefusingProducer()
+    outbox.producer = producer  # type: ignore[assignment]
+    main, _retry, state, lot = writers(outbox)
+    a = envelope(state, 0)
+
+    async def scenario() -> None:
+        main._loop = asyncio.get_running_loop()
+        assert state.take() is a
+        main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
+        await asyncio.sleep(0)  # the refusal hands the message back on the writer's loop
+
+    asyncio.run(scenario())
+    assert producer.written == []  # no dead letter for a healthy message
+    assert lot.refused is not None and not lot.lines.has_line(a.line_key)
+    assert a in main._backoff and not a.cancelled  # waiting in memory for its retry
+    assert state.snapshot(time.monotonic()).in_flight == 1  # still pending, offset not done
+    assert state.to_commit() == {}
+    assert main._metrics.parking._value.get() == 0
+    b = envelope(state, 1, key=b"other")
+    assert state.take() is b
+    assert not main._park(b, ParkReason.RETRYING, time.monotonic())  # parking is off
