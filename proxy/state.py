@@ -111,6 +111,15 @@ class SharedState:
         with self.lock:
             return self.queue.over_share(tenant, share)
 
+    def under_pressure(self) -> bool:
+        """True when what is pending fills either bound past the reader's resume mark: only
+        then is a tenant's share worth enforcing (a park costs two Kafka writes)."""
+        with self.lock:
+            q = self.queue
+            b = q.bounds
+            return (q.held_messages > b.max_messages * b.low_ratio
+                    or q.held_bytes > b.max_bytes * b.low_ratio)
+
     def offset_done(self, env: Envelope) -> None:
         if env.cancelled:
             return  # its partition was revoked; the new owner delivers it again

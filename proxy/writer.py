@@ -433,10 +433,22 @@ class Writer:
         if env.not_before_s is not None and env.not_before_s > now:
             self._wait(env, env.not_before_s - now)
             return True
-        if (self._lane is Lane.MAIN
-                and self._state.over_share(env.tenant, self._s.tenant_pending_share)):
+        if self._lane is Lane.MAIN and self._over_share(env, before_attempt=True):
             return self._park(env, ParkReason.TENANT_SHARE, now)
         return False
+
+    def _over_share(self, env: Envelope, *, before_attempt: bool) -> bool:
+        """Park ``env`` for its tenant's pending share? Only while the bounds are under
+        pressure (parking a healthy deployment's own traffic would only cost Kafka writes),
+        and before an attempt only a message that already failed or whose tenant has every
+        writer it may use busy (it would wait in memory either way)."""
+        tenant = env.tenant
+        if tenant is None or not self._state.over_share(tenant, self._s.tenant_pending_share):
+            return False
+        if (before_attempt and env.attempt_state.failures == 0
+                and self._tenant_active.get(tenant, 0) < self._tenant_cap):
+            return False
+        return self._state.under_pressure()
 
     def _wait(self, env: Envelope, delay_s: float) -> None:
         """Hold ``env`` (in flight, its key blocked, no writer slot) for ``delay_s``."""
@@ -694,7 +706,7 @@ class Writer:
         first = env.attempt_state.first_failure_s
         if first is not None and now - first >= self._s.park_after_s:
             return True
-        return self._state.over_share(env.tenant, self._s.tenant_pending_share)
+        return self._over_share(env, before_attempt=False)
 
     def _carry_out(self, env: Envelope, decision: Decision, sclass: str, now: float) -> None:
         if isinstance(decision, Retry):

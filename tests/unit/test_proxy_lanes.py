@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
+from types import SimpleNamespace
 from typing import Any
 
 from confluent_kafka import KafkaError
@@ -123,3 +125,46 @@ def test_a_refused_retry_topic_switches_parking_off_and_dead_letters_nothing() -
     b = envelope(state, 1, key=b"other")
     assert state.take() is b
     assert not main._park(b, ParkReason.RETRYING, time.monotonic())  # parking is off
+
+
+def tenant_envelopes(state: SharedState, n: int, tenant: str = "A") -> list[Envelope]:
+    envs = []
+    for i in range(n):
+        e = Envelope(topic="t", partition=0, offset=i, key=f"k{i}".encode(), value=b"v",
+                     headers=[], timestamp_ms=None, read_s=time.monotonic())
+        prepare_generic(e, url="http://127.0.0.1:9/", timeout_s=1.0)
+        e.trigger = SimpleNamespace(  # type: ignore[assignment]
+            tenant=tenant, trigger_id=f"t{i}", schedule_id=f"s{i}")
+        envs.append(e)
+    state.push(envs)
+    return envs
+
+
+def test_a_lone_tenant_over_its_share_is_not_parked_while_the_bounds_have_room() -> None:
+    outbox = AckingOutbox()
+    main, _retry, state, _lot = writers(outbox, bounds=Bounds(max_messages=100))
+    tenant_envelopes(state, 30)  # 30% of the bound: over a 25% share, under half of it
+    first = state.take()
+    assert first is not None
+    assert not main._hold_back(first)  # a healthy first attempt goes out
+    first.attempt_state = replace(first.attempt_state, failures=1,
+                                  first_failure_s=time.monotonic())
+    assert not main._should_park(first, time.monotonic())  # a retry stays in memory too
+    assert outbox.records == []
+
+
+def test_a_tenant_over_its_share_is_parked_once_the_bounds_are_pressed() -> None:
+    outbox = AckingOutbox()
+    main, _retry, state, _lot = writers(outbox, bounds=Bounds(max_messages=100))
+    tenant_envelopes(state, 60)
+    fresh = state.take()
+    assert fresh is not None
+    assert not main._hold_back(fresh)  # its tenant has writers free: attempt it
+    fresh.attempt_state = replace(fresh.attempt_state, failures=1,
+                                  first_failure_s=time.monotonic())
+    assert main._should_park(fresh, time.monotonic())  # failing: it leaves memory
+    main._tenant_active["A"] = main._tenant_cap  # every writer A may use is busy
+    waiting = state.take()
+    assert waiting is not None
+    assert main._hold_back(waiting)  # it would only wait in memory: parked
+    assert [r.topic for r in outbox.records] == [RETRIES]
