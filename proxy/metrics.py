@@ -57,7 +57,8 @@ class ProxyMetrics:
                               registry=r)
         self.lines_evicted = Counter(
             "tocsin_proxy_park_lines_evicted",
-            "Keys whose parked-message line was forgotten to stay within its bound",
+            "Keys whose parked-message line was forgotten (its bound, or its records sit on "
+            "a retry partition another proxy owns): their order across parking is lost",
             registry=r)
         self.records_refused = Counter(
             "tocsin_proxy_records_refused",

@@ -15,8 +15,11 @@ are parked behind it instead of attempted; in the retry lane only the head of a 
 attempted and a message behind the head is parked again in the same place. Every record of
 a key goes to the same retry-topic partition (Kafka's partitioner on the key), so the topic
 keeps the line's order. ``Lines`` lives in memory: like the rest of the proxy's order
-guarantee it holds within one proxy's lifetime, and a rebalance clears it. It is bounded;
-past the bound the line touched least recently is forgotten.
+guarantee it holds within one proxy's lifetime. A line is kept only while its records sit
+on a retry partition this proxy's retry lane owns (``placed`` records which one; the
+runtime forgets the line otherwise, and ``drop_retry_partitions`` on a retry-lane revoke),
+since only then does this proxy see them finish. It is bounded; past the bound the line
+touched least recently is forgotten.
 
 Pure: no I/O, no clock, no locks (the runtime passes times and serialises access).
 """
@@ -37,8 +40,7 @@ RETRY_HEADER = "tocsin-retry"
 # (a source topic configured above that) is retried in memory.
 MAX_PARKED_BYTES = 2_000_000
 # Parked messages tracked for order at once (about 100 bytes each). Past it the line
-# touched least recently is forgotten: with several proxies a line whose messages another
-# instance's retry lane finished never empties here, and a full table must not stall.
+# touched least recently is forgotten: a full table must not stall the proxy.
 MAX_LINE_ENTRIES = 100_000
 
 KafkaHeaders = Sequence[tuple[str, bytes | None]]

@@ -221,6 +221,7 @@ class Reader:
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         tps = [(p.topic, p.partition) for p in partitions]
         self._state.assign(tps)
+        self._writer.assigned(set(tps))
         self.assignment.update(tps)
         self._assignment_changed = True
         self._metrics.rebalances.labels("assigned").inc(len(tps))

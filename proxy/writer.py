@@ -85,6 +85,10 @@ class ParkingLot:
     # Why Kafka refused the retry topic itself (no right to write it, or gone): parking is
     # then off for both lanes and failing messages stay in memory until a restart.
     refused: str | None = None
+    # The retry-topic partitions this proxy's retry lane owns. A line waits only on records
+    # sitting on one of them: a record on another is finished by another proxy, unseen here,
+    # so a line kept for it would never empty.
+    retry_owned: set[int] = field(default_factory=set)
 
 
 def _tenant_of(env: Envelope) -> str | None:
@@ -192,6 +196,13 @@ class Writer:
                 loop.call_soon_threadsafe(stop.set)
         self._thread.join(timeout_s + 10)
 
+    def assigned(self, tps: set[TopicPartition]) -> None:
+        """The reader was assigned these partitions (on the reader's thread)."""
+        lot = self._lot
+        if lot is not None and self._lane is Lane.RETRY:
+            with lot.lock:
+                lot.retry_owned.update(p for t, p in tps if t == lot.topic)
+
     def freeze(self, tps: set[TopicPartition]) -> None:
         """Revoke, step 1: abandon messages of these partitions that are not mid-attempt.
 
@@ -216,8 +227,9 @@ class Writer:
             # others still wait on records this proxy finishes (the main lane's order).
             with lot.lock:
                 if self._lane is Lane.RETRY:
-                    lot.lines.drop_retry_partitions(
-                        {p for t, p in tps if t == lot.topic})
+                    revoked = {p for t, p in tps if t == lot.topic}
+                    lot.retry_owned.difference_update(revoked)
+                    lot.lines.drop_retry_partitions(revoked)
                 else:
                     for topic, partition in tps:
                         lot.lines.drop_partition(topic, partition)
@@ -499,9 +511,23 @@ class Writer:
                     lot.lines.finish(key, park_id)
 
         def placed(retry_partition: int) -> None:
-            if key is not None:
-                with lot.lock:
+            if key is None:
+                return
+            with lot.lock:
+                owned = retry_partition in lot.retry_owned
+                if owned:
                     lot.lines.placed(key, retry_partition)
+                elif lot.lines.has_line(key):
+                    lot.lines.forget(key)
+                else:
+                    return
+            if not owned:
+                # Another proxy's retry lane finishes it: its key's later messages cannot
+                # wait for an outcome this proxy never sees.
+                self._metrics.lines_evicted.inc()
+                log.info("parked on a retry partition another proxy owns; its key's order "
+                         "across parking is not kept",
+                         extra={"record": repr(env), "retry_partition": retry_partition})
 
         def refused(err: object) -> None:
             # The retry topic refused, not this record: the message is still pending here

@@ -74,6 +74,7 @@ def envelope(state: SharedState, offset: int, key: bytes = b"K") -> Envelope:
 
 def test_a_retry_lane_rebalance_keeps_the_main_lanes_lines_on_other_partitions() -> None:
     main, retry, state, lot = writers(AckingOutbox(partition=0))
+    retry.assigned({(RETRIES, 0), (RETRIES, 1)})
     a = envelope(state, 0)
     assert state.take() is a
     assert main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
@@ -85,6 +86,28 @@ def test_a_retry_lane_rebalance_keeps_the_main_lanes_lines_on_other_partitions()
     assert lot.lines.has_line(key)
     asyncio.run(retry._freeze({(RETRIES, 0)}))  # A's own partition goes: its line too
     assert not lot.lines.has_line(key)
+
+
+def test_a_line_is_kept_only_while_this_proxys_retry_lane_owns_its_records() -> None:
+    outbox = AckingOutbox(partition=3)  # the retry partition A of key K lands on
+    main, retry, state, lot = writers(outbox)
+    retry.assigned({(RETRIES, 0), (RETRIES, 3)})
+    a = envelope(state, 0)
+    assert state.take() is a
+    assert main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
+    assert lot.lines.has_line(a.line_key)  # this proxy finishes A: K's next one waits
+    asyncio.run(retry._freeze({(RETRIES, 3)}))
+    assert not lot.lines.has_line(a.line_key) and len(lot.lines) == 0
+    # Partition 3 is another proxy's now: a record parked there is finished unseen here,
+    # so no line may wait for it (it would hold every later message of its key for ever).
+    b = envelope(state, 1)
+    assert state.take() is b
+    assert main._park(b, ParkReason.RETRYING, time.monotonic() + 60)
+    assert not lot.lines.has_line(b.line_key) and len(lot.lines) == 0
+    c = envelope(state, 2)
+    assert state.take() is c
+    assert not main._hold_back(c)  # attempted, not parked behind a line that never empties
+    assert main._metrics.lines_evicted._value.get() == 1
 
 
 class RefusingProducer:
