@@ -190,6 +190,10 @@ class Lines:
             self._entries -= len(line)
         self._placed.pop(key, None)
 
+    def placed_partitions(self) -> set[int]:
+        """The retry-topic partitions some line's records are known to sit on."""
+        return set(self._placed.values())
+
     def drop_retry_partitions(self, partitions: set[int]) -> int:
         """Forget the lines whose records sit on these retry-topic partitions (revoked from
         this proxy's retry lane: another instance finishes those records, unseen here).

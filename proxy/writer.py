@@ -89,6 +89,9 @@ class ParkingLot:
     # sitting on one of them: a record on another is finished by another proxy, unseen here,
     # so a line kept for it would never empty.
     retry_owned: set[int] = field(default_factory=set)
+    # False until the retry lane's first assignment: before it (the group is still forming
+    # at start) nobody knows who owns what, so lines are kept and judged then.
+    retry_known: bool = False
 
 
 def _tenant_of(env: Envelope) -> str | None:
@@ -197,11 +200,19 @@ class Writer:
         self._thread.join(timeout_s + 10)
 
     def assigned(self, tps: set[TopicPartition]) -> None:
-        """The reader was assigned these partitions (on the reader's thread)."""
+        """The reader was assigned these partitions (on the reader's thread; librdkafka calls
+        this on every rebalance, with an empty list when nothing new came)."""
         lot = self._lot
+        dropped = 0
         if lot is not None and self._lane is Lane.RETRY:
             with lot.lock:
                 lot.retry_owned.update(p for t, p in tps if t == lot.topic)
+                if not lot.retry_known:
+                    lot.retry_known = True
+                    others = lot.lines.placed_partitions() - lot.retry_owned
+                    dropped = lot.lines.drop_retry_partitions(others)
+            if dropped:
+                self._metrics.lines_evicted.inc(dropped)
 
     def freeze(self, tps: set[TopicPartition]) -> None:
         """Revoke, step 1: abandon messages of these partitions that are not mid-attempt.
@@ -514,7 +525,7 @@ class Writer:
             if key is None:
                 return
             with lot.lock:
-                owned = retry_partition in lot.retry_owned
+                owned = retry_partition in lot.retry_owned or not lot.retry_known
                 if owned:
                     lot.lines.placed(key, retry_partition)
                 elif lot.lines.has_line(key):

@@ -110,6 +110,19 @@ def test_a_line_is_kept_only_while_this_proxys_retry_lane_owns_its_records() -> 
     assert main._metrics.lines_evicted._value.get() == 1
 
 
+def test_a_line_parked_before_the_retry_lane_has_partitions_waits_for_its_assignment() -> None:
+    main, retry, state, lot = writers(AckingOutbox(partition=3))
+    a, b = envelope(state, 0), envelope(state, 1, key=b"L")
+    for env in (a, b):
+        assert state.take() is env
+    assert main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
+    assert lot.lines.has_line(a.line_key)  # the retries group is still forming: kept
+    main._outbox.partition = 0  # type: ignore[attr-defined]
+    assert main._park(b, ParkReason.RETRYING, time.monotonic() + 60)
+    retry.assigned({(RETRIES, 0)})  # then 3 turns out to be another proxy's
+    assert not lot.lines.has_line(a.line_key) and lot.lines.has_line(b.line_key)
+
+
 class RefusingProducer:
     """A producer whose credentials do not cover the retry topic."""
 
