@@ -162,6 +162,15 @@ class Worker:
         )
         batch_size = s.scheduler.command_batch_size
         batch_wait_s = max(1, s.scheduler.command_batch_wait_ms) / 1000  # 0 would mean forever
+        commands_name = self.catalog.commands.name
+
+        def assigned(partition: int) -> bool:
+            # The consumer's own view, not the tickers map: between a revocation and the
+            # next assignment the map lags behind, and a command must be neither answered
+            # nor committed here once its partition may belong to another worker.
+            return TP(commands_name, partition) in app.consumer.assignment()
+
+        self.processor.assigned = assigned
 
         @app.agent(commands, name="commands")
         async def command_agent(stream: Any) -> None:
@@ -179,7 +188,14 @@ class Worker:
                     )
                     for e in events
                 ]
-                await self.processor.process_until_answered(batch)
+                left = await self.processor.process_until_answered(batch)
+                if left:
+                    unanswered = {(m.partition, m.offset) for m in left}
+                    for e in events:
+                        if (e.message.partition, e.message.offset) in unanswered:
+                            # Marked done without reaching the consumer's commit
+                            # bookkeeping: never committed here, the new owner replays it.
+                            e.message.acked = True
                 self._observe_lag(app, events)
 
         deliveries = app.topic(

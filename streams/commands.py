@@ -62,7 +62,7 @@ from streams.store import (
 )
 from streams.tenants import QuotaBook, TenantConfig, host_allowed, stamp_retry, topic_allowed
 from streams.ticker import PartitionTicker, TriggerSink
-from tocsin.errors import CommandRejected, TocsinError
+from tocsin.errors import CommandRejected, KafkaError, TocsinError
 from topics.codec import callback_from_json, callback_to_json, encode_result
 from topics.codes import ACCEPTED_CODES, Code
 from topics.ids import format_iso_ms
@@ -330,8 +330,13 @@ class CommandProcessor:
         results_sink: TriggerSink | None = None,
         fired_retention_s: int = DEFAULT_RETENTION_S,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        assigned: Callable[[int], bool] | None = None,
     ) -> None:
         self.sleep = sleep
+        # Whether the consumer group has this commands partition assigned to this worker
+        # right now (the worker asks its Kafka consumer); None: every partition is (no
+        # consumer group: tests, tools). See ``_still_assigned``.
+        self.assigned = assigned
         self.require_signed = require_signed
         self.fired_retention_s = fired_retention_s
         self.store = store
@@ -662,8 +667,9 @@ class CommandProcessor:
             # crash before that replays the command, which hands the row over again.
             await asyncio.gather(*pending)
 
-    async def process_until_answered(self, batch: Sequence[RawCommand]) -> None:
-        """Process a batch until every command in it is answered.
+    async def process_until_answered(self, batch: Sequence[RawCommand]) -> list[RawCommand]:
+        """Process a batch until every command in it is answered, or left to the
+        partition's new owner; returns those left (their offsets must not be committed).
 
         A retriable failure (Cassandra or Kafka unavailable, a timeout) is waited out with
         backoff: the commands are neither rejected nor lost, and a retry after a partial
@@ -672,13 +678,18 @@ class CommandProcessor:
         (the store refusing a write for good, a bug) cannot succeed by waiting, so the
         batch is split and its commands applied one at a time: the one that fails on its
         own is answered ``store_rejected`` or ``internal_error`` and every other command
-        proceeds. Nothing leaves this method unanswered, and it raises nothing but
+        proceeds. Nothing leaves this method unanswered but commands of partitions no
+        longer assigned to this worker (``_still_assigned``), and it raises nothing but
         cancellation."""
+        left: list[RawCommand] = []
         delay = RETRY_FIRST_S
         while True:
+            batch = self._still_assigned(batch, left)
+            if not batch:
+                return left
             try:
                 await self.process_batch(batch)
-                return
+                return left
             except Exception as exc:
                 if not (isinstance(exc, TocsinError) and exc.retriable):
                     failure = exc
@@ -695,8 +706,8 @@ class CommandProcessor:
                 extra={"commands": len(batch), "error": str(failure)},
             )
             for msg in batch:
-                await self.process_until_answered([msg])
-            return
+                left.extend(await self.process_until_answered([msg]))
+            return left
         if isinstance(failure, TocsinError):
             code, text = Code.STORE_REJECTED, str(failure)
         else:
@@ -707,9 +718,11 @@ class CommandProcessor:
             code, text = Code.INTERNAL_ERROR, f"{type(failure).__name__}: {failure}"
         delay = RETRY_FIRST_S
         while True:
+            if not self._still_assigned(batch, left):
+                return left
             try:
                 await self.answer(batch[0], code, text)
-                return
+                return left
             except TocsinError as exc:
                 log.warning(
                     "cannot send a command's answer; retrying",
@@ -717,6 +730,32 @@ class CommandProcessor:
                 )
                 await self.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
+
+    def _still_assigned(
+        self, batch: Sequence[RawCommand], left: list[RawCommand]
+    ) -> Sequence[RawCommand]:
+        """The commands of ``batch`` whose partition is still assigned to this worker; the
+        others are added to ``left``, unanswered.
+
+        A command is answered only by the worker the consumer group assigns its partition
+        to. Once it is assigned elsewhere (a rebalance while the command was being
+        applied or waited for its trigger), an answer from here would be wrong: its
+        row may be at or below the checkpoint the ticker wrote on release, so the new
+        owner's bucket read would not find it, and only the new owner's replay of the
+        command (from the offset committed last, which this one must not pass) makes
+        it fire. Applied twice is safe: each schedule row records the offset it applied."""
+        if self.assigned is None:
+            return batch
+        kept = [msg for msg in batch if self.assigned(msg.partition)]
+        if len(kept) < len(batch):
+            dropped = [msg for msg in batch if not self.assigned(msg.partition)]
+            left.extend(dropped)
+            log.warning(
+                "partition no longer assigned here; its commands are left to its new owner",
+                extra={"partitions": sorted({m.partition for m in dropped}),
+                       "commands": len(dropped)},
+            )
+        return kept
 
     async def answer(self, msg: RawCommand, code: Code, text: str) -> CommandResult:
         """Answer one command with ``code`` without applying it (a command whose batch
@@ -774,7 +813,16 @@ class CommandProcessor:
         checkpoint may have been written by a previous owner whose clock ran ahead."""
         ticker = self.tickers.get(row.partition)
         if ticker is None:
-            return None  # not owned here (rebalance in progress): the owner's bucket read finds it
+            if self.assigned is None:
+                return None  # no tickers at all (tests, tools): nothing fires here
+            # Released (its ticker stopped) but, as far as this worker's consumer knows,
+            # not yet assigned elsewhere: nothing makes the row durable now, so the
+            # batch is retried until the partition is either back (a new ticker) or
+            # gone (its commands left to the new owner: _still_assigned).
+            raise KafkaError(
+                f"partition {row.partition} has no running ticker here (being rebalanced)",
+                retriable=True,
+            )
         return ticker.hand_over(BucketRow.for_schedule(row, shards=self.bucket_shards))
 
     def _result(

@@ -165,3 +165,41 @@ async def test_a_row_superseded_in_the_same_batch_is_not_fired() -> None:
     assert pending is not None
     await asyncio.wait_for(pending, 1)
     assert fires.sent == []
+
+
+async def test_a_hand_over_cut_short_by_a_revocation_is_left_to_the_new_owner() -> None:
+    # The row is below the ticker's checkpoint, so its command waits for Kafka; then the
+    # partition is revoked (the ticker stops and leaves the map). The retry must neither
+    # answer the command (the new owner's bucket read starts past the row) nor treat the
+    # missing ticker as "nothing to wait for": while the consumer still holds the
+    # partition it waits; once it no longer does, the command is left unanswered (and
+    # reported so, for its offset not to be committed) for the new owner to replay.
+    now = [NOW]
+    msg = record("revoked", 1, due_ms=NOW + 1_000)
+    ticker, fires = ticker_for(msg.partition, now)
+    ticker.fired_before_ms = NOW + 2_000
+    tickers = {ticker.partition: ticker}
+    owned = {msg.partition}
+    results = FakeSink()
+    slept: list[float] = []
+
+    async def sleep(delay_s: float) -> None:
+        slept.append(delay_s)
+        if len(slept) == 2:  # the consumer group has given the partition away by now
+            owned.clear()
+        await asyncio.sleep(0)
+
+    proc = CommandProcessor(
+        store=FakeStore(), sink=results, tickers=tickers,
+        results_topic="t.command-results", partitions=PARTITIONS, limits=Limits(),
+        clock_ms=lambda: now[0], sleep=sleep, assigned=owned.__contains__,
+    )
+    answering = asyncio.create_task(proc.process_until_answered([msg]))
+    await until(lambda: ticker._awaited)
+    del tickers[ticker.partition]  # what the worker's revocation does, then stops it
+    await ticker.stop(timeout_s=0.05)
+    left = await asyncio.wait_for(answering, 1)
+    assert results.sent == []  # never answered "ok" on this worker
+    assert left == [msg]
+    assert len(slept) >= 2  # retried while the partition was still assigned here
+    assert fires.sent == []
