@@ -15,6 +15,10 @@ queue, then takes slices from it to emit. Two rules decide the order:
   token is skipped - its entries stay queued (**deferred, never dropped**) until a token
   comes - and the other tenants go on.
 
+The queue also knows which order keys it holds (per tenant): the ticker lets a trigger a
+command waits for skip the queue only when nothing of its order key is queued, since
+triggers of one order key must reach the fire topic in due order.
+
 The ticker judges a trigger's misfire tolerance when it enters this queue; the time it
 then waits here (its tenant's quota, or its turn) is reported as ``waited_ms`` so that a
 trigger is never recorded as missed merely because of pacing. The ticker's checkpoint must
@@ -28,9 +32,9 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from streams.tenants import TokenBucket
 from streams.timeline import Entry, Key
@@ -56,8 +60,16 @@ class FirePacer(Generic[P]):
     """Per-tenant queues of due entries, taken round-robin within each tenant's fire quota.
     Not thread-safe: use it from the event loop only."""
 
-    def __init__(self, *, partitions: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        partitions: int = 1,
+        order_key_of: Callable[[Entry[P]], Hashable] | None = None,
+    ) -> None:
         self.partitions = max(1, partitions)
+        # An entry's order key (default its schedule id); bounded: live entries only.
+        self._order_key_of = order_key_of or _schedule_id
+        self._order_keys: dict[tuple[str, Hashable], int] = {}  # -> live entries of it
         # Per tenant: heap of (due_ms, seq, pushed_ms, entry).
         self._queues: dict[str, list[tuple[int, int, int, Entry[P]]]] = {}
         self._ring: deque[str] = deque()  # tenants with a queue, in turn order
@@ -72,9 +84,13 @@ class FirePacer(Generic[P]):
     def push(self, entry: Entry[P], now_ms: int) -> None:
         """Queue a due entry (replacing a queued older entry of the same schedule)."""
         key = entry.key
-        if self._live.get(key) is not None:
+        replaced = self._live.get(key)
+        if replaced is not None:
             self._dead += 1
+            self._count(replaced, -1)
         self._live[key] = entry
+        order_key = (entry.tenant, self._order_key_of(entry))
+        self._order_keys[order_key] = self._order_keys.get(order_key, 0) + 1
         queue = self._queues.get(entry.tenant)
         if queue is None:
             queue = self._queues[entry.tenant] = []
@@ -89,12 +105,17 @@ class FirePacer(Generic[P]):
         if current is None or (version is not None and current.version > version):
             return False
         del self._live[key]
+        self._count(current, -1)
         self._dead += 1
         self._maybe_compact()
         return True
 
     def get(self, tenant: str, schedule_id: str) -> Entry[P] | None:
         return self._live.get((tenant, schedule_id))
+
+    def holds_order_key_of(self, entry: Entry[P]) -> bool:
+        """True if an entry of ``entry``'s tenant and order key is queued."""
+        return (entry.tenant, self._order_key_of(entry)) in self._order_keys
 
     def __len__(self) -> int:
         return len(self._live)
@@ -103,6 +124,7 @@ class FirePacer(Generic[P]):
         self._queues.clear()
         self._ring.clear()
         self._live.clear()
+        self._order_keys.clear()
         self._dead = 0
 
     # -- taking ----------------------------------------------------------------------------
@@ -121,6 +143,7 @@ class FirePacer(Generic[P]):
         out: list[Paced[P]] = []
         ring = self._ring
         live = self._live
+        order_keys, order_key_of = self._order_keys, self._order_key_of
         parked: list[str] = []
         now_s = now_ms / 1000
         while ring and (limit is None or len(out) < limit):
@@ -147,6 +170,12 @@ class FirePacer(Generic[P]):
                     self._dead = max(0, self._dead - 1)
                     continue  # removed or replaced meanwhile
                 del live[key]
+                order_key = (entry.tenant, order_key_of(entry))
+                left = order_keys[order_key] - 1
+                if left:
+                    order_keys[order_key] = left
+                else:
+                    del order_keys[order_key]
                 out.append(Paced(entry, max(0, now_ms - pushed_ms), pushed_ms <= blocked_at))
                 got += 1
             if bucket is not None and got:
@@ -190,6 +219,14 @@ class FirePacer(Generic[P]):
             self._dead = max(0, self._dead - 1)
         return None
 
+    def _count(self, entry: Entry[P], delta: int) -> None:
+        key = (entry.tenant, self._order_key_of(entry))
+        left = self._order_keys.get(key, 0) + delta
+        if left > 0:
+            self._order_keys[key] = left
+        else:
+            self._order_keys.pop(key, None)
+
     def _bucket(self, tenant: str, quota_per_min: int, now_ms: int) -> TokenBucket | None:
         if quota_per_min <= 0:
             self._buckets.pop(tenant, None)
@@ -210,6 +247,10 @@ class FirePacer(Generic[P]):
             heapq.heapify(kept)
             self._queues[tenant] = kept
         self._dead = 0
+
+
+def _schedule_id(entry: Entry[Any]) -> str:
+    return entry.schedule_id
 
 
 def _ceil_ms(seconds: float) -> int:

@@ -23,6 +23,9 @@ time, and a cancelled one does not. A handed-over row that is already due, or no
 checkpoint this ticker has read or written, gives the command agent a future to wait for
 (Kafka's acknowledgement of its trigger): a successor would start from that checkpoint and
 never read the row, so the command must not be answered (nor its offset committed) before.
+Such a row is emitted like any other, through the timeline: only once the buckets up to its
+due time are loaded and after the earlier-due triggers of its order key, so a late create
+handed to a ticker still reading its first bucket does not overtake them.
 
 It must never emit a trigger whose bucket row it has not seen or been offered, and never
 write a checkpoint past an unacknowledged trigger.
@@ -164,7 +167,9 @@ class PartitionTicker:
         self.tenants = tenants  # None: no fire quotas, the global retention
         self.timeline: Timeline[BucketRow] = Timeline()
         # Due entries waiting to be emitted, round-robin across tenants within their quota.
-        self.pacer: FirePacer[BucketRow] = FirePacer(partitions=config.partitions)
+        self.pacer: FirePacer[BucketRow] = FirePacer(
+            partitions=config.partitions, order_key_of=_order_key_of
+        )
         self.fired_before_ms: int | None = None  # None until the checkpoint is read
         # The highest checkpoint read or handed to the store (a write may still be landing
         # after a restart of the loop re-read a lower one): what a successor may start from.
@@ -285,14 +290,15 @@ class PartitionTicker:
 
         Otherwise a future that ends once Kafka has acknowledged its trigger (or it was
         recorded missed, or a later change of the same batch superseded it); the command
-        must not be answered before. That is a row already due (emitted at once, unpaced),
-        or one at or below the checkpoint - which moved on while the row was being
-        written, or was written by a previous owner whose clock ran ahead. A successor
-        would start past it and never read it, so only Kafka can make it durable; it is
-        emitted at its due second by this clock (never earlier), unpaced. Decided by this
-        ticker's clock and checkpoint, not the command batch's: the batch's clock is
-        older, and another owner's clock may differ. The future fails with a retriable
-        KafkaError if the partition is released first."""
+        must not be answered before. That is a row already due, or one at or below the
+        checkpoint - which moved on while the row was being written, or was written by a
+        previous owner whose clock ran ahead. A successor would start past it and never
+        read it, so only Kafka can make it durable; it is emitted at its due second by this
+        clock (never earlier), in due order with its order key's other triggers (see
+        ``_until_acknowledged``), and not paced unless one of those waits in the fair
+        queue. Decided by this ticker's clock and checkpoint, not the command batch's: the
+        batch's clock is older, and another owner's clock may differ. The future fails with
+        a retriable KafkaError if the partition is released first."""
         ceiling = self._checkpoint_ceiling()
         if ceiling is None:  # the checkpoint is not read yet: decide once it is
             return asyncio.ensure_future(self._hand_over_once_read(row))
@@ -322,8 +328,14 @@ class PartitionTicker:
             await pending
 
     def _until_acknowledged(self, row: BucketRow) -> asyncio.Future[None]:
-        """Emit ``row`` at its due second (at once if due), unpaced; the future ends when
-        Kafka has its trigger (see ``hand_over``)."""
+        """Emit ``row`` at its due second; the future ends when Kafka has its trigger (see
+        ``hand_over``).
+
+        It goes through the timeline even when already due, so ``_admit_due`` emits it in
+        due order: not before the buckets up to its due time are loaded (a fresh ticker's
+        first read may still be running, holding earlier rows of its order key), and
+        behind any trigger of its order key waiting in the fair queue (otherwise it skips
+        that queue: its command waits, and the create quota bounds these)."""
         key = (row.tenant, row.schedule_id, row.due_ms)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         if self._stopping:
@@ -336,19 +348,19 @@ class PartitionTicker:
             if record.acked:
                 self._settle_awaited(key)
             return done
-        if self.timeline.superseded(row.tenant, row.schedule_id, row.version):
+        queued = self.pacer.get(row.tenant, row.schedule_id)
+        if self.timeline.superseded(row.tenant, row.schedule_id, row.version) or (
+            queued is not None and queued.version > row.version
+        ):
             # Cancelled or moved by a later command of the same batch: nothing to fire.
             self._settle_awaited(key)
             return done
-        entry = Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
-        now = self.clock_ms()
-        if row.due_ms <= now:
-            self.timeline.remove(row.tenant, row.schedule_id)
-            # Not paced: the command waits for this ack (the create quota bounds these).
-            self.pacer.remove(row.tenant, row.schedule_id, version=row.version)
-            self._dispatch(entry, now)
-        elif self.timeline.add(entry):
-            self._wake.set()  # emitted when due, unpaced, by _admit_due
+        # Queued already (a replay): taken out, so that it is not held by its tenant's
+        # fire quota unless an earlier trigger of its order key is.
+        self.pacer.remove(row.tenant, row.schedule_id, version=row.version)
+        self.timeline.remove(row.tenant, row.schedule_id)
+        self.timeline.add(Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row))
+        self._wake.set()
         return done
 
     def _settle_awaited(self, key: TriggerKey) -> None:
@@ -503,7 +515,7 @@ class PartitionTicker:
                 wake_at,
                 max(self._load_retry_at_ms, self._next_minute_ms - self.config.preload_ahead_ms),
             )
-        next_due = self.timeline.next_due_ms()
+        next_due = self._next_admissible_ms()
         if next_due is not None:
             wake_at = min(wake_at, next_due)
         token_at = self.pacer.next_token_ms(now, self._fire_quota_of)
@@ -517,20 +529,37 @@ class PartitionTicker:
 
     # -- the fair queue --------------------------------------------------------------------
 
+    def _next_admissible_ms(self) -> int | None:
+        """Due time of the earliest timeline entry ``_admit_due`` takes once it is due. One
+        at or beyond the loaded horizon (offered or handed over ahead of its minute's read)
+        waits for that read, whose end wakes the loop."""
+        next_due = self.timeline.next_due_ms()
+        if next_due is None or next_due >= self.timeline.loaded_until_ms:
+            return None
+        return next_due
+
     async def _admit_due(self, now: int) -> None:
         """Move every entry due by ``now`` from the timeline into the fair queue (those
         beyond their misfire tolerance are recorded as missed instead). All of a due second
-        is moved before it is emitted, so the emission can interleave its tenants."""
+        is moved before it is emitted, so the emission can interleave its tenants.
+
+        Only entries below the loaded horizon are moved: a row handed over ahead of its
+        minute's read would otherwise overtake that minute's earlier rows of its order key.
+        Entries come oldest first, so an entry that skips the queue (a command waits for it)
+        may do so only while nothing of its order key is queued."""
         cold: set[str] = set()
         seen: set[str] = set()
         while True:
-            due = self.timeline.pop_due(now, limit=self.config.emit_slice)
+            until = min(now, self.timeline.loaded_until_ms - 1)
+            due = self.timeline.pop_due(until, limit=self.config.emit_slice)
             for entry in due:
                 if now - entry.due_ms > self._tolerance_ms(entry.payload):
                     self._dispatch(entry, now)  # records it as missed
                     continue
-                if self._awaited and (entry.tenant, entry.schedule_id, entry.due_ms) in (
+                if (
                     self._awaited
+                    and (entry.tenant, entry.schedule_id, entry.due_ms) in self._awaited
+                    and not self.pacer.holds_order_key_of(entry)
                 ):
                     self._dispatch(entry, now)  # a command waits for it: not paced
                     continue
@@ -669,7 +698,7 @@ class PartitionTicker:
                 await asyncio.sleep(self.config.mark_linger_s)
             self._mark_wake.clear()
             while self._to_mark:
-                next_due = self.timeline.next_due_ms()
+                next_due = self._next_admissible_ms()
                 if next_due is not None and next_due <= self.clock_ms() and not self._stopping:
                     await asyncio.sleep(0.01)  # emitting comes first; bookkeeping can wait
                     continue
@@ -837,6 +866,10 @@ def _released() -> KafkaError:
     return KafkaError(
         "the partition was released before the trigger was acknowledged", retriable=True
     )
+
+
+def _order_key_of(entry: Entry[BucketRow]) -> str:
+    return entry.payload.order_key or entry.schedule_id
 
 
 def _callback_of(row: BucketRow) -> Any:

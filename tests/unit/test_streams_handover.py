@@ -14,7 +14,7 @@ from tests.unit.test_fault_properties import NOW, PARTITIONS, FakeSink, FakeStor
 from tests.unit.test_streams_isolation import record
 from tests.unit.test_streams_ticker import FakeSink as HeldSink
 from tests.unit.test_streams_ticker import FakeStore as TickerStore
-from tests.unit.test_streams_ticker import row, settle
+from tests.unit.test_streams_ticker import StoredCheckpoint, row, running, settle
 from topics.codec import decode_result, decode_trigger
 from topics.validation import Limits
 
@@ -73,8 +73,8 @@ async def test_a_create_falling_due_during_its_commit_is_answered_once_kafka_has
     # answer (and the offset commit after it) must wait for Kafka's acknowledgement.
     now = [NOW]
     msg = record("soon", 1, due_ms=NOW + 50)
-    ticker, fires = ticker_for(msg.partition, now)
-    ticker.fired_before_ms = NOW - 1_000
+    ticker, fires = ticker_for(msg.partition, now, StoredCheckpoint(NOW - 1_000))
+    await running(ticker)
 
     class SlowCommit(FakeStore):
         async def apply_schedule_changes(self, changes: Any, *, before_commit: Any = None) -> None:
@@ -92,6 +92,7 @@ async def test_a_create_falling_due_during_its_commit_is_answered_once_kafka_has
     fires.sent[0][1].set_result((0, 0))
     await asyncio.wait_for(batch, 1)
     assert codes(results) == ["ok"]
+    await ticker.stop(timeout_s=0.5)
 
 
 async def test_a_checkpoint_ahead_of_this_clock_holds_the_answer_until_the_fire() -> None:

@@ -257,10 +257,11 @@ async def test_a_run_below_the_tickers_checkpoint_is_acknowledged_before_the_com
     # below the checkpoint, so a successor would never read its bucket row. The parent's
     # new state (which says the run is written) waits for Kafka's acknowledgement of it.
     from tests.unit.test_streams_handover import ticker_for, until
+    from tests.unit.test_streams_ticker import StoredCheckpoint, running
 
     clock = [NOW + 61_000]
-    ticker, fires = ticker_for(3, clock)
-    ticker.fired_before_ms = NOW + 61_001
+    ticker, fires = ticker_for(3, clock, StoredCheckpoint(NOW + 61_001))
+    await running(ticker)
     command = replace(create(EVERY_MINUTE, "a"), misfire_tolerance_s=3600)
     store = FakeStore([decided(command, None).change.row])
     m = PartitionMaterializer(
@@ -278,6 +279,7 @@ async def test_a_run_below_the_tickers_checkpoint_is_acknowledged_before_the_com
     await asyncio.wait_for(step, 1)
     assert store.commits == 1
     assert ticker.timeline.get("t", f"a@{NOW + 120_000}") is not None  # above: held
+    await ticker.stop(timeout_s=0.5)
 
 
 async def test_catch_up_under_the_lock_is_bounded_per_step() -> None:

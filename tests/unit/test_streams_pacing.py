@@ -165,3 +165,19 @@ def test_nothing_is_lost_or_doubled_and_the_quota_holds(
         out += [p.entry.key for p in pacer.take(now, q)]
         now += 10**6
     assert sorted(out) == sorted(live)
+
+
+def test_it_knows_which_order_keys_it_holds_and_forgets_them() -> None:
+    # Order key: the schedule id's prefix before "-" (tenant-scoped, as on the fires topic).
+    pacer: FirePacer[None] = FirePacer(order_key_of=lambda e: e.schedule_id.split("-")[0])
+    pacer.push(entry("a", "k-1", 1_000), 1_000)
+    pacer.push(entry("a", "k-2", 2_000), 2_000)
+    pacer.push(entry("a", "k-2", 2_000, version=2), 2_000)  # replaces, still one of k-2
+    assert pacer.holds_order_key_of(entry("a", "k-3"))
+    assert not pacer.holds_order_key_of(entry("b", "k-3"))  # another tenant's k
+    assert not pacer.holds_order_key_of(entry("a", "j-1"))
+    pacer.remove("a", "k-1")
+    assert pacer.holds_order_key_of(entry("a", "k-3"))
+    assert ids(pacer.take(3_000, quotas({}))) == ["k-2"]
+    assert not pacer.holds_order_key_of(entry("a", "k-3"))
+    assert pacer._order_keys == {}  # nothing kept for keys no longer queued

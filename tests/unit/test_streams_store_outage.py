@@ -9,7 +9,7 @@ from typing import Any
 
 from streams.store import BucketRow, FiredMark
 from streams.ticker import PartitionTicker, TickerConfig
-from tests.unit.test_streams_ticker import mark_each
+from tests.unit.test_streams_ticker import mark_each, running
 from tocsin.errors import StoreError
 
 NOW = 1_800_000_030_000  # 30 s into a minute
@@ -130,9 +130,8 @@ async def test_fire_now_waits_for_the_retry_instead_of_raising() -> None:
                              config=TickerConfig(fire_topic="fires", owner="test",
                                                  mark_linger_s=0.0),
                              clock_ms=lambda: NOW)
-    ticker.fired_before_ms = NOW
-    ticker._marker = asyncio.create_task(ticker._mark_loop())
+    await running(ticker)
     await asyncio.wait_for(ticker.fire_now(row("late", NOW - 90_000)), timeout=10)
     assert sink.sent == [b"late", b"late"] and store.fired == ["late"]
     assert not ticker.is_firing("t", "late")
-    ticker._marker.cancel()
+    await ticker.stop(timeout_s=0.5)

@@ -101,6 +101,25 @@ async def settle() -> None:
         await asyncio.sleep(0)
 
 
+class StoredCheckpoint(FakeStore):
+    """A FakeStore whose stored checkpoint is ``checkpoint_ms``."""
+
+    def __init__(self, checkpoint_ms: int) -> None:
+        super().__init__()
+        self.checkpoint_ms = checkpoint_ms
+
+    async def get_checkpoint(self, partition: int) -> int | None:
+        return self.checkpoint_ms
+
+
+async def running(ticker: PartitionTicker) -> PartitionTicker:
+    """Start the ticker and wait until it has loaded its buckets up to its clock: a
+    handed-over row goes out through its loop, in due order with the loaded ones."""
+    ticker.start()
+    await asyncio.wait_for(ticker.ready.wait(), 5)
+    return ticker
+
+
 async def test_checkpoint_never_passes_an_unacknowledged_trigger() -> None:
     now = [100_000]
     ticker, store, sink = make(now)
@@ -173,12 +192,20 @@ async def test_offers_are_kept_only_near_the_loaded_horizon() -> None:
 @pytest.mark.parametrize("late_ms", [0, 1, 59_999])
 async def test_fire_now_waits_for_kafka(late_ms: int) -> None:
     now = [1_000_000]
-    ticker, _, sink = make(now)
+    sink = FakeSink()
+    config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0)
+    ticker = await running(PartitionTicker(0, store=StoredCheckpoint(0), sink=sink,
+                                           config=config, clock_ms=lambda: now[0]))
     task = asyncio.create_task(ticker.fire_now(row("late", now[0] - late_ms)))
+    for _ in range(100):
+        await asyncio.sleep(0.005)
+        if sink.sent:
+            break
     await settle()
     assert not task.done() and len(sink.sent) == 1
     sink.sent[0][1].set_result((0, 0))
     await asyncio.wait_for(task, 1)
+    await ticker.stop(timeout_s=0.5)
 
 
 async def test_a_slow_bucket_read_does_not_hold_up_what_is_loaded() -> None:
