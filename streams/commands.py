@@ -661,10 +661,11 @@ class CommandProcessor:
                 if fire is not None:
                     pending.append(fire)
         if pending:
-            # Due already, or not above the ticker's checkpoint (which may have moved on
-            # while this batch was written): answered (so the offset can be committed) only
-            # once Kafka has the trigger, since a successor would start past its row. A
-            # crash before that replays the command, which hands the row over again.
+            # Due already: answered (so the offset can be committed) only once Kafka has
+            # the trigger, since a successor would start past its row. Not due but not
+            # above the ticker's checkpoint (a previous owner's clock ran ahead): once that
+            # checkpoint is written back below it. A crash before either replays the
+            # command, which hands the row over again.
             await asyncio.gather(*pending)
 
     async def process_until_answered(self, batch: Sequence[RawCommand]) -> list[RawCommand]:

@@ -23,6 +23,8 @@ time, and a cancelled one does not. A handed-over row that is already due, or no
 checkpoint this ticker has read or written, gives the command agent a future to wait for
 (Kafka's acknowledgement of its trigger): a successor would start from that checkpoint and
 never read the row, so the command must not be answered (nor its offset committed) before.
+(One not due yet - below a checkpoint a previous owner's fast clock left - needs no Kafka
+acknowledgement: the stored checkpoint is written back below it instead.)
 Such a row is emitted like any other, through the timeline: only once the buckets up to its
 due time are loaded and after the earlier-due triggers of its order key, so a late create
 handed to a ticker still reading its first bucket does not overtake them.
@@ -202,6 +204,14 @@ class PartitionTicker:
         self._loader: asyncio.Task[None] | None = None
         self._load_retry_at_ms = 0
         self._checkpointer: asyncio.Task[None] | None = None
+        # Bucket rows due before this were fired by whoever wrote the checkpoint read last.
+        # Not fired_before_ms, which _rewind_below may lower: that owner's fires stay fired.
+        self._load_floor_ms = 0
+        # Checkpoint write-backs below rows handed over (_rewind_below): one write covers
+        # every row asked for before it started.
+        self._rewind_lock = asyncio.Lock()
+        self._rewinds_asked = 0
+        self._rewinds_written = 0
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -288,11 +298,14 @@ class PartitionTicker:
         checkpoint stays below it until it is acknowledged and recorded) or in a minute not
         read yet; a successor starting from any of those checkpoints reads it too.
 
+        A row due ahead of this clock but not above the checkpoint (a previous owner's
+        clock ran ahead): a future that ends once the stored checkpoint is written back
+        below it (``_rewind_below``).
+
         Otherwise a future that ends once Kafka has acknowledged its trigger (or it was
         recorded missed, or a later change of the same batch superseded it); the command
-        must not be answered before. That is a row already due, or one at or below the
-        checkpoint - which moved on while the row was being written, or was written by a
-        previous owner whose clock ran ahead. A successor would start past it and never
+        must not be answered before. That is a row already due, and so at or below the
+        checkpoint or about to be. A successor would start past it and never
         read it, so only Kafka can make it durable; it is emitted at its due second by this
         clock (never earlier), in due order with its order key's other triggers (see
         ``_until_acknowledged``), and not paced unless one of those waits in the fair
@@ -305,7 +318,49 @@ class PartitionTicker:
         if row.due_ms > ceiling and row.due_ms > self.clock_ms():
             self.offer(row)
             return None
+        if row.due_ms > self.clock_ms() and not self._stopping:
+            return self._rewind_below(row)
         return self._until_acknowledged(row)
+
+    def _rewind_below(self, row: BucketRow) -> asyncio.Future[None]:
+        """Hand over a row due ahead of this clock but not above the checkpoint: one left by
+        a previous owner whose clock ran ahead. Waiting for its fire would hold its command
+        (and every command after it on this worker) until its due time, so instead it is
+        held in memory and the stored checkpoint is written back below it; the future ends
+        once that write has landed, and a successor then reads its bucket.
+
+        Writing the checkpoint back is always safe: "every row due before it was fired"
+        stays true of any lower value. It costs at most a re-emission, after a crash, of
+        what the previous owner fired between the two (duplicates carry the same trigger
+        id), bounded by its clock's lead. This ticker itself does not fire those again: its
+        bucket reads still skip rows below the checkpoint it read (``_load_floor_ms``).
+        No checkpoint written afterwards passes the row before it is recorded: the row is
+        in the timeline (so ``checkpoint_candidate`` stays at or below it), and
+        ``fired_before_ms`` - which every write takes the maximum with - is lowered to it."""
+        assert self.fired_before_ms is not None
+        if self.timeline.add(Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)):
+            self._wake.set()
+        self.fired_before_ms = min(self.fired_before_ms, row.due_ms)
+        self._rewinds_asked += 1
+        return asyncio.ensure_future(self._write_rewind(self._rewinds_asked))
+
+    async def _write_rewind(self, asked: int) -> None:
+        async with self._rewind_lock:
+            if self._rewinds_written >= asked:
+                return  # a write computed after this row was held has landed
+            if self._stopping:
+                raise _released()
+            # A checkpoint write started before the row was held may still carry the old,
+            # higher value: let it land first, so that this write is the later one.
+            running = self._checkpointer
+            if running is not None and not running.done():
+                await asyncio.wait({running})
+            covered = self._rewinds_asked
+            # Written even if the value looks unchanged: the store may hold a higher one
+            # (a write that failed here may still have landed there).
+            self._written_checkpoint = None
+            await self._write_checkpoint(force=True)
+            self._rewinds_written = covered
 
     async def fire_now(self, row: BucketRow) -> None:
         """Emit a row whose due time has passed (a late recurring run) and wait for Kafka's
@@ -385,7 +440,11 @@ class PartitionTicker:
         now = self.clock_ms()
         if checkpoint is None:
             checkpoint = now - self.config.initial_lookback_ms
-        self.fired_before_ms = checkpoint
+        # A restart keeps a lower checkpoint of its own (_rewind_below): the one read may be
+        # an older, higher value that a write-back still landing replaces.
+        previous = self.fired_before_ms
+        self.fired_before_ms = checkpoint if previous is None else min(previous, checkpoint)
+        self._load_floor_ms = checkpoint
         self._checkpoint_high_ms = max(self._checkpoint_high_ms, checkpoint)
         self._checkpoint_read.set()
         self._written_checkpoint = checkpoint
@@ -492,9 +551,8 @@ class PartitionTicker:
             minute = self._next_minute_ms
             rows = await self.store.read_bucket(self.partition, minute, self.config.bucket_shards)
             metrics.BUCKET_LOADS.inc()
-            floor = self.fired_before_ms if self.fired_before_ms is not None else 0
             for row in rows:
-                if row.due_ms >= floor:
+                if row.due_ms >= self._load_floor_ms:
                     self.timeline.add(
                         Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
                     )

@@ -6,6 +6,7 @@ its bucket row (fake store and sinks; the ticker is the real one)."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 from streams.commands import CommandProcessor
@@ -95,36 +96,50 @@ async def test_a_create_falling_due_during_its_commit_is_answered_once_kafka_has
     await ticker.stop(timeout_s=0.5)
 
 
-async def test_a_checkpoint_ahead_of_this_clock_holds_the_answer_until_the_fire() -> None:
-    # The previous owner's clock ran 2 s fast: the checkpoint it left is 2 s ahead of this
-    # worker's clock. A create due in 1 s (by this clock) is below it: emitted at its due
-    # second by this clock, never earlier, and answered only once Kafka has it.
+async def test_a_checkpoint_ahead_of_this_clock_is_written_back_below_a_new_row() -> None:
+    # The previous owner's clock ran fast: the checkpoint it left is 40-100 s ahead of this
+    # worker's clock. A create due 10 s before it (by this clock: 30-90 s ahead) is below
+    # it. It is answered after one checkpoint write puts the stored checkpoint back below it
+    # (a successor then reads its bucket), not when it fires; it still fires at its due
+    # second by this clock, and no checkpoint passes it before it is recorded. A row the
+    # previous owner fired (between the two, in a minute read later) is not fired again.
     now = [NOW]
-    msg = record("skewed", 1, due_ms=NOW + 1_000)
+    minute = NOW - NOW % 60_000 + 60_000  # the next minute by this clock
+    ahead = minute + 40_000  # 40 to 100 s ahead of this clock
+    due = minute + 30_000
+    msg = record("skewed", 1, due_ms=due)
+    already = replace(row("fired-before", minute + 35_000), partition=msg.partition)
 
     class AheadCheckpoint(TickerStore):
         async def get_checkpoint(self, partition: int) -> int | None:
-            return NOW + 2_000
+            return ahead
 
-    ticker, fires = ticker_for(msg.partition, now, AheadCheckpoint())
+        async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[Any]:
+            return [already] if already.minute_ms == minute_ms else []
+
+    store = AheadCheckpoint()
+    ticker, fires = ticker_for(msg.partition, now, store)
     proc, results = processor(FakeStore(), ticker, now)
     # Handed over before the ticker has even read the checkpoint (just assigned).
     batch = asyncio.create_task(proc.process_batch([msg]))
     await asyncio.sleep(0.05)
     assert not batch.done() and results.sent == []
     ticker.start()
-    await until(lambda: ticker.fired_before_ms is not None)
-    await asyncio.sleep(0.05)
-    assert fires.sent == [] and results.sent == []  # not due yet by this clock
-    now[0] = NOW + 1_000
-    ticker._wake.set()
-    await until(lambda: len(fires.sent) == 1)
-    await settle()
-    assert results.sent == [] and not batch.done()
-    fires.sent[0][1].set_result((0, 0))
     await asyncio.wait_for(batch, 1)
-    assert codes(results) == ["ok"]
+    assert codes(results) == ["ok"] and fires.sent == []  # answered before any fire
+    since = len(store.checkpoints) - 1  # the write the answer waited for, and later ones
+    assert store.checkpoints[since] <= due
+    while now[0] < minute + 36_000:  # the clock runs on past both rows' due times
+        now[0] += 1_000
+        ticker._wake.set()
+        await asyncio.sleep(0.01)
+        assert max(store.checkpoints[since:]) <= due  # the trigger is not acknowledged yet
+    await until(lambda: len(fires.sent) == 1)
+    assert fires.ids == ["skewed"]  # at its due time, and not the row already fired
+    fires.sent[0][1].set_result((0, 0))
+    await until(lambda: not ticker.is_firing("acme", "skewed"))
     await ticker.stop(timeout_s=0.5)
+    assert fires.ids == ["skewed"]
 
 
 async def test_a_create_above_the_checkpoint_is_answered_at_once_and_holds_it() -> None:
@@ -169,14 +184,14 @@ async def test_a_row_superseded_in_the_same_batch_is_not_fired() -> None:
 
 
 async def test_a_hand_over_cut_short_by_a_revocation_is_left_to_the_new_owner() -> None:
-    # The row is below the ticker's checkpoint, so its command waits for Kafka; then the
+    # The row is due already, so its command waits for Kafka; then the
     # partition is revoked (the ticker stops and leaves the map). The retry must neither
     # answer the command (the new owner's bucket read starts past the row) nor treat the
     # missing ticker as "nothing to wait for": while the consumer still holds the
     # partition it waits; once it no longer does, the command is left unanswered (and
     # reported so, for its offset not to be committed) for the new owner to replay.
     now = [NOW]
-    msg = record("revoked", 1, due_ms=NOW + 1_000)
+    msg = record("revoked", 1, due_ms=NOW)
     ticker, fires = ticker_for(msg.partition, now)
     ticker.fired_before_ms = NOW + 2_000
     tickers = {ticker.partition: ticker}
