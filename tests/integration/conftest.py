@@ -29,7 +29,10 @@ from tocsin.settings import REPO_ROOT, Settings
 from topics.signing import new_signing_key
 
 # Worker/API ports for subprocesses; TOCSIN_TEST_PORT_BASE lets two test runs share a machine.
-_ports = itertools.count(int(os.environ.get("TOCSIN_TEST_PORT_BASE", "19500")))
+# Moved by TOCSIN_PORT_OFFSET like every other port, so a second checkout's suite on one
+# machine does not take the first one's worker ports.
+_ports = itertools.count(int(os.environ.get("TOCSIN_TEST_PORT_BASE", "19500"))
+                         + int(os.environ.get("TOCSIN_PORT_OFFSET", "0")))
 
 
 class WorkerProcess:
