@@ -747,15 +747,16 @@ class CommandProcessor:
         it fire. Applied twice is safe: each schedule row records the offset it applied."""
         if self.assigned is None:
             return batch
-        kept = [msg for msg in batch if self.assigned(msg.partition)]
-        if len(kept) < len(batch):
-            dropped = [msg for msg in batch if not self.assigned(msg.partition)]
-            left.extend(dropped)
-            log.warning(
-                "partition no longer assigned here; its commands are left to its new owner",
-                extra={"partitions": sorted({m.partition for m in dropped}),
-                       "commands": len(dropped)},
-            )
+        gone = {p for p in {msg.partition for msg in batch} if not self.assigned(p)}
+        if not gone:
+            return batch
+        kept = [msg for msg in batch if msg.partition not in gone]
+        dropped = [msg for msg in batch if msg.partition in gone]
+        left.extend(dropped)
+        log.warning(
+            "partition no longer assigned here; its commands are left to its new owner",
+            extra={"partitions": sorted(gone), "commands": len(dropped)},
+        )
         return kept
 
     async def answer(self, msg: RawCommand, code: Code, text: str) -> CommandResult:
