@@ -550,6 +550,7 @@ class Writer:
         def parked() -> None:
             self._state.release(env)
             self._state.offset_done(env)
+            self.notify()  # (the producer's thread) its key's next message may go now
 
         record = OutRecord(
             lot.topic, env.key, env.value or b"", headers=park_headers(env.headers, header),

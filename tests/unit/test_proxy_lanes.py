@@ -4,6 +4,7 @@ does to the other lane's lines, and when the main lane parks at all."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from dataclasses import replace
 from types import SimpleNamespace
@@ -204,3 +205,29 @@ def test_a_tenant_over_its_share_is_parked_once_the_bounds_are_pressed() -> None
     assert waiting is not None
     assert main._hold_back(waiting)  # it would only wait in memory: parked
     assert [r.topic for r in outbox.records] == [RETRIES]
+
+
+class ThreadAckingOutbox(AckingOutbox):
+    """Acknowledges from another thread, as the real producer's callbacks do."""
+
+    def send_all(self, records: Any, done: Any) -> None:
+        threading.Timer(0.05, super().send_all, args=(records, done)).start()
+
+
+def test_a_parked_messages_acknowledgement_lets_its_keys_next_message_go() -> None:
+    outbox = ThreadAckingOutbox(partition=0)
+    main, retry, state, _lot = writers(outbox, settings(park_after_s=0.0))
+    retry.assigned({(RETRIES, 0)})
+    for offset in (0, 1):  # A and B of one key; the endpoint refuses connections
+        envelope(state, offset)
+    main.start()
+    try:
+        main.notify()
+        deadline = time.monotonic() + 10
+        while len(outbox.records) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        main.drain(1)
+    # A parked after its failure; once Kafka has it, B (same key) is parked behind it.
+    assert len(outbox.records) == 2, "the key's next message was never taken"
+    assert state.to_commit() == {("t", 0): 2}
