@@ -256,6 +256,9 @@ def fire_request(trigger: Trigger, callback: HttpCallback) -> Request:
         ("Tocsin-Schedule-Id", _header_value(trigger.schedule_id)),
         ("Tocsin-Tenant", _header_value(trigger.tenant)),
         ("Tocsin-Due-Ms", str(trigger.due_ms)),
+        # When the scheduler emitted it (its clock): lateness up to the fire topic apart
+        # from the delivery's own.
+        ("Tocsin-Emitted-Ms", str(trigger.emitted_ms)),
         ("Tocsin-Emit-Attempt", str(trigger.attempt)),
         # The key whose triggers are delivered one at a time, in order: a receiver can
         # check or use that order without parsing the payload.

@@ -63,6 +63,7 @@ def test_fire_request_from_trigger(decode) -> None:
     h = dict(req.headers)
     assert h["Authorization"] == "Bearer x" and h["Idempotency-Key"] == "tid"
     assert h["Content-Type"] == "application/json" and h["Tocsin-Schedule-Id"] == "s1"
+    assert (h["Tocsin-Due-Ms"], h["Tocsin-Emitted-Ms"]) == ("1", "2")
 
 
 def test_fire_request_names_the_order_key() -> None:
