@@ -144,8 +144,8 @@ class Tally:
 
     due: dict[str, int] = field(default_factory=dict)  # trigger id -> due ms (acknowledged)
     acked_ms: dict[str, int] = field(default_factory=dict)  # trigger id -> when its client
-    # learned it was accepted (first time): a later-due trigger delivered before that moment
-    # cannot have been held back for it
+    # learned it was accepted (first time): a later-due trigger emitted before that moment
+    # may not have been held back for it
     seen: dict[str, list[int]] = field(default_factory=lambda: defaultdict(list))
     lock: threading.Lock = field(default_factory=threading.Lock)
     # How far before its due time a first sighting may come and not count as early: 0 when
@@ -230,7 +230,7 @@ class Receiver:
         self.largest_body_bytes = 0
         self.huge_bodies_sent = 0  # whole huge bodies written (the client read to the end)
         self.refused_window = 0
-        # order key -> (due ms, sequence, trigger id, received ms) of each 2xx delivery
+        # order key -> (due ms, sequence, trigger id, emitted ms) of each 2xx delivery
         self.by_key: dict[str, list[tuple[int, int, str, int]]] = defaultdict(list)
         self._lock = threading.Lock()
         self._site: Any = None
@@ -313,7 +313,8 @@ class Receiver:
             doc = orjson.loads(body)
             due = int(request.headers.get("Tocsin-Due-Ms", "0"))
             with self._lock:
-                self.by_key[str(doc["k"])].append((due, int(doc["seq"]), tid, at))
+                emitted = int(request.headers.get("Tocsin-Emitted-Ms", at))
+                self.by_key[str(doc["k"])].append((due, int(doc["seq"]), tid, emitted))
         if self.mode == "huge-body":
             return await self._huge_body(request)
         return web.Response(status=200, text="ok")
@@ -338,10 +339,10 @@ class Receiver:
     def order_violations(self) -> int:
         """First deliveries that came after a later-due trigger of the same order key had
         been delivered, although the earlier-due one was already acknowledged to its client
-        then (a redelivery is a duplicate, not a violation). A create that reached the
-        scheduler only after a later-due trigger of its key was out (a client's send delayed
-        by a broker outage) cannot be put before it: ``late_creates_out_of_order`` counts
-        those."""
+        when the later one was emitted (a redelivery is a duplicate, not a violation). A
+        create that reached the scheduler only after a later-due trigger of its key was
+        emitted (a client's send held up by an outage) cannot be put before it:
+        ``late_creates_out_of_order`` counts those."""
         return self._out_of_order()[0]
 
     def late_creates_out_of_order(self) -> int:
@@ -358,18 +359,18 @@ class Receiver:
             acked = dict(self.tally.acked_ms)
             for deliveries in self.by_key.values():
                 seen: set[int] = set()
-                before: list[tuple[int, int]] = []  # (due, received) of first deliveries
-                for due, seq, tid, at in deliveries:
+                before: list[tuple[int, int]] = []  # (due, emitted) of first deliveries
+                for due, seq, tid, emitted in deliveries:
                     if seq in seen:
                         continue
                     seen.add(seq)
                     if any(d > due for d, _ in before):
                         known_ms = acked.get(tid, -1)
-                        if any(d > due and got >= known_ms for d, got in before):
+                        if any(d > due and out >= known_ms for d, out in before):
                             bad += 1
                         else:
                             late += 1
-                    before.append((due, at))
+                    before.append((due, emitted))
         return bad, late
 
 

@@ -127,9 +127,9 @@ def test_order_violations_count_first_deliveries_only() -> None:
 def test_a_create_acknowledged_after_a_later_due_delivery_is_not_a_violation() -> None:
     tally = Tally()
     r = Receiver(tally)
-    # d (due 4) was acknowledged at 20, after e (due 5) was delivered at 10: the scheduler
+    # d (due 4) was acknowledged at 20, after e (due 5) was emitted at 10: the scheduler
     # could not have held e back for it. g (due 6) was acknowledged at 5, before h (due 7)
-    # was delivered at 10: delivering it after h breaks order.
+    # was emitted at 10: delivering it after h breaks order.
     tally.acked_ms.update({"d": 20, "e": 1, "g": 5, "h": 1})
     r.by_key["j"] = [(5, 1, "e", 10), (4, 0, "d", 21)]
     r.by_key["m"] = [(7, 1, "h", 10), (6, 0, "g", 11)]
