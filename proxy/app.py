@@ -8,8 +8,11 @@ flush dead letters and outcomes, commit what is done, leave the group).
 Threads: ``proxy-reader`` (the consumer; polls only), ``proxy-writer`` (asyncio + aiohttp),
 ``proxy-committer`` (commits, producer callbacks, gauges). Nothing here may block the reader.
 The retry lane is a second reader and writer (same classes) on the retry topic, with its
-own consumer group and pending bounds, so parked messages never hold the main lane back
-(proxy.parking).
+own pending bounds, so parked messages never hold the main lane back (proxy.parking). It is
+co-partitioned with the main lane: it joins no group, and reads exactly the retries
+partitions of the source partitions the main lane owns (``RetryLayout``), moving with every
+main-lane assignment and revoke before that callback returns. Its offsets are committed
+under the group ``<group>.retries``, so a partition's next owner resumes where it stopped.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from proxy.envelope import Envelope, prepare_fire, prepare_generic, trigger_deco
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
 from proxy.outbox import Outbox
-from proxy.parking import decode_headers
+from proxy.parking import RetryLayout, decode_headers, retry_layout
 from proxy.reader import Reader, commit_positions
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
@@ -161,6 +164,50 @@ class ProxyApp:
         return topic is None or (topic.error is not None
                                  and topic.error.code() == RdKafkaError.UNKNOWN_TOPIC_OR_PART)
 
+    def _layout(self) -> RetryLayout | None:
+        """The retries topic's co-partitioning with the source topics, or None (logged)."""
+        try:
+            meta = self.outbox.producer.list_topics(timeout=10)
+        except KafkaException as exc:
+            log.error("cannot read the topics' partition counts: the retry lane is not "
+                      "co-partitioned with the main lane, so per-key order across parking "
+                      "holds only for the keys whose retry partition this proxy happens to "
+                      "own", extra={"error": str(exc)})
+            return None
+        counts = {t: len(meta.topics[t].partitions) if t in meta.topics else 0
+                  for t in self.topics}
+        retry = meta.topics.get(self.retry_topic)
+        layout = retry_layout(counts, len(retry.partitions) if retry is not None else 0)
+        if layout is None:
+            log.error("the retry topic has fewer partitions than the source topics together: "
+                      "the retry lane is not co-partitioned with the main lane, so per-key "
+                      "order across parking holds only for the keys whose retry partition "
+                      "this proxy happens to own; give the retry topic at least as many "
+                      "partitions", extra={"retry_topic": self.retry_topic,
+                                           "source_partitions": counts})
+        return layout
+
+    def _follow_assigned(self, tps: list[tuple[str, int]]) -> None:
+        """Main lane assigned ``tps`` (its thread): the retry lane reads their retries
+        partitions before the main lane fetches, so no park lands on one it does not read."""
+        layout = self.lot.layout
+        assert layout is not None
+        add = [(self.retry_topic, r) for r in sorted(layout.followed(tps))]
+        self.retry_reader.follow(add=add, timeout_s=self._follow_timeout_s())
+
+    def _follow_revoked(self, tps: list[tuple[str, int]], commit: bool) -> None:
+        """Main lane let ``tps`` go (its thread): the retry lane lets their retries
+        partitions go too, committing what it finished, before the new owner can start."""
+        layout = self.lot.layout
+        assert layout is not None
+        remove = [(self.retry_topic, r) for r in sorted(layout.followed(tps))]
+        self.retry_reader.follow(remove=remove, commit=commit,
+                                 timeout_s=self._follow_timeout_s())
+
+    def _follow_timeout_s(self) -> float:
+        # A revoke waits up to revoke_timeout_s for attempts, then flushes and commits.
+        return self.proxy.revoke_timeout_s + 30.0
+
     def start(self) -> None:
         if self._retry_topic_missing():
             # Parking into a topic that does not exist would hold each parked message's
@@ -170,19 +217,24 @@ class ProxyApp:
                       "TOCSIN_PROXY_RETRY_TOPIC", extra={"topic": self.retry_topic})
             self.writer.disable_parking()
             self.retry_lane = False
+        elif (layout := self._layout()) is not None:
+            self.lot.layout = layout
+            self.retry_reader.subscribe = False
+            self.reader.on_assigned = self._follow_assigned
+            self.reader.on_revoked = self._follow_revoked
         self.metrics.parking.set(1 if self.retry_lane else 0)
         self.writer.start()
         if self.retry_lane:
             self.retry_writer.start()
-        self.reader.start()
-        if self.retry_lane:
+            # First: the main lane's first assignment waits for it to follow.
             self.retry_reader.start()
+        self.reader.start()
         self.committer.start()
         self._started = True
         log.info("proxy started", extra={
             "mode": self.proxy.mode, "topics": self.topics, "group": self.proxy.group_id,
             "concurrency": self.proxy.concurrency, "retry_topic": self.retry_topic,
-            "parking": self.retry_lane,
+            "parking": self.retry_lane, "co_partitioned": self.lot.layout is not None,
         })
 
     def stop(self, timeout_s: float | None = None) -> None:

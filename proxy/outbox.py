@@ -79,6 +79,8 @@ class OutRecord:
     # Called (instead of any fallback) when Kafka refuses the record's topic; the record
     # then never counts as written.
     on_topic_refused: Callable[[Any], None] | None = None
+    # The partition to write to; None: the producer's partitioner (by key).
+    partition: int | None = None
 
 
 class Outbox:
@@ -104,13 +106,17 @@ class Outbox:
         self._metrics = metrics
 
     def produce(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None,
-                on_delivery: Ack) -> None:
+                on_delivery: Ack, partition: int | None = None) -> None:
         """One produce attempt; ``on_delivery(err, msg)`` reports the outcome."""
+        hdrs = list(headers) if headers else None
         while True:
             try:
-                self.producer.produce(topic, value=value, key=key,
-                                      headers=list(headers) if headers else None,
-                                      on_delivery=on_delivery)
+                if partition is None:
+                    self.producer.produce(topic, value=value, key=key, headers=hdrs,
+                                          on_delivery=on_delivery)
+                else:
+                    self.producer.produce(topic, value=value, key=key, headers=hdrs,
+                                          on_delivery=on_delivery, partition=partition)
                 return
             except BufferError:
                 # The local queue is full: serve callbacks to make room, then try again.
@@ -162,7 +168,8 @@ class Outbox:
 
             def try_produce() -> None:
                 try:
-                    self.produce(rec.topic, rec.key, rec.value, rec.headers, ack)
+                    self.produce(rec.topic, rec.key, rec.value, rec.headers, ack,
+                                 rec.partition)
                 except KafkaException as exc:
                     err = exc.args[0] if exc.args else None
                     if rec.on_topic_refused is not None and topic_refused(err):

@@ -13,13 +13,17 @@ Per-key order across parking: ``Lines`` keeps, per original key (source topic, p
 key), the ids of its parked messages in order. While a key has a line, its later messages
 are parked behind it instead of attempted; in the retry lane only the head of a line is
 attempted and a message behind the head is parked again in the same place. Every record of
-a key goes to the same retry-topic partition (Kafka's partitioner on the key), so the topic
-keeps the line's order. ``Lines`` lives in memory: like the rest of the proxy's order
-guarantee it holds within one proxy's lifetime. A line is kept only while its records sit
-on a retry partition this proxy's retry lane owns (``placed`` records which one; the
-runtime forgets the line otherwise, and ``drop_retry_partitions`` on a retry-lane revoke),
-since only then does this proxy see them finish. It is bounded; past the bound the line
-touched least recently is forgotten.
+a key goes to the same retry-topic partition, so the topic keeps the line's order.
+
+Co-partitioning (``RetryLayout``): a record parked from source partition P goes to the
+retries partition the layout gives P, and the retry lane reads exactly the retries
+partitions of the source partitions its main lane owns. So the proxy that holds a key's line
+is the one that sees its parked records finish, with any number of proxies. ``Lines`` lives
+in memory: like the rest of the proxy's order guarantee it holds within one proxy's
+lifetime. A line is kept only while its records sit on a retry partition this proxy's retry
+lane owns (``placed`` records which one; the runtime forgets the line otherwise, and
+``drop_retry_partitions`` on a retry-lane revoke), since only then does this proxy see them
+finish. It is bounded; past the bound the line touched least recently is forgotten.
 
 Pure: no I/O, no clock, no locks (the runtime passes times and serialises access).
 """
@@ -27,7 +31,7 @@ Pure: no I/O, no clock, no locks (the runtime passes times and serialises access
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import orjson
@@ -134,6 +138,61 @@ def decode_headers(
     except (orjson.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"malformed {RETRY_HEADER} header: {exc!r}") from exc
     return parked, own
+
+
+@dataclass(frozen=True, slots=True)
+class RetryLayout:
+    """Where each source partition's parked records go in the retries topic.
+
+    The source topics, sorted by name, are laid end to end: partition P of the i-th topic is
+    source index (partitions of the topics before it) + P, and parks to the retries
+    partition of that index. A retries partition past the last index (the topic has more
+    partitions than the sources) is read by the owner of index ``r % total``, so every
+    retries partition has exactly one reader and records parked there by an earlier
+    layout are still read.
+    """
+
+    starts: tuple[tuple[str, int, int], ...]  # (topic, its first index, its partitions)
+    retry_partitions: int
+
+    @property
+    def total(self) -> int:
+        return sum(n for _, _, n in self.starts)
+
+    def index(self, topic: str, partition: int) -> int | None:
+        """The source index of ``topic``[``partition``]; None if the layout lacks it (a
+        topic or partition added after the proxy started)."""
+        for name, first, count in self.starts:
+            if name == topic:
+                return first + partition if 0 <= partition < count else None
+        return None
+
+    def retry_partition(self, topic: str, partition: int) -> int | None:
+        """The retries partition a record parked from ``topic``[``partition``] goes to."""
+        return self.index(topic, partition)
+
+    def followed(self, source: Iterable[tuple[str, int]]) -> set[int]:
+        """The retries partitions read by the owner of these source partitions."""
+        owned = {i for t, p in source if (i := self.index(t, p)) is not None}
+        total = self.total
+        return {r for r in range(self.retry_partitions) if r % total in owned}
+
+
+def retry_layout(source_partitions: Mapping[str, int],
+                 retry_partitions: int) -> RetryLayout | None:
+    """The layout of these source topics ({topic: partitions}) on a retries topic of
+    ``retry_partitions``; None when it has fewer partitions than the sources together (no
+    co-partitioning is possible) or a count is unknown (< 1)."""
+    if not source_partitions or any(n < 1 for n in source_partitions.values()):
+        return None
+    starts: list[tuple[str, int, int]] = []
+    first = 0
+    for topic in sorted(source_partitions):
+        starts.append((topic, first, source_partitions[topic]))
+        first += source_partitions[topic]
+    if first > retry_partitions:
+        return None
+    return RetryLayout(starts=tuple(starts), retry_partitions=retry_partitions)
 
 
 class Lines:

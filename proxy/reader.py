@@ -15,6 +15,13 @@ on the consumer happens on this thread: confluent-kafka serialises calls on one 
 and a consumer polled in a tight loop starves other threads' calls (a commit from another
 thread was seen to wait forever). So the committer thread only *asks* for a commit
 (``request_commit``) and this thread sends it, asynchronously, between polls.
+
+A reader either subscribes to its topics (its consumer group assigns it partitions), or,
+with ``subscribe=False``, *follows*: it joins no group and reads exactly the partitions
+another thread hands it with ``follow`` (the retry lane follows the main lane's assignment,
+proxy.app). A followed partition starts from the group's committed offset and is revoked
+like a subscribed one (running attempts finish within ``revoke_timeout_s``, what is done
+is committed, the rest dropped), between polls on this thread.
 """
 
 from __future__ import annotations
@@ -23,7 +30,8 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
@@ -40,6 +48,18 @@ from tocsin.errors import KafkaError
 log = logging.getLogger("tocsin.proxy")
 
 BATCH = 500
+
+TP = tuple[str, int]
+
+
+@dataclass(slots=True)
+class _Change:
+    """A change of a following reader's partitions, applied on its thread."""
+
+    add: list[TP]
+    remove: list[TP]
+    commit: bool  # on removal: commit what is done (False: the partitions were lost)
+    applied: threading.Event = field(default_factory=threading.Event)
 
 
 def consumer_config(kafka_conf: dict[str, Any], s: ProxySettings) -> dict[str, Any]:
@@ -75,6 +95,9 @@ class Reader:
         prepare: Callable[[Envelope], None],
         commit: Callable[[Consumer, dict[tuple[str, int], int]], None],
         name: str = "proxy-reader",
+        subscribe: bool = True,
+        on_assigned: Callable[[list[TP]], None] | None = None,
+        on_revoked: Callable[[list[TP], bool], None] | None = None,
     ) -> None:
         self._s = settings
         self._topics = topics
@@ -84,6 +107,15 @@ class Reader:
         self._metrics = metrics
         self._prepare = prepare
         self._commit = commit
+        self.subscribe = subscribe
+        # Settable until ``start``. The hooks are told (on this thread, inside the rebalance
+        # callback) which partitions came or went, so a follower can move with this reader
+        # before it fetches them or once it let them go.
+        self.on_assigned = on_assigned
+        self.on_revoked = on_revoked
+        self._changes: list[_Change] = []
+        self._changes_lock = threading.Lock()
+        self._changes_closed = False
         self._conf = consumer_config(kafka_conf, settings)
         self._conf["on_commit"] = self._on_commit
         self._commit_requested = threading.Event()
@@ -104,9 +136,27 @@ class Reader:
             self.consumer = Consumer(self._conf)
         except KafkaException as exc:
             raise KafkaError(f"cannot create the proxy consumer: {exc}") from exc
-        self.consumer.subscribe(self._topics, on_assign=self._on_assign,
-                                on_revoke=self._on_revoke, on_lost=self._on_lost)
+        if self.subscribe:
+            self.consumer.subscribe(self._topics, on_assign=self._on_assign,
+                                    on_revoke=self._on_revoke, on_lost=self._on_lost)
         self._thread.start()
+
+    def follow(self, *, add: Iterable[TP] = (), remove: Iterable[TP] = (), commit: bool = True,
+               timeout_s: float) -> bool:
+        """Thread-safe, for a reader with ``subscribe=False``: read ``add`` too, stop reading
+        ``remove``; waits until this reader's thread has done it (False after ``timeout_s``).
+        A reader no longer polling takes no change (its close commits what is done)."""
+        change = _Change(add=list(add), remove=list(remove), commit=commit)
+        with self._changes_lock:
+            if self._changes_closed:
+                return True
+            self._changes.append(change)
+        if change.applied.wait(timeout_s):
+            return True
+        log.warning("partition change not applied in time",
+                    extra={"reader": self._thread.name, "add": sorted(change.add),
+                           "remove": sorted(change.remove), "timeout_s": timeout_s})
+        return False
 
     def request_commit(self) -> None:
         """Thread-safe: commit the done positions at the next turn of the poll loop."""
@@ -131,6 +181,7 @@ class Reader:
         assert consumer is not None
         try:
             while not self._stop.is_set():
+                self._apply_changes(consumer)
                 msgs = consumer.consume(num_messages=BATCH, timeout=0.1)
                 if msgs:
                     self._ingest(msgs)
@@ -142,6 +193,11 @@ class Reader:
             self.error = exc
             log.exception("proxy reader failed")
         finally:
+            with self._changes_lock:
+                self._changes_closed = True
+                left, self._changes = self._changes, []
+            for change in left:
+                change.applied.set()
             self.stopped_reading.set()
         # Shutdown: the app drains the writer, then lets us close. close() runs the revoke
         # callback on this thread, which commits what is done.
@@ -155,6 +211,29 @@ class Reader:
         except Exception:
             log.warning("consumer close failed", exc_info=True)
         self.closed.set()
+
+    def _apply_changes(self, consumer: Consumer) -> None:
+        with self._changes_lock:
+            changes, self._changes = self._changes, []
+        try:
+            for change in changes:
+                gone = [TopicPartition(t, p) for t, p in change.remove
+                        if (t, p) in self.assignment]
+                if gone:
+                    self._revoke(consumer, gone, commit=change.commit)
+                    consumer.incremental_unassign(gone)
+                came = [TopicPartition(t, p) for t, p in dict.fromkeys(change.add)
+                        if (t, p) not in self.assignment]
+                # Tracked before the consumer fetches them; no offset given, so each starts
+                # from the group's committed offset (auto.offset.reset without one).
+                self._on_assign(consumer, came)
+                if came:
+                    consumer.incremental_assign(came)
+                change.applied.set()
+        finally:
+            # A failure stops this reader (``error``); nobody may wait for it meanwhile.
+            for change in changes:
+                change.applied.set()
 
     def _ingest(self, msgs: list[Any]) -> None:
         now = time.monotonic()
@@ -227,14 +306,20 @@ class Reader:
         self._metrics.rebalances.labels("assigned").inc(len(tps))
         if tps:
             log.info("partitions assigned", extra={"partitions": sorted(tps)})
+        if self.on_assigned is not None:
+            self.on_assigned(tps)
 
     def _on_revoke(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._revoke(consumer, partitions, commit=True)
+        if self.on_revoked is not None:
+            self.on_revoked([(p.topic, p.partition) for p in partitions], True)
 
     def _on_lost(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         # Lost means another member may already own them: committing now could move the
         # new owner's offsets backwards, so drop without committing.
         self._revoke(consumer, partitions, commit=False)
+        if self.on_revoked is not None:
+            self.on_revoked([(p.topic, p.partition) for p in partitions], False)
 
     def _revoke(self, consumer: Consumer, partitions: list[TopicPartition], *,
                 commit: bool) -> None:

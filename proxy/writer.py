@@ -41,7 +41,14 @@ from proxy.deadletter import dead_letter_record, delivery_outcome
 from proxy.envelope import DeliveryOutcome, Envelope, TopicPartition
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox, OutRecord
-from proxy.parking import MAX_PARKED_BYTES, Lines, Parked, encode_header, park_headers
+from proxy.parking import (
+    MAX_PARKED_BYTES,
+    Lines,
+    Parked,
+    RetryLayout,
+    encode_header,
+    park_headers,
+)
 from proxy.retry import (
     AttemptResult,
     ConnectFailure,
@@ -92,6 +99,10 @@ class ParkingLot:
     # False until the retry lane's first assignment: before it (the group is still forming
     # at start) nobody knows who owns what, so lines are kept and judged then.
     retry_known: bool = False
+    # Co-partitioning: a record parked from a source partition goes to the retries
+    # partition the layout names, which the retry lane of that partition's owner reads.
+    # None: Kafka's partitioner places it by key (the retries topic has too few partitions).
+    layout: RetryLayout | None = None
 
 
 def _tenant_of(env: Envelope) -> str | None:
@@ -552,10 +563,13 @@ class Writer:
             self._state.offset_done(env)
             self.notify()  # (the producer's thread) its key's next message may go now
 
+        origin = env.source
         record = OutRecord(
             lot.topic, env.key, env.value or b"", headers=park_headers(env.headers, header),
             fallback=OutRecord(self._dlq_topic, env.key, dead_letter),
             on_fallback=unpark, on_written=placed, on_topic_refused=refused,
+            partition=None if lot.layout is None
+            else lot.layout.retry_partition(origin.topic, origin.partition),
         )
         self._metrics.parked.labels(reason.value).inc()
         log.debug("message parked", extra={"record": repr(env), "reason": reason.value})

@@ -275,6 +275,55 @@ def test_a_long_failing_message_is_parked_and_its_key_stays_in_order(stack: Sett
         receiver.stop()
 
 
+def test_two_proxies_keep_each_parked_keys_order(stack: Settings) -> None:
+    """Two proxies share a group over 2 source partitions and a retries topic of 3. Message
+    0 of each of 12 keys fails until every source message is committed (so each was parked,
+    the 4 after it parked behind it); then the receiver recovers, and every key arrives in
+    order 0..4 whichever proxy owns its partition. (The retries topic has another partition
+    count than the source so that Kafka's partitioner would put a key's parked records on a
+    retries partition unrelated to its source partition.)"""
+    topic, retries = f"{stack.topics.prefix}src-{uid()}", f"{stack.topics.prefix}rt-{uid()}"
+    dlq = f"{stack.topics.prefix}dlq-{uid()}"
+    create_topics(stack, [topic], partitions=2)
+    create_topics(stack, [retries], partitions=3)
+    create_topics(stack, [dlq])
+    keys = [f"k{i}" for i in range(12)]
+    heads = {seq_body(k, 0) for k in keys}
+    recovered = threading.Event()
+    receiver = Receiver(
+        behave=lambda hit, n: 503 if hit.body in heads and not recovered.is_set() else 200
+    ).start()
+    apps: list[ProxyApp] = []
+    try:
+        ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
+                           retry_topic=retries, retry_base_delay_s=0.05,
+                           retry_max_delay_s=0.2, park_after_s=0.3)
+        one, two = start_proxy(stack, ps, apps), start_proxy(stack, ps, apps)
+        wait_for(lambda: all(len(a.reader.assignment) == 1 for a in (one, two))
+                 and sum(len(a.retry_reader.assignment) for a in (one, two)) == 3
+                 and all(a.retry_reader.assignment for a in (one, two)), 60,
+                 "both proxies holding a source and a retries partition")
+        produce(stack, topic, [(k.encode(), seq_body(k, s), None)
+                               for s in range(5) for k in keys])
+        wait_for(lambda: sum(committed_offsets(stack, ps.group_id, topic, 2)) == 60, 90,
+                 "the source committed past every failing message")
+        recovered.set()
+        wait_for(lambda: len({h.body for h in receiver.delivered()}) == 60, 90,
+                 "every message once the receiver recovered")
+        firsts: dict[str, list[int]] = defaultdict(list)
+        for h in receiver.delivered():
+            key, seq, _ = parse_body(h.body)
+            if seq not in firsts[key]:
+                firsts[key].append(seq)
+        assert {k: firsts[k] for k in keys} == {k: list(range(5)) for k in keys}
+        assert all(a.metrics.parked.labels("behind")._value.get() > 0 for a in apps)
+        assert all(a.failure() is None for a in apps)
+    finally:
+        for a in apps:
+            a.stop(timeout_s=5)
+        receiver.stop()
+
+
 def test_without_a_retry_topic_parking_is_off_and_delivery_goes_on(stack: Settings) -> None:
     topic, dlq = f"{stack.topics.prefix}src-{uid()}", f"{stack.topics.prefix}dlq-{uid()}"
     create_topics(stack, [topic, dlq])
