@@ -743,10 +743,9 @@ def verdict(results: list[dict[str, Any]]) -> Verdict:
 
 def percentile(values: list[int], q: float) -> int:
     """The ``q`` quantile (0..1) of ``values`` by the nearest-rank method; 0 when empty."""
-    if not values:
-        return 0
-    ranked = sorted(values)
-    return ranked[max(0, math.ceil(q * len(ranked)) - 1)]
+    from streams.status import percentile as nearest_rank
+
+    return nearest_rank(values, q * 100) or 0
 
 
 # ----------------------------------------------------------------------------- scenarios
