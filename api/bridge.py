@@ -51,10 +51,10 @@ from typing import Any
 import orjson
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from base.errors import KafkaError
+from base.settings import Settings
 from streams.emitter import Emitter
 from streams.partitioner import partition_for
-from tocsin.errors import KafkaError
-from tocsin.settings import Settings
 from topics.catalog import catalog
 
 log = logging.getLogger("tocsin.api")

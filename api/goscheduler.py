@@ -15,9 +15,9 @@ from aiohttp import web
 
 from api import gocron, recurring, recurring_io, views
 from api.views import ApiError
+from base.errors import CommandRejected, ConfigError
 from streams.recurring import parse_run_id
 from streams.tenants import TenantConfig
-from tocsin.errors import CommandRejected, ConfigError
 from topics.validation import check_time_zone
 
 _STATUS_MESSAGE = {200: "Success", 201: "Success", 202: "Accepted"}

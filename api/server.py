@@ -19,10 +19,10 @@ from api import goscheduler, recurring, recurring_io, views
 from api.openapi import openapi_document
 from api.service import Principal, Service, now_ms
 from api.views import ApiError
+from base.errors import TocsinError
+from base.settings import Settings
 from streams import tenant_admin
 from streams.tenants import TenantConfig
-from tocsin.errors import TocsinError
-from tocsin.settings import Settings
 
 log = logging.getLogger("tocsin.api")
 

@@ -22,13 +22,13 @@ from api.views import (
     http_status,
     matches,
 )
+from base.errors import CommandRejected, StoreError
+from base.settings import Settings
 from streams.cache import TtlCache
 from streams.commands import TenantCache
 from streams.store import STATE_MISSED, STATE_SCHEDULED, Store
 from streams.tenant_admin import TenantExists, issue_key, register_tenant
 from streams.tenants import TenantConfig, check_api_key, split_api_key
-from tocsin.errors import CommandRejected, StoreError
-from tocsin.settings import Settings
 from topics.codec import callback_from_json, encode_trigger, trigger_headers
 from topics.codes import Code
 from topics.ids import trigger_id

@@ -28,6 +28,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import KafkaError as RdKafkaError
 
+from base.errors import TocsinError
+from base.health import Health
+from base.health import serve as serve_health
+from base.settings import Settings
 from proxy.committer import Committer
 from proxy.envelope import Envelope, prepare_fire, prepare_generic, trigger_decoder
 from proxy.metrics import ProxyMetrics
@@ -38,10 +42,6 @@ from proxy.reader import Reader, commit_positions
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
 from proxy.writer import Lane, ParkingLot, Writer
-from tocsin.errors import TocsinError
-from tocsin.health import Health
-from tocsin.health import serve as serve_health
-from tocsin.settings import Settings
 
 log = logging.getLogger("tocsin.proxy")
 

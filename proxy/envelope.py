@@ -25,9 +25,9 @@ from urllib.parse import quote, urlsplit
 
 import orjson
 
+from base.errors import TocsinError
 from proxy.parking import Origin
 from proxy.retry import AttemptState
-from tocsin.errors import TocsinError
 from topics.models import HttpCallback, KafkaCallback, PayloadType, Trigger
 
 KafkaHeaders = Sequence[tuple[str, bytes | None]]

@@ -28,8 +28,8 @@ from typing import Any
 from confluent_kafka import KafkaError as RdKafkaError
 from confluent_kafka import KafkaException, Producer
 
+from base.errors import KafkaError
 from proxy.metrics import ProxyMetrics
-from tocsin.errors import KafkaError
 
 log = logging.getLogger("tocsin.proxy")
 

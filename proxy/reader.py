@@ -37,13 +37,13 @@ from typing import Any
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
 from confluent_kafka import KafkaError as RdKafkaError
 
+from base.errors import KafkaError
 from proxy.envelope import Envelope
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
 from proxy.writer import Writer
-from tocsin.errors import KafkaError
 
 log = logging.getLogger("tocsin.proxy")
 

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Literal
 
+from base.errors import ConfigError
+from base.settings import _bool, _float, _get, _int, _port
 from proxy.retry import DEFAULT_MAX_RETRY_AGE_S, RetryPolicy
-from tocsin.errors import ConfigError
-from tocsin.settings import _bool, _float, _get, _int, _port
 
 Mode = Literal["fires", "generic"]
 

@@ -24,6 +24,10 @@ from typing import Any
 import faust
 from faust.types import TP
 
+from base.health import Health
+from base.health import serve as serve_health
+from base.logs import setup_logging
+from base.settings import Settings
 from streams import drain, metrics
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
@@ -32,10 +36,6 @@ from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer
 from streams.store import Store
 from streams.ticker import PartitionTicker, TickerConfig
-from tocsin.health import Health
-from tocsin.health import serve as serve_health
-from tocsin.logs import setup_logging
-from tocsin.settings import Settings
 from topics.catalog import catalog
 from topics.signing import TimestampType
 from topics.validation import Limits

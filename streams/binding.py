@@ -24,8 +24,8 @@ import logging
 from dataclasses import dataclass
 from typing import Protocol
 
-from tocsin.errors import ConfigError, StoreError
-from tocsin.settings import Settings
+from base.errors import ConfigError, StoreError
+from base.settings import Settings
 
 log = logging.getLogger("tocsin.binding")
 

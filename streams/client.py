@@ -14,8 +14,8 @@ from typing import Any
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 
-from tocsin.errors import KafkaError
-from tocsin.settings import Settings
+from base.errors import KafkaError
+from base.settings import Settings
 from topics.catalog import catalog
 from topics.codec import decode_result, decode_trigger, encode_command
 from topics.models import Command, CommandResult, Trigger
@@ -64,7 +64,7 @@ class CommandClient:
         cached = self._signing_keys.get(tenant)
         now = time.monotonic()
         if cached is None or now - cached[0] >= SIGNING_KEY_REFRESH_S:
-            from tocsin.cassandra import make_cluster
+            from base.cassandra import make_cluster
 
             cluster = make_cluster(self.settings.cassandra)
             try:

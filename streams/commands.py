@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
+from base.errors import CommandRejected, KafkaError, TocsinError
 from streams import metrics
 from streams.buckets import max_due_ms
 from streams.cache import TtlCache
@@ -62,7 +63,6 @@ from streams.store import (
 )
 from streams.tenants import QuotaBook, TenantConfig, host_allowed, stamp_retry, topic_allowed
 from streams.ticker import PartitionTicker, TriggerSink
-from tocsin.errors import CommandRejected, KafkaError, TocsinError
 from topics.codec import callback_from_json, callback_to_json, encode_result
 from topics.codes import ACCEPTED_CODES, Code
 from topics.ids import format_iso_ms

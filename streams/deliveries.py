@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
+from base.errors import StoreError
 from streams import metrics
-from tocsin.errors import StoreError
 
 log = logging.getLogger("tocsin.deliveries")
 

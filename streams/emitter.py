@@ -17,8 +17,8 @@ from typing import Any
 from confluent_kafka import KafkaError as KafkaCode
 from confluent_kafka import KafkaException, Producer
 
-from tocsin.errors import KafkaError
-from tocsin.settings import KafkaSettings
+from base.errors import KafkaError
+from base.settings import KafkaSettings
 
 
 class Emitter:

@@ -46,6 +46,8 @@ from typing import Any
 
 from prometheus_client import Counter, Histogram
 
+from base.errors import CommandRejected
+from base.supervise import supervise
 from streams.buckets import BucketKey, shard_of
 from streams.buckets import minute_ms as minute_of
 from streams.recurring import (
@@ -70,8 +72,6 @@ from streams.store import (
     ScheduleRow,
     load_schedule_rows,
 )
-from tocsin.errors import CommandRejected
-from tocsin.supervise import supervise
 from topics.codec import callback_to_json, recurrence_from_json, recurrence_to_json
 from topics.codes import Code
 from topics.ids import trigger_id

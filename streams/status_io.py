@@ -14,10 +14,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from base.errors import KafkaError
+from base.settings import KafkaSettings
 from streams.status import Lag, ScheduleState, Tally, Window, lag_of
 from streams.store import Store
-from tocsin.errors import KafkaError
-from tocsin.settings import KafkaSettings
 
 _CQL = {
     "status_bucket_keys": "SELECT due_ms, tenant, schedule_id, version FROM {keyspace}.buckets "

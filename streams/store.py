@@ -4,7 +4,7 @@ events and tenants (schema/cql/001_initial.cql).
 Everything here is a thin async wrapper over cassandra-driver: statements are prepared once
 in ``connect``, ``execute_async`` futures are bridged into asyncio with
 ``loop.call_soon_threadsafe`` (the driver completes them on its own I/O thread), a semaphore
-caps requests in flight, and every driver error leaves as ``tocsin.errors.StoreError`` with
+caps requests in flight, and every driver error leaves as ``base.errors.StoreError`` with
 ``retriable`` set for timeouts, unavailability and lost connections.
 
 This module must never decide scheduling policy (what to fire, when, whether a command is
@@ -44,12 +44,12 @@ from cassandra.query import (
 )
 from prometheus_client import Counter
 
+from base.cassandra import make_cluster
+from base.errors import StoreError
+from base.settings import CassandraSettings
 from streams.binding import Deployment
 from streams.buckets import BucketKey, shard_of, ttl_s
 from streams.buckets import minute_ms as minute_of
-from tocsin.cassandra import make_cluster
-from tocsin.errors import StoreError
-from tocsin.settings import CassandraSettings
 
 DEFAULT_FETCH_SIZE = 5000
 DEFAULT_MAX_IN_FLIGHT = 256

@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from base.errors import CommandRejected
 from streams.tenants import TenantConfig, new_api_key
-from tocsin.errors import CommandRejected
 from topics.signing import SigningKeys, new_signing_key
 from topics.validation import check_tenant
 

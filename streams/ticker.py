@@ -47,14 +47,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from base.errors import KafkaError, StoreError, TocsinError
+from base.supervise import HealthSink, supervise
 from streams import metrics
 from streams.buckets import minute_ms
 from streams.pacing import FirePacer
 from streams.store import BucketRow, FiredMark
 from streams.tenants import TenantConfig
 from streams.timeline import Entry, Timeline
-from tocsin.errors import KafkaError, StoreError, TocsinError
-from tocsin.supervise import HealthSink, supervise
 from topics.codec import encode_trigger, trigger_headers
 from topics.ids import trigger_id as make_trigger_id
 from topics.models import PayloadType, Trigger

@@ -16,10 +16,10 @@ from collections.abc import Mapping, Sequence
 
 import orjson
 
+from base.errors import TocsinError
+from base.logs import setup_logging
+from base.settings import REPO_ROOT, Settings
 from tocsin import settings_doc as sd
-from tocsin.errors import TocsinError
-from tocsin.logs import setup_logging
-from tocsin.settings import REPO_ROOT, Settings
 from tocsin.settings_doc import Process
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REJECTED = 0, 1, 2, 3, 4
@@ -154,10 +154,10 @@ def replace_block(text: str, process: Process) -> str:
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
-    """``tocsin status`` (streams.cli.cmd_status), with the proxy's consumer group read
+    """``tocsin status`` (tocsin.scheduler_cli.cmd_status), with the proxy's consumer group read
     from the proxy's own settings unless ``--proxy-group`` names it."""
     from proxy.settings import ProxySettings
-    from streams.cli import cmd_status as run_status
+    from tocsin.scheduler_cli import cmd_status as run_status
 
     group = args.proxy_group or ProxySettings.from_env(os.environ).group_id
     return run_status(args, settings, proxy_group=group)
@@ -198,14 +198,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     settings_cmd.set_defaults(func=cmd_settings)
 
-    from proxy.cli import register as register_proxy
-    from streams.cli import register as register_streams
-    from streams.cli import register_status
+    from tocsin.proxy_cli import register as register_proxy
+    from tocsin.scheduler_cli import register as register_streams
+    from tocsin.scheduler_cli import register_status
 
     register_streams(sub)
     # The schedules' view; the local Kafka and Cassandra servers are `tocsin infra status`.
     register_status(sub, cmd_status)
-    from api.cli import register as register_api
+    from tocsin.api_cli import register as register_api
 
     register_api(sub)
     register_proxy(sub)

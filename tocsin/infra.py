@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from tocsin.errors import InfraError
-from tocsin.settings import REPO_ROOT, Settings, StackSettings
+from base.errors import InfraError
+from base.settings import REPO_ROOT, Settings, StackSettings
 
 log = logging.getLogger("tocsin.infra")
 
@@ -592,8 +592,8 @@ class CassandraServer(_Server):
     def ready(self) -> bool:
         if not _port_open(self.port):
             return False
-        from tocsin.cassandra import make_cluster
-        from tocsin.settings import CassandraSettings
+        from base.cassandra import make_cluster
+        from base.settings import CassandraSettings
 
         cluster = make_cluster(
             CassandraSettings(contact_points=("127.0.0.1",), port=self.port, request_timeout_s=5),

@@ -231,10 +231,10 @@ def block(process: Process) -> str:
     return f"{begin_marker(process)}\n{markdown_table(process)}\n{END_MARKER}"
 
 
-# The settings helpers of tocsin/settings.py: _get, _int and their siblings, called with
+# The settings helpers of base/settings.py: _get, _int and their siblings, called with
 # the environment and the name without its TOCSIN_ prefix.
 _READ = re.compile(r'_(?:get|int|float|opt|bool|choice|port)\(\s*\w+,\s*"([A-Z][A-Z0-9_]*)"')
-_PACKAGES = ("tocsin", "proxy", "streams", "topics", "schema", "api")
+_PACKAGES = ("base", "topics", "schema", "streams", "proxy", "api", "tocsin")
 
 
 def names_read_by_code(root: Path) -> set[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tocsin.settings import Settings
+from base.settings import Settings
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:

@@ -27,7 +27,7 @@ class Health:
         self._last_beat = time.monotonic()
         self._ready = False
         self._reason = "starting"
-        # Components that keep failing (tocsin.supervise): any one makes the process dead.
+        # Components that keep failing (base.supervise): any one makes the process dead.
         self._failed: dict[str, str] = {}
 
     def beat(self) -> None:

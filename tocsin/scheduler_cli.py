@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from tocsin.settings import Settings
+from base.settings import Settings
 
 
 async def _with_store(settings: Settings, fn: Any) -> Any:
@@ -205,8 +205,8 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
                 print(f"  {format_iso_ms(e['at_ms'])}  {e['event']:14s} {e.get('detail') or ''}")
         return EXIT_OK
 
+    from base.errors import CommandRejected
     from streams.client import CommandClient, ResultWatcher
-    from tocsin.errors import CommandRejected
     from topics.models import CancelCommand
 
     rid = uuid.uuid4().hex
@@ -475,7 +475,7 @@ def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from schema.migrate import migrate
-    from streams.demo import run_demo
+    from tocsin.demo import run_demo
     from topics.catalog import catalog, ensure_topics
 
     # The demo brings its own prerequisites up to date (idempotent).
@@ -487,7 +487,7 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
     from schema.migrate import migrate
-    from streams.demo import run_dev
+    from tocsin.demo import run_dev
     from topics.catalog import catalog, ensure_topics
 
     ensure_topics(settings.kafka, catalog(settings.topics).all())
@@ -628,10 +628,10 @@ def cmd_status(args: argparse.Namespace, settings: Settings, *, proxy_group: str
     delivered in the last hour, lateness; and the consumers' lag (streams.status)."""
     import time
 
+    from base.errors import KafkaError
     from streams.status import HOUR_MS, Report, Window, render
     from streams.status_io import collect, consumer_lags, lag_pairs
     from tocsin.cli import EXIT_OK, EXIT_USAGE
-    from tocsin.errors import KafkaError
 
     lookback_s = (
         args.lookback_s

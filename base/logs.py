@@ -54,7 +54,7 @@ class TextFormatter(logging.Formatter):
 def logging_dict(level: str = "INFO", fmt: str = "json") -> dict[str, Any]:
     """The same setup as a dictConfig, for runners that configure logging themselves
     (Faust's worker takes it as ``logging_config``)."""
-    formatter = "tocsin.logs.JsonFormatter" if fmt == "json" else "tocsin.logs.TextFormatter"
+    formatter = "base.logs.JsonFormatter" if fmt == "json" else "base.logs.TextFormatter"
     return {
         "version": 1,
         "disable_existing_loggers": False,

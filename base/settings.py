@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tocsin.errors import ConfigError
+from base.errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ class KafkaSettings:
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
             # librdkafka leaves Nagle's algorithm on. No delay was measured from it here
-            # (unlike cassandra-driver's, tocsin/cassandra.py); off so that a request queued
+            # (unlike cassandra-driver's, base/cassandra.py); off so that a request queued
             # behind an unacknowledged one never waits for the broker's delayed ACK.
             "socket.nagle.disable": True,
             # librdkafka prints to stderr itself unless given a logger: through ours, its

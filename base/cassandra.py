@@ -6,7 +6,7 @@ import socket
 import ssl
 from typing import Any
 
-from tocsin.settings import CassandraSettings
+from base.settings import CassandraSettings
 
 
 def make_cluster(

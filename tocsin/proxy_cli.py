@@ -6,7 +6,7 @@ import argparse
 import os
 from typing import Any
 
-from tocsin.settings import Settings
+from base.settings import Settings
 
 
 def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:

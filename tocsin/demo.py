@@ -21,8 +21,8 @@ import uuid
 import orjson
 from aiohttp import web
 
+from base.settings import REPO_ROOT, Settings
 from streams.client import CommandClient, FireWatcher, ResultWatcher
-from tocsin.settings import REPO_ROOT, Settings
 from topics.ids import trigger_id
 from topics.models import CreateCommand, HttpCallback, PayloadType
 from topics.signing import new_signing_key
