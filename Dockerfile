@@ -43,6 +43,7 @@ RUN python -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml
 
 # Then the project itself (a regular, non-editable install; no dependency resolution).
 COPY README.md ./
+COPY base ./base
 COPY tocsin ./tocsin
 COPY topics ./topics
 COPY streams ./streams

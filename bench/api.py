@@ -63,8 +63,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from base.settings import REPO_ROOT, Settings
 from bench.scheduler import WORKER_COMMAND, WORKER_PORTS, cleanup, metric, pct, start_workers
-from tocsin.settings import REPO_ROOT, Settings
 from topics.catalog import catalog
 
 

@@ -6,7 +6,7 @@ otherwise. A request over about 4 KB (an 11-row batch of this shape; 10 rows are
 delayed) then waits for the server's delayed ACK (about 40 ms on Linux) before its tail
 leaves: 43.6 ms against 0.9 ms with TCP_NODELAY, on an idle local node. Every grouped
 write of the command agent (bucket rows, listing index, schedule rows with their events)
-and of the ticker is that large. ``tocsin.cassandra.make_cluster`` now sets TCP_NODELAY.
+and of the ticker is that large. ``base.cassandra.make_cluster`` now sets TCP_NODELAY.
 
 Against the local stack's Cassandra, in a scratch keyspace (dropped at the end): waves
 of ``--concurrency`` unlogged batches of ``--rows`` rows (one partition each, the shape
@@ -33,8 +33,8 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from tocsin.cassandra import make_cluster
-from tocsin.settings import Settings
+from base.cassandra import make_cluster
+from base.settings import Settings
 
 
 def measure(sockopts: list[tuple[int, int, int]] | None, args: argparse.Namespace) -> list[float]:

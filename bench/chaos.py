@@ -49,7 +49,7 @@ from typing import Any
 
 import orjson
 
-from tocsin.settings import REPO_ROOT, Settings
+from base.settings import REPO_ROOT, Settings
 
 CHAOS_ENV = {
     "TOCSIN_STATE_DIR": str(REPO_ROOT / ".state" / "chaos"),
@@ -86,7 +86,7 @@ def free_port() -> int:
 
 
 class Proc:
-    """A ``tocsin worker`` or ``python -m proxy`` subprocess in its own process group."""
+    """A ``tocsin worker`` or ``tocsin proxy`` subprocess in its own process group."""
 
     def __init__(
         self, name: str, argv: list[str], env: dict[str, str], log: Path, cwd: Path = REPO_ROOT
@@ -382,7 +382,7 @@ class Scenario:
 
     def __init__(self, chaos: Chaos, name: str) -> None:
         from schema.migrate import migrate
-        from streams.demo import _register_tenant
+        from tocsin.demo import _register_tenant
         from topics.catalog import catalog, ensure_topics
 
         self.chaos, self.name = chaos, name
@@ -440,7 +440,8 @@ class Scenario:
             TOCSIN_PROXY_RETRY_MAX_DELAY_S="5",
             **env,
         )
-        p = Proc(name, [sys.executable, "-m", "proxy"], e, self.logs / f"{name}.log").start()
+        argv = [sys.executable, "-m", "tocsin", "proxy"]
+        p = Proc(name, argv, e, self.logs / f"{name}.log").start()
         self.procs.append(p)
         return p
 
@@ -467,7 +468,7 @@ class Scenario:
 
     def tenant(self, name: str) -> str:
         """Another signed tenant in this scenario's keyspace."""
-        from streams.demo import _register_tenant
+        from tocsin.demo import _register_tenant
 
         _register_tenant(self.settings, name)
         return name

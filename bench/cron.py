@@ -28,6 +28,7 @@ import uuid
 
 import orjson
 
+from base.settings import Settings
 from bench.scheduler import (
     TENANT,
     cleanup,
@@ -40,7 +41,6 @@ from bench.scheduler import (
 )
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.recurring import jitter_ms, parse_run_id, run_id
-from tocsin.settings import Settings
 from topics.models import CreateCommand, HttpCallback, PayloadType, Recurrence
 
 
@@ -81,7 +81,7 @@ def main() -> int:
     )
     settings = Settings.from_env(env)
     from schema.migrate import migrate
-    from streams.demo import _register_tenant
+    from tocsin.demo import _register_tenant
     from topics.catalog import catalog, ensure_topics
 
     ensure_topics(settings.kafka, catalog(settings.topics).all())

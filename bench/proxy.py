@@ -1,6 +1,6 @@
 """Delivery proxy benchmark (`make bench-proxy`): throughput, order, loss and memory.
 
-Runs the real proxy (``python -m proxy``, one process) against real Kafka and a local
+Runs the real proxy (``tocsin proxy``, one process) against real Kafka and a local
 aiohttp receiver (another process, so neither steals the other's interpreter), and prints
 ``RESULT`` lines last. Each efficiency's bound is computed in the same run as
 min(concurrency, keys) / endpoint latency; a rate is measured at the receiver from the
@@ -246,7 +246,7 @@ def run_proxy(
     expected = n - pills
     rx.reset(latency_s)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "proxy"],
+        [sys.executable, "-m", "tocsin", "proxy"],
         cwd=REPO,
         env=proxy_env(topic, dlq, rx.url, concurrency, **extra),
     )

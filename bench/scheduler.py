@@ -33,8 +33,8 @@ from pathlib import Path
 
 import orjson
 
+from base.settings import REPO_ROOT, Settings
 from streams.client import CommandClient, FireWatcher, ResultWatcher
-from tocsin.settings import REPO_ROOT, Settings
 from topics.ids import trigger_id
 from topics.models import CreateCommand, HttpCallback, PayloadType
 
@@ -361,7 +361,7 @@ def phase_memory(settings: Settings, env: dict[str, str], log: Path) -> tuple[fl
     """In a topic prefix and keyspace of its own, so nothing left from the other phases
     (commands still queued, checkpoints) is in either measurement."""
     from schema.migrate import migrate
-    from streams.demo import _register_tenant
+    from tocsin.demo import _register_tenant
     from topics.catalog import catalog, ensure_topics
 
     run = uuid.uuid4().hex[:6]
@@ -429,7 +429,7 @@ def main() -> int:
 
     ensure_topics(settings.kafka, catalog(settings.topics).all())
     migrate(settings.cassandra)
-    from streams.demo import _register_tenant
+    from tocsin.demo import _register_tenant
 
     _register_tenant(settings, TENANT)
     log = settings.stack.state_dir / f"bench-worker-{run}.log"
@@ -483,7 +483,7 @@ def main() -> int:
 def cleanup(settings: Settings) -> None:
     from confluent_kafka.admin import AdminClient
 
-    from tocsin.cassandra import make_cluster
+    from base.cassandra import make_cluster
 
     admin = AdminClient(settings.kafka.librdkafka())
     names = [

@@ -17,10 +17,10 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
+from base.cassandra import make_cluster
+from base.errors import ConfigError, StoreError
+from base.settings import CassandraSettings
 from schema import CQL_DIR
-from tocsin.cassandra import make_cluster
-from tocsin.errors import ConfigError, StoreError
-from tocsin.settings import CassandraSettings
 
 log = logging.getLogger("tocsin.schema")
 

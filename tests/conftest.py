@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tocsin.settings import Settings
+from base.settings import Settings
 
 RUN_ID = uuid.uuid4().hex[:8]
 
@@ -44,7 +44,7 @@ def settings() -> Settings:
 @pytest.fixture(scope="session")
 def stack(settings: Settings) -> Settings:
     """The running local stack (started here if needed)."""
-    from tocsin.errors import InfraError
+    from base.errors import InfraError
     from tocsin.infra import Stack
 
     local = Stack(settings)
@@ -78,8 +78,8 @@ def topics(stack: Settings) -> Iterator[Settings]:
 @pytest.fixture(scope="session")
 def keyspace(stack: Settings) -> Iterator[Settings]:
     """This run's keyspace, migrated; dropped at the end."""
+    from base.cassandra import make_cluster
     from schema.migrate import migrate
-    from tocsin.cassandra import make_cluster
 
     migrate(stack.cassandra)
     yield stack

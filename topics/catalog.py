@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tocsin.errors import KafkaError, TopicMismatchError
-from tocsin.settings import KafkaSettings, TopicSettings
+from base.errors import KafkaError, TopicMismatchError
+from base.settings import KafkaSettings, TopicSettings
 
 log = logging.getLogger("tocsin.topics")
 

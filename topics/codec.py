@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from tocsin.errors import CommandRejected
+from base.errors import CommandRejected
 from topics.codes import Code
 from topics.models import (
     Callback,

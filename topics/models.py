@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Literal, TypeAlias
 
-from tocsin.errors import CommandRejected
+from base.errors import CommandRejected
 from topics.codes import ACCEPTED_CODES, Code
 
 

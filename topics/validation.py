@@ -27,8 +27,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from tocsin.errors import CommandRejected, ConfigError
-from tocsin.settings import SchedulerSettings
+from base.errors import CommandRejected, ConfigError
+from base.settings import SchedulerSettings
 from topics.addresses import refused_literal
 from topics.codes import Code
 from topics.ids import MAX_EPOCH_MS, MIN_EPOCH_MS, format_iso_ms, parse_iso_ms

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from base.errors import ConfigError
+from base.settings import ApiSettings, SchedulerSettings, Settings
 from proxy.settings import ProxySettings
-from tocsin.errors import ConfigError
-from tocsin.settings import ApiSettings, SchedulerSettings, Settings
 from tocsin.settings_doc import names_read_by_code
 
 from .conftest import CHART, PROD_VALUES, ROOT, SCENARIOS, Rendered, Tools, helm_template, pins, run

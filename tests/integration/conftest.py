@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tocsin.settings import REPO_ROOT, Settings
+from base.settings import REPO_ROOT, Settings
 from topics.signing import new_signing_key
 
 # Worker/API ports for subprocesses; TOCSIN_TEST_PORT_BASE lets two test runs share a machine.
@@ -150,8 +150,8 @@ def isolated_stack(real_stack: Settings, name: str) -> Iterator[Settings]:
     see streams.binding)."""
     from confluent_kafka.admin import AdminClient
 
+    from base.cassandra import make_cluster
     from schema.migrate import migrate
-    from tocsin.cassandra import make_cluster
     from topics.catalog import catalog, ensure_topics
 
     settings = replace(

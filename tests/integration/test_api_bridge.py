@@ -23,8 +23,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from api.bridge import CommandBridge, Expected, new_reply_nonce
 from api.service import Service
 from api.views import ApiError, create_command
+from base.settings import Settings
 from streams.partitioner import partition_for
-from tocsin.settings import Settings
 from topics.catalog import catalog, ensure_topics
 
 pytestmark = pytest.mark.integration
@@ -227,7 +227,7 @@ async def test_a_command_kafka_refuses_fails_with_kafka_error_not_a_timeout(
         ConfigResource,
     )
 
-    from tocsin.errors import KafkaError
+    from base.errors import KafkaError
 
     bridge = CommandBridge(own_topics)
     admin = AdminClient(own_topics.kafka.librdkafka())

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tocsin.settings import REPO_ROOT
+from base.settings import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -14,6 +14,7 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, Message, Producer, TopicPartition
 
+from base.settings import Settings
 from proxy.app import ProxyApp
 from streams.client import CommandClient, ResultWatcher
 from streams.partitioner import partition_for
@@ -27,7 +28,6 @@ from tests.integration.test_proxy_delivery import (
     receiver,  # noqa: F401  (fixture)
     start_proxy,
 )
-from tocsin.settings import Settings
 from topics.catalog import catalog
 from topics.signing import sign_headers
 

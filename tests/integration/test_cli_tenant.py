@@ -11,8 +11,8 @@ from typing import Any
 
 import orjson
 
+from base.settings import REPO_ROOT, Settings
 from streams.store import Store
-from tocsin.settings import REPO_ROOT, Settings
 
 
 def _tocsin(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:

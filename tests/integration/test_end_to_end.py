@@ -11,12 +11,12 @@ from typing import Any
 
 import orjson
 
+from base.settings import Settings
 from proxy.app import ProxyApp
 from streams.client import CommandClient, ResultWatcher
 from streams.store import Store
 from tests.integration.conftest import WorkerProcess, _env_for, _ports, isolated_stack
 from tests.integration.test_proxy_delivery import Receiver, fast_settings
-from tocsin.settings import Settings
 from topics.models import CreateCommand, HttpCallback, PayloadType
 
 

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
+from base.settings import Settings
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.partitioner import partition_for
 from streams.store import Store
 from tests.integration.conftest import WorkerProcess, _env_for, _ports, wait_worker_ready
 from tests.integration.test_scheduler import collect_fires, create, now_ms
-from tocsin.settings import Settings
 from topics.ids import trigger_id
 
 SKEW_MS = 60_000

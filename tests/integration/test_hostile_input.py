@@ -10,9 +10,9 @@ from typing import Any
 import orjson
 import pytest
 
+from base.settings import Settings
 from streams.client import CommandClient, ResultWatcher
 from tests.integration.conftest import wait_worker_ready
-from tocsin.settings import Settings
 from topics.models import CreateCommand, HttpCallback, PayloadType
 
 

@@ -25,9 +25,9 @@ from aiohttp import web
 from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from base.settings import Settings
 from proxy.app import ProxyApp
 from proxy.settings import ProxySettings
-from tocsin.settings import Settings
 
 pytestmark = pytest.mark.integration
 

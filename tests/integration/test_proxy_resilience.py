@@ -21,6 +21,7 @@ import orjson
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 
+from base.settings import Settings
 from proxy.app import ProxyApp
 from tests.integration.test_proxy_delivery import (
     Hit,
@@ -34,7 +35,6 @@ from tests.integration.test_proxy_delivery import (
     uid,
     wait_for,
 )
-from tocsin.settings import Settings
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +82,7 @@ def spawn_proxy(stack: Settings, env_extra: dict[str, str]) -> subprocess.Popen[
         "TOCSIN_PROXY_RETRY_MAX_DELAY_S": "0.2",
         **env_extra,
     }
-    return subprocess.Popen([sys.executable, "-m", "proxy"], cwd=REPO, env=env)
+    return subprocess.Popen([sys.executable, "-m", "tocsin", "proxy"], cwd=REPO, env=env)
 
 
 def test_sigkill_mid_stream_then_restart_loses_nothing(stack: Settings) -> None:

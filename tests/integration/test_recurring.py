@@ -15,11 +15,11 @@ from typing import Any
 
 import orjson
 
+from base.settings import Settings
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.materializer import schedule_runs
 from streams.recurring import parse_run_id
 from tests.integration.conftest import wait_worker_ready
-from tocsin.settings import Settings
 from topics.ids import trigger_id
 from topics.models import (
     CancelCommand,

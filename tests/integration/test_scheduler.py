@@ -11,11 +11,11 @@ from typing import Any
 import orjson
 import pytest
 
+from base.settings import Settings
 from streams.binding import check_keyspace
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.store import Store
 from tests.integration.conftest import wait_worker_ready
-from tocsin.settings import Settings
 from topics.ids import trigger_id
 from topics.models import (
     CancelCommand,

@@ -8,10 +8,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from base.cassandra import make_cluster
+from base.errors import TopicMismatchError
+from base.settings import Settings
 from schema.migrate import load_migrations, migrate
-from tocsin.cassandra import make_cluster
-from tocsin.errors import TopicMismatchError
-from tocsin.settings import Settings
 from topics.catalog import TopicSpec, catalog, ensure_topics
 
 

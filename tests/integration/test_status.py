@@ -13,10 +13,10 @@ from typing import Any
 
 import orjson
 
+from base.settings import REPO_ROOT, Settings
 from streams.client import CommandClient, ResultWatcher
 from streams.store import Store
 from tests.integration.conftest import wait_worker_ready
-from tocsin.settings import REPO_ROOT, Settings
 from topics.models import CancelCommand, CreateCommand, HttpCallback
 
 

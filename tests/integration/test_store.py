@@ -18,11 +18,11 @@ from typing import Any
 
 import pytest
 
+from base.errors import StoreError
+from base.settings import CassandraSettings, KafkaSettings
 from streams.buckets import MINUTE_MS, minute_ms
 from streams.partitioner import partition_for
 from streams.store import BucketRow, ScheduleRow, Store
-from tocsin.errors import StoreError
-from tocsin.settings import CassandraSettings, KafkaSettings
 
 pytestmark = pytest.mark.integration
 

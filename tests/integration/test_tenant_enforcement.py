@@ -25,6 +25,8 @@ from typing import Any
 import orjson
 import pytest
 
+from base.cassandra import make_cluster
+from base.settings import REPO_ROOT, Settings
 from proxy.app import ProxyApp
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.partitioner import partition_for
@@ -45,8 +47,6 @@ from tests.integration.test_proxy_delivery import (
     start_proxy,
     wait_for,
 )
-from tocsin.cassandra import make_cluster
-from tocsin.settings import REPO_ROOT, Settings
 from topics.codes import Code
 from topics.models import CancelCommand, CreateCommand, DeliveryRetry, HttpCallback, Trigger
 from topics.signing import new_signing_key

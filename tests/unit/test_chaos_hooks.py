@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from base.errors import InfraError
+from base.settings import Settings
 from streams.app import skewed_clock
-from tocsin.errors import InfraError
 from tocsin.infra import Stack, resolve_jars
-from tocsin.settings import Settings
 
 
 def test_jars_dir_and_clock_skew_settings(tmp_path: Path) -> None:

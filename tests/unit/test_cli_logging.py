@@ -8,8 +8,8 @@ import socket
 import pytest
 from confluent_kafka import Producer
 
+from base.settings import Settings
 from tocsin.cli import log_level_for
-from tocsin.settings import Settings
 
 
 def test_commands_a_person_runs_log_from_warning_servers_from_the_setting() -> None:

@@ -14,11 +14,11 @@ import orjson
 import pytest
 
 from api.bridge import Expected, new_reply_nonce
+from base.errors import CommandRejected
 from streams.app import _timestamp_type
 from streams.commands import CommandProcessor, RawCommand
 from streams.partitioner import partition_for
 from tests.unit.test_fault_properties import NOW, PARTITIONS, SECRET, FakeSink, FakeStore
-from tocsin.errors import CommandRejected
 from topics.codec import decode_result, encode_command, encode_result
 from topics.codes import Code
 from topics.models import (

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from streams.cli import register
-from streams.demo import progress_line, summary_lines
-from tocsin.settings import REPO_ROOT
+from base.settings import REPO_ROOT
+from tocsin.demo import progress_line, summary_lines
+from tocsin.scheduler_cli import register
 
 
 def _readme_summary() -> list[str]:
@@ -46,7 +46,7 @@ def test_the_dev_receiver_prints_each_call_on_any_path(capsys: pytest.CaptureFix
     import socket
     import urllib.request
 
-    from streams.demo import Receiver
+    from tocsin.demo import Receiver
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

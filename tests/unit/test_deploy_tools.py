@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tocsin.settings import REPO_ROOT
+from base.settings import REPO_ROOT
 
 INSTALLER = REPO_ROOT / "tools" / "install-deploy-tools.sh"
 # What the installer runs before it would need Go.

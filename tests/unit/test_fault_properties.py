@@ -19,10 +19,10 @@ import orjson
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from base.errors import CommandRejected, TocsinError
 from proxy.envelope import Envelope, _fallback_decode_trigger, prepare_fire, trigger_decoder
 from streams.commands import CommandProcessor, RawCommand
 from streams.partitioner import partition_for
-from tocsin.errors import CommandRejected, TocsinError
 from topics.codec import callback_from_json, decode_result, decode_trigger, encode_command
 from topics.codes import Code
 from topics.models import CreateCommand, HttpCallback, PayloadType

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from base.errors import InfraError
 from tocsin import infra
-from tocsin.errors import InfraError
 
 
 def fake_maven(path: Path) -> str:

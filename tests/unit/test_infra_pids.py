@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from base.settings import StackSettings
 from tocsin import infra
-from tocsin.settings import StackSettings
 
 
 @pytest.fixture

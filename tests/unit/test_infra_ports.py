@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from base.errors import InfraError
+from base.settings import Settings
 from tocsin import infra
-from tocsin.errors import InfraError
-from tocsin.settings import Settings
 
 
 def _free_port() -> int:

@@ -7,10 +7,10 @@ import base64
 import orjson
 import pytest
 
+from base.errors import ConfigError
 from proxy.deadletter import dead_letter_record, delivery_outcome
 from proxy.envelope import Envelope, _fallback_decode_trigger, prepare_fire, prepare_generic
 from proxy.settings import ProxySettings
-from tocsin.errors import ConfigError
 
 
 def env(key: bytes | None = b"k1", value: bytes | None = b"v", headers=None) -> Envelope:

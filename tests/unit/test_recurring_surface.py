@@ -15,12 +15,12 @@ import pytest
 
 from api import gocron, recurring
 from api.gocron import GoCronError
-from streams.cli import _create_command, _Usage
+from base.errors import CommandRejected
+from base.settings import Settings
 from streams.commands import check_recurring_horizon, recurring_index_changes
 from streams.recurring import NEVER_MS, occurrences, plan
 from streams.store import ScheduleChange, ScheduleRow
-from tocsin.errors import CommandRejected
-from tocsin.settings import Settings
+from tocsin.scheduler_cli import _create_command, _Usage
 from topics.codec import recurrence_from_json, recurrence_to_json
 from topics.codes import Code
 from topics.ids import parse_iso_ms
@@ -436,7 +436,7 @@ def test_the_facade_refuses_an_unknown_cron_time_zone_at_startup() -> None:
     from aiohttp import web
 
     from api import goscheduler
-    from tocsin.errors import ConfigError
+    from base.errors import ConfigError
 
     key: web.AppKey[Any] = web.AppKey("svc", object)
     with pytest.raises(ConfigError, match="TOCSIN_GOSCHEDULER_CRON_TIME_ZONE"):

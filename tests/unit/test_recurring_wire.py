@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tocsin.errors import CommandRejected
+from base.errors import CommandRejected
 from topics.codec import encode_command, recurrence_from_json, recurrence_to_json
 from topics.codes import Code
 from topics.ids import parse_iso_ms

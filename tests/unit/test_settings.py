@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from tocsin.errors import ConfigError
-from tocsin.settings import CassandraSettings, Settings
+from base.errors import ConfigError
+from base.settings import CassandraSettings, Settings
 
 
 def test_defaults_point_at_the_local_stack() -> None:
@@ -22,7 +22,7 @@ def test_cassandra_connections_disable_nagle() -> None:
     (bench/cassandra_latency.py); every cluster the project builds sets it."""
     import socket
 
-    from tocsin.cassandra import make_cluster
+    from base.cassandra import make_cluster
 
     cluster = make_cluster(CassandraSettings())
     try:
@@ -32,7 +32,7 @@ def test_cassandra_connections_disable_nagle() -> None:
 
 
 def test_cassandra_protocol_version_comes_from_the_settings() -> None:
-    from tocsin.cassandra import make_cluster
+    from base.cassandra import make_cluster
 
     assert Settings.from_env({}).cassandra.protocol_version == 4
     for env, want in (({}, 4), ({"TOCSIN_CASSANDRA_PROTOCOL_VERSION": "5"}, 5)):

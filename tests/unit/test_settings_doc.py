@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from base.settings import REPO_ROOT, Settings
 from proxy.settings import ProxySettings
 from tocsin import settings_doc as sd
-from tocsin.settings import REPO_ROOT, Settings
 
 
 def test_every_variable_the_code_reads_is_documented_and_nothing_else() -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from base.errors import ConfigError, StoreError
+from base.settings import Settings
 from streams.binding import Deployment, bind_keyspace, binding_conflict, deployment_of
-from tocsin.errors import ConfigError, StoreError
-from tocsin.settings import Settings
 
 MINE = Deployment(topic_prefix="tocsin.", command_partitions=8)
 

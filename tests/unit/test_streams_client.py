@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
+from base.settings import Settings
 from streams.client import SIGNING_KEY_REFRESH_S, CommandClient
-from tocsin.settings import Settings
 
 
 def client_without_cassandra() -> CommandClient:

@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
+from base.errors import CommandRejected
 from streams.commands import RawCommand, decide
 from streams.store import ScheduleRow
-from tocsin.errors import CommandRejected
 from topics.models import CancelCommand, CreateCommand, HttpCallback, PayloadType, UpdateCommand
 
 NOW = 1_800_000_000_000

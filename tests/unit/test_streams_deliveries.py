@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from base.errors import StoreError
 from streams.deliveries import parse_outcome, record_outcome
 from streams.tenants import TenantConfig
-from tocsin.errors import StoreError
 
 OUTCOME = {"outcome": "dead_lettered", "tenant": "acme", "schedule_id": "s1",
            "trigger_id": "t1", "dead_lettered_ms": 5, "attempts": 3, "reason": "HTTP 503"}

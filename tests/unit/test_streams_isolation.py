@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from base.errors import CommandRejected, StoreError
 from streams.commands import CommandProcessor, RawCommand, check_storable
 from streams.emitter import produce_retriable
 from streams.partitioner import partition_for
@@ -21,7 +22,6 @@ from tests.unit.test_fault_properties import (
     FakeStore,
     good_record,
 )
-from tocsin.errors import CommandRejected, StoreError
 from topics.codec import decode_result, encode_command
 from topics.models import CreateCommand, HttpCallback, PayloadType
 from topics.signing import sign_headers

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from base.errors import CommandRejected
 from streams.commands import RawCommand, decide
 from streams.materializer import (
     KEY_SPAN,
@@ -21,7 +22,6 @@ from streams.materializer import (
 )
 from streams.recurring import NEVER_MS, extend_at
 from streams.store import BucketRow, ScheduleRow
-from tocsin.errors import CommandRejected
 from topics.codes import Code
 from topics.models import (
     CancelCommand,

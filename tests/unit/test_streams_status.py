@@ -265,9 +265,9 @@ def test_collect_for_one_tenant_and_a_row_cap() -> None:
 
 
 def test_lag_covers_the_proxys_retry_lane() -> None:
+    from base.settings import Settings
     from proxy.app import retry_group_id
     from streams.status_io import lag_pairs
-    from tocsin.settings import Settings
 
     pairs = lag_pairs(Settings.from_env({}), "tocsin-proxy")
     assert (retry_group_id("tocsin-proxy"), "tocsin.retries") in {(g, t) for g, t, _ in pairs}

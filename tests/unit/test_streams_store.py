@@ -7,10 +7,10 @@ import pytest
 from cassandra import InvalidRequest, OperationTimedOut, Unavailable, WriteTimeout
 from cassandra.cluster import NoHostAvailable
 
+from base.errors import StoreError
+from base.settings import CassandraSettings
 from streams.buckets import BucketKey, shard_of
 from streams.store import BucketRow, ScheduleRow, Store, translate_error
-from tocsin.errors import StoreError
-from tocsin.settings import CassandraSettings
 
 T0 = 1_763_744_400_000
 

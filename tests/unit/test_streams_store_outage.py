@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from base.errors import StoreError
 from streams.store import BucketRow, FiredMark
 from streams.ticker import PartitionTicker, TickerConfig
 from tests.unit.test_streams_ticker import mark_each, running
-from tocsin.errors import StoreError
 
 NOW = 1_800_000_030_000  # 30 s into a minute
 

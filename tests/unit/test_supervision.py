@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from base.errors import KafkaError
+from base.health import Health
+from base.supervise import supervise
 from streams.timeline import Entry
 from tests.unit.test_streams_ticker import make, row, settle
-from tocsin.errors import KafkaError
-from tocsin.health import Health
-from tocsin.supervise import supervise
 
 
 def test_a_failing_loop_is_restarted_with_backoff_and_health_stays_green() -> None:

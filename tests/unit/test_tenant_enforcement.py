@@ -8,13 +8,13 @@ from dataclasses import replace
 import orjson
 import pytest
 
+from base.errors import CommandRejected
+from base.settings import CassandraSettings
 from proxy.retry import AttemptState, HttpResult, RetryPolicy, decide
 from streams.commands import with_default_retry, with_retention
 from streams.store import ScheduleChange, ScheduleRow, Store
 from streams.tenant_admin import signing_status
 from streams.tenants import RetryPolicyConfig, TenantConfig, stamp_retry
-from tocsin.errors import CommandRejected
-from tocsin.settings import CassandraSettings
 from topics.codec import callback_from_json, callback_to_json, decode_trigger, encode_trigger
 from topics.codes import Code
 from topics.models import (

@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 
-from tocsin.errors import CommandRejected
+from base.errors import CommandRejected
 from topics.codec import (
     callback_from_dict,
     callback_from_json,

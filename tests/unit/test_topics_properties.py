@@ -11,7 +11,7 @@ import orjson
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from tocsin.errors import CommandRejected
+from base.errors import CommandRejected
 from topics.codec import (
     decode_result,
     decode_trigger,

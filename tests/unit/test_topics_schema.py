@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tocsin.errors import CommandRejected
+from base.errors import CommandRejected
 from topics.codec import (
     RESULT_FIELDS,
     TRIGGER_FIELDS,

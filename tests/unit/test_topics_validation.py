@@ -8,8 +8,8 @@ from typing import Any
 import orjson
 import pytest
 
-from tocsin.errors import CommandRejected, ConfigError
-from tocsin.settings import SchedulerSettings
+from base.errors import CommandRejected, ConfigError
+from base.settings import SchedulerSettings
 from topics.codes import STATEFUL_CODES, Code
 from topics.ids import parse_iso_ms
 from topics.models import (
