@@ -26,7 +26,8 @@ from base.errors import CommandRejected, StoreError
 from base.settings import Settings
 from streams.cache import TtlCache
 from streams.commands import TenantCache
-from streams.store import STATE_MISSED, STATE_SCHEDULED, Store
+from streams.model import ScheduleState
+from streams.store import Store
 from streams.tenant_admin import TenantExists, issue_key, register_tenant
 from streams.tenants import TenantConfig, check_api_key, split_api_key
 from topics.codec import callback_from_json, encode_trigger, trigger_headers
@@ -302,7 +303,7 @@ class Service:
 
     async def bulk_cancel(self, tenant: str, from_ms: int, to_ms: int) -> dict[str, Any]:
         rows, truncated = await self.collect(
-            tenant, from_ms, to_ms, frozenset({STATE_SCHEDULED})
+            tenant, from_ms, to_ms, frozenset({ScheduleState.SCHEDULED})
         )
         sem = asyncio.Semaphore(200)
         codes: dict[str, int] = {}
@@ -333,7 +334,7 @@ class Service:
         The trigger keeps its trigger_id (it is the same trigger), with the next emission
         attempt number; a 'refired' event is added to the schedule's history."""
         rows, truncated = await self.collect(tenant, from_ms, to_ms, statuses)
-        rows = [r for r in rows if effective_state(r) != STATE_SCHEDULED
+        rows = [r for r in rows if effective_state(r) != ScheduleState.SCHEDULED
                 and r.get("state") != "cancelled"]
         fires = self.bridge.catalog.fires.name
         sem = asyncio.Semaphore(200)
@@ -362,7 +363,7 @@ class Service:
                     tenant, sid, "refired", at_ms=at, trigger_id=trig.trigger_id,
                     due_ms=trig.due_ms,
                     detail="re-fired by bulk reconcile"
-                    + (" (was missed)" if row.get("state") == STATE_MISSED else ""),
+                    + (" (was missed)" if row.get("state") == ScheduleState.MISSED else ""),
                 )
                 done += 1
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import orjson
 
-from streams.store import STATE_FIRED, STATE_SCHEDULED
+from streams.model import ScheduleState
 from topics.codes import Code
 from topics.ids import MAX_EPOCH_MS, format_iso_ms, parse_iso_ms, trigger_id
 
@@ -193,11 +193,11 @@ def decode_cursor(value: str | None) -> tuple[int, str] | None:
 def effective_state(row: dict[str, Any]) -> str:
     """The schedule's state; a 'fired' row whose trigger is of an older due time (a
     reschedule raced the fire, see Store.mark_fired) is still scheduled."""
-    state = str(row.get("state") or STATE_SCHEDULED)
-    if state == STATE_FIRED and row.get("trigger_id") not in (
+    state = str(row.get("state") or ScheduleState.SCHEDULED)
+    if state == ScheduleState.FIRED and row.get("trigger_id") not in (
         None, trigger_id(row["tenant"], row["schedule_id"], int(row["due_ms"]))
     ):
-        return STATE_SCHEDULED
+        return ScheduleState.SCHEDULED
     return state
 
 

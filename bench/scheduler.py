@@ -311,8 +311,9 @@ def store_future_rows(settings: Settings, count: int, start_index: int) -> None:
     """Write ``count`` future schedules (schedule + bucket rows) straight to Cassandra,
     due one to two days ahead (so no worker loads them), through the same grouped writes
     the command agent uses (bucket rows batched per bucket partition)."""
+    from streams.model import BucketRow, ScheduleChange, ScheduleRow
     from streams.partitioner import partition_for
-    from streams.store import BucketRow, ScheduleChange, ScheduleRow, Store
+    from streams.store import Store
 
     async def go() -> None:
         store = Store(settings.cassandra, commit_group_size=32)

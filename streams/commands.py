@@ -48,19 +48,10 @@ from streams.materializer import (
     is_recurring,
     repeated_create,
 )
+from streams.model import DEFAULT_RETENTION_S, BucketRow, ScheduleChange, ScheduleRow, ScheduleState
 from streams.partitioner import partition_for
 from streams.recurring import NEVER_MS, first_run
-from streams.store import (
-    DEFAULT_RETENTION_S,
-    STATE_CANCELLED,
-    STATE_FIRED,
-    STATE_MISSED,
-    STATE_SCHEDULED,
-    BucketRow,
-    ScheduleChange,
-    ScheduleRow,
-    load_schedule_rows,
-)
+from streams.store import load_schedule_rows
 from streams.tenants import QuotaBook, TenantConfig, host_allowed, stamp_retry, topic_allowed
 from streams.ticker import PartitionTicker, TriggerSink
 from topics.codec import callback_from_json, callback_to_json, encode_result
@@ -190,7 +181,7 @@ def decide(
             else Code.OK
         )
         # A recurring parent never fires itself: its materialiser redoes what is left.
-        scheduled = existing.state == STATE_SCHEDULED and not is_recurring(existing)
+        scheduled = existing.state == ScheduleState.SCHEDULED and not is_recurring(existing)
         hand = existing if scheduled else None
         return Decision(code, "already applied (replayed command)", hand_over=hand)
     if is_recurring(existing) or (
@@ -224,7 +215,7 @@ def decide(
     )
     old_bucket = BucketRow.for_schedule(current, shards=shards).key
     if isinstance(command, CancelCommand):
-        row = replace(stamped, state=STATE_CANCELLED)
+        row = replace(stamped, state=ScheduleState.CANCELLED)
         change = ScheduleChange(
             row=row,
             new_bucket=None,
@@ -278,7 +269,7 @@ def _decide_create(
         tenant=cmd.tenant,
         schedule_id=cmd.schedule_id,
         partition=msg.partition,
-        state=STATE_SCHEDULED,
+        state=ScheduleState.SCHEDULED,
         due_ms=cmd.due_ms,
         version=1,
         created_ms=msg.timestamp_ms,
@@ -304,11 +295,11 @@ def _decide_create(
 def _changeable(existing: ScheduleRow | None, schedule_id: str, firing: bool) -> ScheduleRow:
     if existing is None:
         raise CommandRejected(Code.NOT_FOUND, f"no schedule {schedule_id!r}")
-    if existing.state == STATE_CANCELLED:
+    if existing.state == ScheduleState.CANCELLED:
         raise CommandRejected(
             Code.ALREADY_CANCELLED, f"schedule {schedule_id!r} was already cancelled"
         )
-    if existing.state in (STATE_FIRED, STATE_MISSED) or firing:
+    if existing.state in (ScheduleState.FIRED, ScheduleState.MISSED) or firing:
         raise CommandRejected(Code.ALREADY_FIRED, f"schedule {schedule_id!r} has already fired")
     return existing
 

@@ -50,6 +50,7 @@ from base.errors import CommandRejected
 from base.supervise import supervise
 from streams.buckets import BucketKey, shard_of
 from streams.buckets import minute_ms as minute_of
+from streams.model import SCHEDULE_COLUMNS, BucketRow, ScheduleChange, ScheduleRow, ScheduleState
 from streams.recurring import (
     NEVER_MS,
     Plan,
@@ -61,17 +62,7 @@ from streams.recurring import (
     run_id,
     series_start,
 )
-from streams.store import (
-    _SCHEDULE_COLUMNS,
-    STATE_CANCELLED,
-    STATE_FIRED,
-    STATE_MISSED,
-    STATE_SCHEDULED,
-    BucketRow,
-    ScheduleChange,
-    ScheduleRow,
-    load_schedule_rows,
-)
+from streams.store import load_schedule_rows
 from topics.codec import callback_to_json, recurrence_from_json, recurrence_to_json
 from topics.codes import Code
 from topics.ids import trigger_id
@@ -252,11 +243,11 @@ def decide_recurring(
             Code.INVALID_FIELD,
             f"schedule {command.schedule_id!r} is a one-shot schedule; change it with due",
         )
-    if existing.state == STATE_CANCELLED:
+    if existing.state == ScheduleState.CANCELLED:
         raise CommandRejected(
             Code.ALREADY_CANCELLED, f"schedule {command.schedule_id!r} was already cancelled"
         )
-    if existing.state in (STATE_FIRED, STATE_MISSED):
+    if existing.state in (ScheduleState.FIRED, ScheduleState.MISSED):
         raise CommandRejected(
             Code.ALREADY_FIRED, f"schedule {command.schedule_id!r} has no runs left"
         )
@@ -279,7 +270,7 @@ def decide_recurring(
         )
         row = replace(
             stamped,
-            state=STATE_CANCELLED,
+            state=ScheduleState.CANCELLED,
             materialize_key=materialize_key(existing.partition, NEVER_MS),
         )
         return RecurringDecision(
@@ -400,7 +391,7 @@ def _create(
         tenant=cmd.tenant,
         schedule_id=cmd.schedule_id,
         partition=partition,
-        state=STATE_SCHEDULED,
+        state=ScheduleState.SCHEDULED,
         due_ms=first,
         version=1,
         created_ms=timestamp_ms,
@@ -429,7 +420,7 @@ STATEMENTS = {
     # Only when a partition's reader starts on a keyspace for the first time (no
     # checkpoint): parents keyed before the due queue existed (migration 007). A filtering
     # scan of the table, once per partition and keyspace.
-    "rec_keyed_scan": f"SELECT {', '.join(_SCHEDULE_COLUMNS)} FROM {{keyspace}}.schedules "
+    "rec_keyed_scan": f"SELECT {', '.join(SCHEDULE_COLUMNS)} FROM {{keyspace}}.schedules "
     "WHERE materialize_key >= ? AND materialize_key < ? ALLOW FILTERING",
     "rec_due_put": "INSERT INTO {keyspace}.recurring_due (partition, slot_ms, due_ms, tenant, "
     "schedule_id) VALUES (?, ?, ?, ?, ?)",
@@ -854,7 +845,7 @@ class PartitionMaterializer:
         late_planned = 0
         done = len(parents)
         for index, parent in enumerate(parents):
-            if parent.recurrence is None or parent.state != STATE_SCHEDULED:
+            if parent.recurrence is None or parent.state != ScheduleState.SCHEDULED:
                 # Nothing to extend any more: take it out of the index.
                 key = materialize_key(parent.partition, NEVER_MS)
                 retired.append((replace(parent, materialize_key=key), None))
@@ -991,7 +982,7 @@ async def schedule_runs(
             }
         )
     next_list: list[dict[str, Any]] = []
-    if parent.state == STATE_SCHEDULED and upcoming > 0:
+    if parent.state == ScheduleState.SCHEDULED and upcoming > 0:
         anchor = parent.anchor_ms or parent.created_ms
         until = parent.materialized_until_ms or 0
         counted: int | None = parent.run_count or 0

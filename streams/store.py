@@ -23,7 +23,7 @@ import heapq
 import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from typing import Any
 
 from cassandra import (
@@ -48,8 +48,17 @@ from base.cassandra import make_cluster
 from base.errors import StoreError
 from base.settings import CassandraSettings
 from streams.binding import Deployment
-from streams.buckets import BucketKey, shard_of, ttl_s
-from streams.buckets import minute_ms as minute_of
+from streams.buckets import BucketKey, ttl_s
+from streams.model import (
+    DEFAULT_RETENTION_S,
+    SCHEDULE_COLUMNS,
+    BucketRow,
+    FiredMark,
+    ScheduleChange,
+    ScheduleRow,
+    ScheduleState,
+    Stmt,
+)
 
 DEFAULT_FETCH_SIZE = 5000
 DEFAULT_MAX_IN_FLIGHT = 256
@@ -57,7 +66,6 @@ DEFAULT_MAX_IN_FLIGHT = 256
 # threshold (5 KiB) make the server log a warning; raise it in cassandra.yaml, the batches
 # are single-partition by construction.
 DEFAULT_MAX_BATCH_BYTES = 40_000
-DEFAULT_RETENTION_S = 7 * 24 * 3600
 
 _KEYSPACE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,47}$")
 
@@ -71,131 +79,7 @@ _RETRIABLE: tuple[type[BaseException], ...] = (
     cql_protocol.IsBootstrappingErrorMessage,
 )
 
-STATE_SCHEDULED = "scheduled"
-STATE_FIRED = "fired"
-STATE_MISSED = "missed"
-STATE_CANCELLED = "cancelled"
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScheduleRow:
-    """All columns of ``schedules``; ``ScheduleRow(**store_row)`` rebuilds one from
-    ``Store.get_schedule``. A None field is left untouched by ``put_schedule``."""
-
-    tenant: str
-    schedule_id: str
-    partition: int
-    state: str
-    due_ms: int
-    version: int
-    created_ms: int
-    updated_ms: int
-    order_key: str | None = None
-    payload: bytes | None = None
-    payload_type: str | None = None
-    callback: str | None = None
-    misfire_tolerance_s: int | None = None
-    fired_ms: int | None = None
-    trigger_id: str | None = None
-    applied_offset: int | None = None
-    last_code: str | None = None
-    delivery_outcome: str | None = None
-    delivery_status_code: int | None = None
-    delivery_attempts: int | None = None
-    delivery_ms: int | None = None
-    # Recurring schedules (migration 003, streams.materializer); None for one-shots.
-    recurrence: str | None = None
-    anchor_ms: int | None = None
-    materialized_until_ms: int | None = None
-    run_count: int | None = None
-    materialize_key: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class FiredMark:
-    """One acknowledged trigger to record as fired (``Store.mark_fired_many``)."""
-
-    tenant: str
-    schedule_id: str
-    trigger_id: str
-    fired_ms: int
-    due_ms: int
-    retention_s: int | None = None  # the tenant's retention (None: the global one)
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class BucketRow:
-    """All columns of ``buckets``: everything a fire needs, so firing never reads
-    ``schedules``."""
-
-    partition: int
-    minute_ms: int
-    shard: int
-    due_ms: int
-    tenant: str
-    schedule_id: str
-    version: int
-    order_key: str | None = None
-    payload: bytes | None = None
-    payload_type: str | None = None
-    callback: str | None = None
-    misfire_tolerance_s: int | None = None
-
-    @property
-    def key(self) -> BucketKey:
-        return BucketKey(
-            partition=self.partition,
-            minute_ms=self.minute_ms,
-            shard=self.shard,
-            due_ms=self.due_ms,
-            tenant=self.tenant,
-            schedule_id=self.schedule_id,
-        )
-
-    @classmethod
-    def for_schedule(cls, row: ScheduleRow, *, shards: int) -> BucketRow:
-        """The bucket row that makes ``row`` fire (minute and shard derived from it)."""
-        return cls(
-            partition=row.partition,
-            minute_ms=minute_of(row.due_ms),
-            shard=shard_of(row.tenant, row.schedule_id, shards),
-            due_ms=row.due_ms,
-            tenant=row.tenant,
-            schedule_id=row.schedule_id,
-            version=row.version,
-            order_key=row.order_key,
-            payload=row.payload,
-            payload_type=row.payload_type,
-            callback=row.callback,
-            misfire_tolerance_s=row.misfire_tolerance_s,
-        )
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ScheduleChange:
-    """One command's effect for ``Store.apply_schedule_changes``: the schedule's new full
-    row, the bucket row to write (create/reschedule) and the one to delete
-    (reschedule/cancel), and an optional history event stamped ``now_ms``."""
-
-    row: ScheduleRow
-    new_bucket: BucketRow | None
-    old_bucket: BucketKey | None
-    now_ms: int
-    event: str | None = None
-    event_detail: str | None = None
-    # Recurring schedules: bucket rows of runs to delete with the change (step 1), and
-    # statements on the schedule's own partition key committed with its row (step 2).
-    run_deletes: tuple[BucketKey, ...] = ()
-    commit_with: tuple[tuple[str, list[Any]], ...] = ()
-    # The tenant's retention (TenantConfig.retention_s) for the schedule row and its event;
-    # None: the store's global one. Bucket rows always keep the global retention.
-    retention_s: int | None = None
-
-
-# A prepared statement's name and its bind values.
-Stmt = tuple[str, list[Any]]
-
-_SCHEDULE_COLUMNS = tuple(f.name for f in fields(ScheduleRow))
 _BUCKET_COLUMNS = tuple(f.name for f in fields(BucketRow))
 _EVENT_COLUMNS = ("tenant", "schedule_id", "at_ms", "event", "trigger_id", "due_ms", "detail")
 _TENANT_COLUMNS = (
@@ -337,12 +221,12 @@ class Store:
         bucket_where = "partition = ? AND minute_ms = ? AND shard = ?"
         by_schedule = "WHERE tenant = ? AND schedule_id = ?"
         cql = {
-            "get_schedule": f"SELECT {', '.join(_SCHEDULE_COLUMNS)} FROM {ks}.schedules "
+            "get_schedule": f"SELECT {', '.join(SCHEDULE_COLUMNS)} FROM {ks}.schedules "
             f"{by_schedule}",
             # IN on the last partition-key column: one request for a batch of commands.
-            "get_schedules": f"SELECT {', '.join(_SCHEDULE_COLUMNS)} FROM {ks}.schedules "
+            "get_schedules": f"SELECT {', '.join(SCHEDULE_COLUMNS)} FROM {ks}.schedules "
             "WHERE tenant = ? AND schedule_id IN ?",
-            "put_schedule": insert("schedules", _SCHEDULE_COLUMNS, ttl=True),
+            "put_schedule": insert("schedules", SCHEDULE_COLUMNS, ttl=True),
             "put_bucket": insert("buckets", _BUCKET_COLUMNS, ttl=True),
             "delete_bucket": f"DELETE FROM {ks}.buckets WHERE {bucket_where} "
             "AND due_ms = ? AND tenant = ? AND schedule_id = ?",
@@ -550,7 +434,7 @@ class Store:
         """A scheduled row lives until due + retention; a finished one retention from now.
         ``retention_s``: the tenant's retention (None: the global one)."""
         keep = self.keep_s(retention_s)
-        if row.state == STATE_SCHEDULED:
+        if row.state == ScheduleState.SCHEDULED:
             return ttl_s(row.due_ms, now_ms, keep)
         return keep
 
@@ -563,7 +447,7 @@ class Store:
     def _put_schedule_stmt(
         self, row: ScheduleRow, now_ms: int, retention_s: int | None = None
     ) -> Stmt:
-        values = _unset_none([getattr(row, c) for c in _SCHEDULE_COLUMNS])
+        values = _unset_none([getattr(row, c) for c in SCHEDULE_COLUMNS])
         return ("put_schedule", [*values, self.schedule_ttl_s(row, now_ms, retention_s)])
 
     def _put_bucket_stmt(self, row: BucketRow, now_ms: int) -> Stmt:
@@ -888,7 +772,7 @@ class Store:
         row is written either way, since the fire did happen).
         """
         return await self._mark(
-            STATE_FIRED, tenant, schedule_id, trigger_id, fired_ms, due_ms, if_version,
+            ScheduleState.FIRED, tenant, schedule_id, trigger_id, fired_ms, due_ms, if_version,
             retention_s=retention_s,
         )
 
@@ -901,7 +785,7 @@ class Store:
         groups: list[list[Stmt]] = []
         for m in marks:
             params, event = self._mark_stmts(
-                STATE_FIRED, m.tenant, m.schedule_id, m.trigger_id, m.fired_ms, m.due_ms,
+                ScheduleState.FIRED, m.tenant, m.schedule_id, m.trigger_id, m.fired_ms, m.due_ms,
                 None, m.retention_s,
             )
             groups.append([("mark_done", params), event])
@@ -935,7 +819,8 @@ class Store:
         race, ``if_version`` and ``retention_s`` semantics as ``mark_fired``; fired_ms stays
         empty."""
         return await self._mark(
-            STATE_MISSED, tenant, schedule_id, trigger_id, missed_ms, due_ms, if_version, detail,
+            ScheduleState.MISSED, tenant, schedule_id, trigger_id, missed_ms, due_ms, if_version,
+            detail,
             retention_s=retention_s,
         )
 
@@ -952,7 +837,7 @@ class Store:
     ) -> tuple[list[Any], Stmt]:
         """The parameters of ``mark_done`` (or, plus a version, ``mark_done_if``) and the
         event statement that record a fired or missed trigger."""
-        fired_ms = at_ms if state == STATE_FIRED else UNSET_VALUE
+        fired_ms = at_ms if state == ScheduleState.FIRED else UNSET_VALUE
         params: list[Any] = [
             self.keep_s(retention_s), state, fired_ms, trigger_id, at_ms, tenant, schedule_id
         ]

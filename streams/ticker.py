@@ -51,8 +51,8 @@ from base.errors import KafkaError, StoreError, TocsinError
 from base.supervise import HealthSink, supervise
 from streams import metrics
 from streams.buckets import minute_ms
+from streams.model import BucketRow, FiredMark
 from streams.pacing import FirePacer
-from streams.store import BucketRow, FiredMark
 from streams.tenants import TenantConfig
 from streams.timeline import Entry, Timeline
 from topics.codec import encode_trigger, trigger_headers

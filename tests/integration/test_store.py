@@ -21,8 +21,9 @@ import pytest
 from base.errors import StoreError
 from base.settings import CassandraSettings, KafkaSettings
 from streams.buckets import MINUTE_MS, minute_ms
+from streams.model import BucketRow, ScheduleRow
 from streams.partitioner import partition_for
-from streams.store import BucketRow, ScheduleRow, Store
+from streams.store import Store
 
 pytestmark = pytest.mark.integration
 
@@ -331,7 +332,7 @@ async def test_mark_fired_missed_and_events(store: Store) -> None:
 
 
 async def test_mark_fired_many_groups_marks_and_records_each(cql_session: Any) -> None:
-    from streams.store import FiredMark
+    from streams.model import FiredMark
 
     s = Store(CassandraSettings(keyspace=KEYSPACE), retention_s=3600, commit_group_size=4)
     await s.connect()
@@ -522,7 +523,7 @@ async def bulk_store(request: pytest.FixtureRequest, cql_session: Any) -> AsyncI
 
 
 async def test_apply_schedule_changes_in_bulk_keeps_per_schedule_order(bulk_store: Store) -> None:
-    from streams.store import ScheduleChange
+    from streams.model import ScheduleChange
 
     store = bulk_store
     now = now_ms()
@@ -584,7 +585,7 @@ async def test_changes_of_different_record_times_share_their_bucket_batch(
     """Commands arriving one by one (through the API) carry as many record timestamps as
     commands; their bucket rows still go one batch per bucket partition, each row with the
     TTL of its own time."""
-    from streams.store import ScheduleChange
+    from streams.model import ScheduleChange
 
     store = Store(CassandraSettings(keyspace=KEYSPACE))
     await store.connect()
@@ -635,7 +636,7 @@ async def test_changes_of_different_record_times_share_their_bucket_batch(
 async def test_before_commit_is_durable_before_any_schedule_row(cql_session: Any) -> None:
     """The command agent's listing index rides along with the bucket step: it must be done
     before the commit point, and its failure must leave no schedule row."""
-    from streams.store import ScheduleChange
+    from streams.model import ScheduleChange
 
     store = Store(CassandraSettings(keyspace=KEYSPACE))
     await store.connect()
@@ -738,7 +739,7 @@ async def test_commit_groups_of_large_rows_stay_under_the_stock_batch_limit(
 ) -> None:
     """16 schedules of 32 KiB payload in one call: grouped 16 per batch they would be 512 KiB,
     ten times Cassandra's stock batch_size_fail_threshold (the local stack runs with it)."""
-    from streams.store import ScheduleChange
+    from streams.model import ScheduleChange
 
     s = Store(CassandraSettings(keyspace=KEYSPACE), commit_group_size=16)
     await s.connect()

@@ -15,7 +15,7 @@ from api.views import ApiError
 from proxy.ssrf import BlockedAddress, GuardedResolver, literal_refusal
 from streams.buckets import BucketKey
 from streams.commands import index_changes
-from streams.store import BucketRow, ScheduleChange, ScheduleRow
+from streams.model import BucketRow, ScheduleChange, ScheduleRow
 from streams.tenants import (
     QuotaBook,
     TenantConfig,

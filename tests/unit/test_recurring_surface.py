@@ -18,8 +18,8 @@ from api.gocron import GoCronError
 from base.errors import CommandRejected
 from base.settings import Settings
 from streams.commands import check_recurring_horizon, recurring_index_changes
+from streams.model import ScheduleChange, ScheduleRow
 from streams.recurring import NEVER_MS, occurrences, plan
-from streams.store import ScheduleChange, ScheduleRow
 from tocsin.scheduler_cli import _create_command, _Usage
 from topics.codec import recurrence_from_json, recurrence_to_json
 from topics.codes import Code

@@ -8,7 +8,7 @@ import pytest
 
 from base.errors import CommandRejected
 from streams.commands import RawCommand, decide
-from streams.store import ScheduleRow
+from streams.model import ScheduleRow
 from topics.models import CancelCommand, CreateCommand, HttpCallback, PayloadType, UpdateCommand
 
 NOW = 1_800_000_000_000

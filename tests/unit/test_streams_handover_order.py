@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from streams.store import BucketRow
+from streams.model import BucketRow
 from streams.tenants import TenantConfig
 from streams.ticker import PartitionTicker, TickerConfig
 from tests.unit.test_streams_handover import HeldSinkById, until

@@ -20,8 +20,8 @@ from streams.materializer import (
     due_entries,
     materialize_key,
 )
+from streams.model import BucketRow, ScheduleRow
 from streams.recurring import NEVER_MS, extend_at
-from streams.store import BucketRow, ScheduleRow
 from topics.codes import Code
 from topics.models import (
     CancelCommand,

@@ -10,7 +10,8 @@ from cassandra.cluster import NoHostAvailable
 from base.errors import StoreError
 from base.settings import CassandraSettings
 from streams.buckets import BucketKey, shard_of
-from streams.store import BucketRow, ScheduleRow, Store, translate_error
+from streams.model import BucketRow, ScheduleRow
+from streams.store import Store, translate_error
 
 T0 = 1_763_744_400_000
 

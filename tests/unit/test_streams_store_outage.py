@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from base.errors import StoreError
-from streams.store import BucketRow, FiredMark
+from streams.model import BucketRow, FiredMark
 from streams.ticker import PartitionTicker, TickerConfig
 from tests.unit.test_streams_ticker import mark_each, running
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from streams.store import BucketRow, FiredMark
+from streams.model import BucketRow, FiredMark
 from streams.ticker import PartitionTicker, TickerConfig
 from streams.timeline import Entry
 

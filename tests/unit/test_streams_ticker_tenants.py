@@ -8,7 +8,7 @@ import asyncio
 
 from prometheus_client import REGISTRY
 
-from streams.store import BucketRow
+from streams.model import BucketRow
 from streams.tenants import TenantConfig
 from streams.ticker import PartitionTicker, TickerConfig
 from streams.timeline import Entry

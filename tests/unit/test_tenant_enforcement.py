@@ -12,7 +12,8 @@ from base.errors import CommandRejected
 from base.settings import CassandraSettings
 from proxy.retry import AttemptState, HttpResult, RetryPolicy, decide
 from streams.commands import with_default_retry, with_retention
-from streams.store import ScheduleChange, ScheduleRow, Store
+from streams.model import ScheduleChange, ScheduleRow
+from streams.store import Store
 from streams.tenant_admin import signing_status
 from streams.tenants import RetryPolicyConfig, TenantConfig, stamp_retry
 from topics.codec import callback_from_json, callback_to_json, decode_trigger, encode_trigger

@@ -1,0 +1,149 @@
+"""The scheduler's data model: the rows it stores, the states a schedule is in and the
+change one command makes. Pure: no I/O, imported by the decisions, the store and the API.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from enum import StrEnum
+from typing import Any
+
+from streams.buckets import BucketKey, shard_of
+from streams.buckets import minute_ms as minute_of
+
+# How long fired rows and events are kept unless a tenant sets its own retention.
+DEFAULT_RETENTION_S = 7 * 24 * 3600
+
+
+class ScheduleState(StrEnum):
+    """The values of ``schedules.state``. A StrEnum so a row read from Cassandra (a plain
+    string) compares equal to its member."""
+
+    SCHEDULED = "scheduled"
+    FIRED = "fired"
+    MISSED = "missed"
+    CANCELLED = "cancelled"
+    # A recurring schedule with no runs left (api.recurring derives it; not written today).
+    COMPLETED = "completed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleRow:
+    """All columns of ``schedules``; ``ScheduleRow(**store_row)`` rebuilds one from
+    ``Store.get_schedule``. A None field is left untouched by ``put_schedule``."""
+
+    tenant: str
+    schedule_id: str
+    partition: int
+    state: str
+    due_ms: int
+    version: int
+    created_ms: int
+    updated_ms: int
+    order_key: str | None = None
+    payload: bytes | None = None
+    payload_type: str | None = None
+    callback: str | None = None
+    misfire_tolerance_s: int | None = None
+    fired_ms: int | None = None
+    trigger_id: str | None = None
+    applied_offset: int | None = None
+    last_code: str | None = None
+    delivery_outcome: str | None = None
+    delivery_status_code: int | None = None
+    delivery_attempts: int | None = None
+    delivery_ms: int | None = None
+    # Recurring schedules (migration 003, streams.materializer); None for one-shots.
+    recurrence: str | None = None
+    anchor_ms: int | None = None
+    materialized_until_ms: int | None = None
+    run_count: int | None = None
+    materialize_key: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class FiredMark:
+    """One acknowledged trigger to record as fired (``Store.mark_fired_many``)."""
+
+    tenant: str
+    schedule_id: str
+    trigger_id: str
+    fired_ms: int
+    due_ms: int
+    retention_s: int | None = None  # the tenant's retention (None: the global one)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BucketRow:
+    """All columns of ``buckets``: everything a fire needs, so firing never reads
+    ``schedules``."""
+
+    partition: int
+    minute_ms: int
+    shard: int
+    due_ms: int
+    tenant: str
+    schedule_id: str
+    version: int
+    order_key: str | None = None
+    payload: bytes | None = None
+    payload_type: str | None = None
+    callback: str | None = None
+    misfire_tolerance_s: int | None = None
+
+    @property
+    def key(self) -> BucketKey:
+        return BucketKey(
+            partition=self.partition,
+            minute_ms=self.minute_ms,
+            shard=self.shard,
+            due_ms=self.due_ms,
+            tenant=self.tenant,
+            schedule_id=self.schedule_id,
+        )
+
+    @classmethod
+    def for_schedule(cls, row: ScheduleRow, *, shards: int) -> BucketRow:
+        """The bucket row that makes ``row`` fire (minute and shard derived from it)."""
+        return cls(
+            partition=row.partition,
+            minute_ms=minute_of(row.due_ms),
+            shard=shard_of(row.tenant, row.schedule_id, shards),
+            due_ms=row.due_ms,
+            tenant=row.tenant,
+            schedule_id=row.schedule_id,
+            version=row.version,
+            order_key=row.order_key,
+            payload=row.payload,
+            payload_type=row.payload_type,
+            callback=row.callback,
+            misfire_tolerance_s=row.misfire_tolerance_s,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ScheduleChange:
+    """One command's effect for ``Store.apply_schedule_changes``: the schedule's new full
+    row, the bucket row to write (create/reschedule) and the one to delete
+    (reschedule/cancel), and an optional history event stamped ``now_ms``."""
+
+    row: ScheduleRow
+    new_bucket: BucketRow | None
+    old_bucket: BucketKey | None
+    now_ms: int
+    event: str | None = None
+    event_detail: str | None = None
+    # Recurring schedules: bucket rows of runs to delete with the change (step 1), and
+    # statements on the schedule's own partition key committed with its row (step 2).
+    run_deletes: tuple[BucketKey, ...] = ()
+    commit_with: tuple[tuple[str, list[Any]], ...] = ()
+    # The tenant's retention (TenantConfig.retention_s) for the schedule row and its event;
+    # None: the store's global one. Bucket rows always keep the global retention.
+    retention_s: int | None = None
+
+
+# A prepared statement's name and its bind values.
+Stmt = tuple[str, list[Any]]
+
+# The columns of ``schedules``, in the order the store reads and writes them.
+SCHEDULE_COLUMNS = tuple(f.name for f in fields(ScheduleRow))
