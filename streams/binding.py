@@ -21,21 +21,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass
-from typing import Protocol
+import time
 
 from base.errors import ConfigError, StoreError
 from base.settings import Settings
+from streams.model import Deployment
+from streams.ports import BindingStore
+from streams.store import Store
 
 log = logging.getLogger("tocsin.binding")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Deployment:
-    """What a keyspace's buckets and checkpoints are laid out for."""
-
-    topic_prefix: str
-    command_partitions: int
 
 
 def deployment_of(settings: Settings) -> Deployment:
@@ -63,14 +57,6 @@ def binding_conflict(bound: Deployment, mine: Deployment, keyspace: str) -> str 
             "docs/operations.md, 'Adding partitions safely'"
         )
     return None
-
-
-class BindingStore(Protocol):
-    async def connect(self) -> None: ...
-
-    async def bind_deployment(
-        self, deployment: Deployment, *, owner: str, now_ms: int
-    ) -> Deployment: ...
 
 
 async def bind_keyspace(
@@ -106,9 +92,6 @@ async def bind_keyspace(
 def check_keyspace(settings: Settings, *, owner: str) -> None:
     """Blocking ``bind_keyspace`` with a store of its own, for a process about to start (a
     worker before Faust runs, ``tocsin setup``); raises ConfigError on a mismatch."""
-    import time
-
-    from streams.store import Store
 
     async def run() -> None:
         store = Store(settings.cassandra)

@@ -18,6 +18,7 @@ import orjson
 
 from base.errors import StoreError
 from streams import metrics
+from streams.ports import DeliveryStore, TenantPolicies
 
 log = logging.getLogger("tocsin.deliveries")
 
@@ -39,8 +40,8 @@ def parse_outcome(raw: bytes | None) -> dict[str, Any] | None:
 
 
 async def record_outcome(
-    store: Any,
-    tenants: Any,
+    store: DeliveryStore,
+    tenants: TenantPolicies,
     outcome: dict[str, Any],
     *,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,

@@ -15,6 +15,14 @@ from streams.buckets import minute_ms as minute_of
 DEFAULT_RETENTION_S = 7 * 24 * 3600
 
 
+@dataclass(frozen=True, kw_only=True)
+class Deployment:
+    """What a keyspace's buckets and checkpoints are laid out for (streams.binding)."""
+
+    topic_prefix: str
+    command_partitions: int
+
+
 class ScheduleState(StrEnum):
     """The values of ``schedules.state``. A StrEnum so a row read from Cassandra (a plain
     string) compares equal to its member."""

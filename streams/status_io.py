@@ -16,8 +16,8 @@ from typing import Any
 
 from base.errors import KafkaError
 from base.settings import KafkaSettings
+from streams.ports import StatusStore
 from streams.status import Lag, ScheduleState, Tally, Window, lag_of
-from streams.store import Store
 
 _CQL = {
     "status_bucket_keys": "SELECT due_ms, tenant, schedule_id, version FROM {keyspace}.buckets "
@@ -32,12 +32,14 @@ _IN_CHUNK = 100
 _MINUTES_AT_ONCE = 8
 
 
-async def read_states(store: Store, tenant: str, ids: Sequence[str]) -> dict[str, ScheduleState]:
+async def read_states(
+    store: StatusStore, tenant: str, ids: Sequence[str]
+) -> dict[str, ScheduleState]:
     """State columns of the tenant's schedules ``ids`` (missing rows left out)."""
     unique = list(dict.fromkeys(ids))
     parts = await asyncio.gather(
         *(
-            store._run("status_states", (tenant, unique[i : i + _IN_CHUNK]))
+            store.run("status_states", (tenant, unique[i : i + _IN_CHUNK]))
             for i in range(0, len(unique), _IN_CHUNK)
         )
     )
@@ -45,7 +47,7 @@ async def read_states(store: Store, tenant: str, ids: Sequence[str]) -> dict[str
 
 
 async def tally_buckets(
-    store: Store, tally: Tally, *, partitions: int, shards: int, tenant: str | None = None
+    store: StatusStore, tally: Tally, *, partitions: int, shards: int, tenant: str | None = None
 ) -> None:
     """Feed ``tally`` every bucket row of the window (only ``tenant``'s when given)."""
     window = tally.window
@@ -58,7 +60,7 @@ async def tally_buckets(
             hi = min(minute_ms + 60_000, window.ahead_until_ms)
             slices = await asyncio.gather(
                 *(
-                    store._run("status_bucket_keys", (p, minute_ms, s, lo, hi))
+                    store.run("status_bucket_keys", (p, minute_ms, s, lo, hi))
                     for p in range(partitions)
                     for s in range(shards)
                 )
@@ -87,7 +89,7 @@ async def tally_buckets(
     await asyncio.gather(*(minute(m) for m in minutes))
 
 
-async def tally_waiting(store: Store, tally: Tally, tenant: str, *, max_rows: int) -> None:
+async def tally_waiting(store: StatusStore, tally: Tally, tenant: str, *, max_rows: int) -> None:
     """Count the tenant's schedules waiting to fire: one-shots due in
     ``[now - lookback, now + horizon)`` (its day index, state read from the rows) and its
     active recurring schedules, reading at most ``max_rows`` of each."""
@@ -127,7 +129,7 @@ async def tally_waiting(store: Store, tally: Tally, tenant: str, *, max_rows: in
 
 
 async def collect(
-    store: Store,
+    store: StatusStore,
     window: Window,
     *,
     partitions: int,

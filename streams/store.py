@@ -24,7 +24,7 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cassandra import (
     ConsistencyLevel,
@@ -47,18 +47,20 @@ from prometheus_client import Counter
 from base.cassandra import make_cluster
 from base.errors import StoreError
 from base.settings import CassandraSettings
-from streams.binding import Deployment
+from streams import ports
 from streams.buckets import BucketKey, ttl_s
 from streams.model import (
     DEFAULT_RETENTION_S,
     SCHEDULE_COLUMNS,
     BucketRow,
+    Deployment,
     FiredMark,
     ScheduleChange,
     ScheduleRow,
     ScheduleState,
     Stmt,
 )
+from streams.ports import ScheduleReader
 
 DEFAULT_FETCH_SIZE = 5000
 DEFAULT_MAX_IN_FLIGHT = 256
@@ -283,8 +285,7 @@ class Store:
             "put_recurring": insert(
                 "recurring_by_tenant", ("tenant", "schedule_id", "created_ms"), ttl=True
             ),
-            "list_recurring": f"SELECT schedule_id FROM {ks}.recurring_by_tenant "
-            "WHERE tenant = ?",
+            "list_recurring": f"SELECT schedule_id FROM {ks}.recurring_by_tenant WHERE tenant = ?",
         }
         prepared: dict[str, PreparedStatement] = {}
         for name, text in cql.items():
@@ -322,7 +323,11 @@ class Store:
             raise StoreError("store is not connected", retriable=False)
         return self._stmts[name].bind(list(params))
 
-    async def _run(
+    def has_statements(self, names: Iterable[str]) -> bool:
+        """Whether every statement of ``names`` is prepared on this session already."""
+        return all(name in self._stmts for name in names)
+
+    async def run(
         self, name: str, params: Sequence[Any], *, fetch_size: int | None = None
     ) -> list[dict[str, Any]]:
         """Execute one prepared statement; all its rows (every page of the one query)."""
@@ -330,12 +335,12 @@ class Store:
         bound.fetch_size = fetch_size or self.fetch_size
         return await self._execute(bound, name)
 
-    async def _run_together(self, name: str, statements: Sequence[Stmt]) -> None:
+    async def run_together(self, name: str, statements: Sequence[Stmt]) -> None:
         """Send statements as ONE unlogged batch - only ever for statements whose rows share
         a partition key (one mutation per replica: atomic there, no batchlog, no
         coordinator fan-out). A single statement goes alone."""
         if len(statements) == 1:
-            await self._run(*statements[0])
+            await self.run(*statements[0])
             return
         batch = BatchStatement(batch_type=BatchType.UNLOGGED)
         for stmt_name, params in statements:
@@ -403,11 +408,15 @@ class Store:
             future.add_callbacks(callback=on_page, errback=on_error)
             return await done
 
+    # Private aliases: streams.materializer and api.recurring_io still call these names.
+    _run = run
+    _run_together = run_together
+
     # -- schedules -------------------------------------------------------------------------
 
     async def get_schedule(self, tenant: str, schedule_id: str) -> dict[str, Any] | None:
         """The schedule's row as a dict keyed like ``ScheduleRow``, or None."""
-        rows = await self._run("get_schedule", (tenant, schedule_id))
+        rows = await self.run("get_schedule", (tenant, schedule_id))
         return rows[0] if rows else None
 
     async def get_schedules(
@@ -418,7 +427,7 @@ class Store:
         unique = list(dict.fromkeys(schedule_ids))
         parts = await _gather_all(
             [
-                self._run("get_schedules", (tenant, unique[i : i + chunk]))
+                self.run("get_schedules", (tenant, unique[i : i + chunk]))
                 for i in range(0, len(unique), chunk)
             ]
         )
@@ -428,9 +437,7 @@ class Store:
         """A tenant's retention (seconds) or, for None, the global one."""
         return max(1, self.retention_s if retention_s is None else retention_s)
 
-    def schedule_ttl_s(
-        self, row: ScheduleRow, now_ms: int, retention_s: int | None = None
-    ) -> int:
+    def schedule_ttl_s(self, row: ScheduleRow, now_ms: int, retention_s: int | None = None) -> int:
         """A scheduled row lives until due + retention; a finished one retention from now.
         ``retention_s``: the tenant's retention (None: the global one)."""
         keep = self.keep_s(retention_s)
@@ -442,9 +449,9 @@ class Store:
         self, row: ScheduleRow, *, now_ms: int, retention_s: int | None = None
     ) -> None:
         """Upsert every non-None column of ``row`` with the TTL of ``schedule_ttl_s``."""
-        await self._run(*self._put_schedule_stmt(row, now_ms, retention_s))
+        await self.run(*self.put_schedule_stmt(row, now_ms, retention_s))
 
-    def _put_schedule_stmt(
+    def put_schedule_stmt(
         self, row: ScheduleRow, now_ms: int, retention_s: int | None = None
     ) -> Stmt:
         values = _unset_none([getattr(row, c) for c in SCHEDULE_COLUMNS])
@@ -454,7 +461,7 @@ class Store:
         values = _unset_none([getattr(row, c) for c in _BUCKET_COLUMNS])
         return ("put_bucket", [*values, ttl_s(row.due_ms, now_ms, self.retention_s)])
 
-    def _event_stmt(
+    def event_stmt(
         self,
         tenant: str,
         schedule_id: str,
@@ -468,15 +475,18 @@ class Store:
         values = _unset_none([tenant, schedule_id, at_ms, event, trigger_id, due_ms, detail])
         return ("record_event", [*values, self.keep_s(retention_s)])
 
+    _event_stmt = event_stmt
+    _put_schedule_stmt = put_schedule_stmt
+
     # -- buckets ---------------------------------------------------------------------------
 
     async def put_bucket_row(self, row: BucketRow, *, now_ms: int) -> None:
         """Write a bucket row living until due + retention (catch-up after an outage of up
         to the retention still finds it)."""
-        await self._run(*self._put_bucket_stmt(row, now_ms))
+        await self.run(*self._put_bucket_stmt(row, now_ms))
 
     async def delete_bucket_row(self, key: BucketKey) -> None:
-        await self._run(*_delete_bucket_stmt(key))
+        await self.run(*_delete_bucket_stmt(key))
 
     async def write_buckets(
         self,
@@ -515,12 +525,12 @@ class Store:
             size = 0
             for nbytes, stmt in items:
                 if chunk and (size + nbytes > self.max_batch_bytes):
-                    sends.append(self._run_together("write_buckets", chunk))
+                    sends.append(self.run_together("write_buckets", chunk))
                     chunk, size = [], 0
                 chunk.append(stmt)
                 size += nbytes
             if chunk:
-                sends.append(self._run_together("write_buckets", chunk))
+                sends.append(self.run_together("write_buckets", chunk))
         await _gather_all(sends)
 
     async def read_bucket(
@@ -559,11 +569,11 @@ class Store:
         started = time.perf_counter()
         self.bucket_reads += 1
         if from_due_ms is None:
-            rows = await self._run(
+            rows = await self.run(
                 "read_bucket", (partition, minute_ms, shard), fetch_size=fetch_size
             )
         else:
-            rows = await self._run(
+            rows = await self.run(
                 "read_bucket_from",
                 (partition, minute_ms, shard, from_due_ms),
                 fetch_size=fetch_size,
@@ -671,10 +681,10 @@ class Store:
         commits = []
         for change in wave:
             row = change.row
-            stmts = [self._put_schedule_stmt(row, change.now_ms, change.retention_s)]
+            stmts = [self.put_schedule_stmt(row, change.now_ms, change.retention_s)]
             if change.event is not None:
                 stmts.append(
-                    self._event_stmt(
+                    self.event_stmt(
                         row.tenant,
                         row.schedule_id,
                         change.event,
@@ -689,22 +699,20 @@ class Store:
             commits.append(stmts)
         await _gather_all(
             [
-                self._run_together("put_schedule", [s for i in batch for s in commits[i]])
+                self.run_together("put_schedule", [s for i in batch for s in commits[i]])
                 for batch in self.pack(commits)
             ]
         )
 
     def pack(self, groups: Sequence[Sequence[Stmt]]) -> list[list[int]]:
         """``pack_groups`` with this store's count and byte limits."""
-        return pack_groups(
-            groups, max_count=self.commit_group_size, max_bytes=self.max_batch_bytes
-        )
+        return pack_groups(groups, max_count=self.commit_group_size, max_bytes=self.max_batch_bytes)
 
     # -- fire bookkeeping ------------------------------------------------------------------
 
     async def get_checkpoint(self, partition: int) -> int | None:
         """``fired_before_ms`` of the partition, or None if it never fired."""
-        rows = await self._run("get_checkpoint", (partition,))
+        rows = await self.run("get_checkpoint", (partition,))
         if not rows:
             return None
         value = rows[0]["fired_before_ms"]
@@ -717,7 +725,7 @@ class Store:
         wins, which can move the checkpoint back (re-fires, deduplicated by the stable
         trigger id) but never past triggers that somebody's Kafka producer did not ack,
         since each owner only writes what its own acks cover."""
-        await self._run("set_checkpoint", (partition, fired_before_ms, now_ms, owner))
+        await self.run("set_checkpoint", (partition, fired_before_ms, now_ms, owner))
 
     async def bind_deployment(
         self, deployment: Deployment, *, owner: str, now_ms: int
@@ -735,7 +743,7 @@ class Store:
                     "VALUES ('scheduler', ?, ?, ?, ?) IF NOT EXISTS",
                 }
             )
-        rows = await self._run(
+        rows = await self.run(
             "bind_deployment",
             (deployment.topic_prefix, deployment.command_partitions, now_ms, owner),
         )
@@ -772,7 +780,13 @@ class Store:
         row is written either way, since the fire did happen).
         """
         return await self._mark(
-            ScheduleState.FIRED, tenant, schedule_id, trigger_id, fired_ms, due_ms, if_version,
+            ScheduleState.FIRED,
+            tenant,
+            schedule_id,
+            trigger_id,
+            fired_ms,
+            due_ms,
+            if_version,
             retention_s=retention_s,
         )
 
@@ -785,14 +799,20 @@ class Store:
         groups: list[list[Stmt]] = []
         for m in marks:
             params, event = self._mark_stmts(
-                ScheduleState.FIRED, m.tenant, m.schedule_id, m.trigger_id, m.fired_ms, m.due_ms,
-                None, m.retention_s,
+                ScheduleState.FIRED,
+                m.tenant,
+                m.schedule_id,
+                m.trigger_id,
+                m.fired_ms,
+                m.due_ms,
+                None,
+                m.retention_s,
             )
             groups.append([("mark_done", params), event])
         batches = self.pack(groups)
         results = await asyncio.gather(
             *(
-                self._run_together("mark_fired", [s for i in batch for s in groups[i]])
+                self.run_together("mark_fired", [s for i in batch for s in groups[i]])
                 for batch in batches
             ),
             return_exceptions=True,
@@ -819,7 +839,13 @@ class Store:
         race, ``if_version`` and ``retention_s`` semantics as ``mark_fired``; fired_ms stays
         empty."""
         return await self._mark(
-            ScheduleState.MISSED, tenant, schedule_id, trigger_id, missed_ms, due_ms, if_version,
+            ScheduleState.MISSED,
+            tenant,
+            schedule_id,
+            trigger_id,
+            missed_ms,
+            due_ms,
+            if_version,
             detail,
             retention_s=retention_s,
         )
@@ -839,9 +865,15 @@ class Store:
         event statement that record a fired or missed trigger."""
         fired_ms = at_ms if state == ScheduleState.FIRED else UNSET_VALUE
         params: list[Any] = [
-            self.keep_s(retention_s), state, fired_ms, trigger_id, at_ms, tenant, schedule_id
+            self.keep_s(retention_s),
+            state,
+            fired_ms,
+            trigger_id,
+            at_ms,
+            tenant,
+            schedule_id,
         ]
-        event = self._event_stmt(
+        event = self.event_stmt(
             tenant, schedule_id, state, at_ms, detail, trigger_id, due_ms, retention_s
         )
         return params, event
@@ -864,11 +896,11 @@ class Store:
         )
         if if_version is None:
             # Same partition key in both tables: one request, one mutation.
-            await self._run_together("mark_" + state, [("mark_done", params), event])
+            await self.run_together("mark_" + state, [("mark_done", params), event])
             return True
         # Cassandra refuses conditional batches spanning tables: two requests.
         rows, _ = await _gather_all(
-            [self._run("mark_done_if", [*params, if_version]), self._run(*event)]
+            [self.run("mark_done_if", [*params, if_version]), self.run(*event)]
         )
         return bool(rows and rows[0].get("[applied]"))
 
@@ -900,10 +932,10 @@ class Store:
                 schedule_id,
             ],
         )
-        event = self._event_stmt(
+        event = self.event_stmt(
             tenant, schedule_id, outcome, at_ms, detail, trigger_id, due_ms, retention_s
         )
-        await self._run_together("record_delivery", [update, event])
+        await self.run_together("record_delivery", [update, event])
 
     # -- events ----------------------------------------------------------------------------
 
@@ -921,15 +953,15 @@ class Store:
     ) -> None:
         """Append to the schedule's history; (at_ms, event) is the row key, so writing the
         same event at the same instant again is an overwrite, not a duplicate."""
-        await self._run(
-            *self._event_stmt(
+        await self.run(
+            *self.event_stmt(
                 tenant, schedule_id, event, at_ms, detail, trigger_id, due_ms, retention_s
             )
         )
 
     async def list_events(self, tenant: str, schedule_id: str) -> list[dict[str, Any]]:
         """The schedule's history, oldest first."""
-        return await self._run("list_events", (tenant, schedule_id))
+        return await self.run("list_events", (tenant, schedule_id))
 
     # -- tenants ---------------------------------------------------------------------------
 
@@ -945,7 +977,7 @@ class Store:
     ) -> None:
         """Upsert; None leaves a column as it is (so a config change keeps the secret).
         Signing keys change through ``rotate_signing_key`` only."""
-        await self._run(
+        await self.run(
             "put_tenant",
             _unset_none(
                 [tenant, active, created_ms, config, signing_secret, updated_ms]
@@ -966,7 +998,7 @@ class Store:
         """Make ``new_secret`` current and ``expected_current`` the previous key (valid until
         ``previous_expires_ms``; None: until retired), ``retired`` the one before. False when
         the current key is no longer ``expected_current`` (a concurrent rotation)."""
-        rows = await self._run(
+        rows = await self.run(
             "rotate_signing_key",
             [
                 new_secret,
@@ -981,39 +1013,37 @@ class Store:
         )
         return bool(rows and rows[0].get("[applied]"))
 
-    async def retire_previous_signing_key(
-        self, tenant: str, *, previous: str, at_ms: int
-    ) -> bool:
+    async def retire_previous_signing_key(self, tenant: str, *, previous: str, at_ms: int) -> bool:
         """The previous key stops verifying at ``at_ms``. False when it is no longer
         ``previous`` (rotated meanwhile)."""
-        rows = await self._run("retire_previous_key", [at_ms, at_ms, tenant, previous])
+        rows = await self.run("retire_previous_key", [at_ms, at_ms, tenant, previous])
         return bool(rows and rows[0].get("[applied]"))
 
     async def get_tenant(self, tenant: str) -> dict[str, Any] | None:
-        rows = await self._run("get_tenant", (tenant,))
+        rows = await self.run("get_tenant", (tenant,))
         return rows[0] if rows else None
 
     async def list_tenants(self) -> list[dict[str, Any]]:
         """All tenants (a small table; admin use only, never on a hot path)."""
-        return await self._run("list_tenants", ())
+        return await self.run("list_tenants", ())
 
     # -- API keys (hashes only; see streams.tenants) ----------------------------------------
 
     async def put_api_key(
         self, key_id: str, tenant: str, *, salt: bytes, hash: bytes, created_ms: int
     ) -> None:
-        await self._run("put_api_key", (key_id, tenant, salt, hash, created_ms, False))
-        await self._run("put_tenant_key", (tenant, key_id, created_ms))
+        await self.run("put_api_key", (key_id, tenant, salt, hash, created_ms, False))
+        await self.run("put_tenant_key", (tenant, key_id, created_ms))
 
     async def get_api_key(self, key_id: str) -> dict[str, Any] | None:
-        rows = await self._run("get_api_key", (key_id,))
+        rows = await self.run("get_api_key", (key_id,))
         return rows[0] if rows else None
 
     async def revoke_api_key(self, key_id: str) -> None:
-        await self._run("revoke_api_key", (key_id,))
+        await self.run("revoke_api_key", (key_id,))
 
     async def list_api_keys(self, tenant: str) -> list[dict[str, Any]]:
-        return await self._run("list_tenant_keys", (tenant,))
+        return await self.run("list_tenant_keys", (tenant,))
 
     # -- per-tenant listing index (schedules_by_tenant_day) --------------------------------
 
@@ -1042,7 +1072,7 @@ class Store:
             )
         await _gather_all(
             [
-                self._run_together("write_index", stmts[i : i + 50])
+                self.run_together("write_index", stmts[i : i + 50])
                 for stmts in groups.values()
                 for i in range(0, len(stmts), 50)
             ]
@@ -1066,17 +1096,16 @@ class Store:
         while day <= last_day and len(out) < limit:
             left = limit - len(out)
             if resume is not None:
-                rows = await self._run(
+                rows = await self.run(
                     "read_index_after", (tenant, day, resume[0], resume[1], to_ms, left)
                 )
                 resume = None
             else:
                 lo = max(from_ms, day * _DAY_MS)
-                rows = await self._run("read_index", (tenant, day, lo, to_ms, left))
+                rows = await self.run("read_index", (tenant, day, lo, to_ms, left))
             out.extend((int(r["due_ms"]), r["schedule_id"]) for r in rows)
             day += 1
         return out
-
 
     # -- the tenant's recurring schedules (recurring_by_tenant, 004) ------------------------
 
@@ -1086,12 +1115,10 @@ class Store:
         groups: dict[str, list[Stmt]] = {}
         for tenant, sid, created_ms, finished in entries:
             ttl = max(1, self.retention_s) if finished else 0  # TTL 0: never expires
-            groups.setdefault(tenant, []).append(
-                ("put_recurring", [tenant, sid, created_ms, ttl])
-            )
+            groups.setdefault(tenant, []).append(("put_recurring", [tenant, sid, created_ms, ttl]))
         await _gather_all(
             [
-                self._run_together("write_recurring_index", stmts[i : i + 50])
+                self.run_together("write_recurring_index", stmts[i : i + 50])
                 for stmts in groups.values()
                 for i in range(0, len(stmts), 50)
             ]
@@ -1099,7 +1126,7 @@ class Store:
 
     async def list_recurring(self, tenant: str) -> list[str]:
         """Ids of the tenant's recurring schedules (their rows may have expired), by id."""
-        rows = await self._run("list_recurring", (tenant,))
+        rows = await self.run("list_recurring", (tenant,))
         return [r["schedule_id"] for r in rows]
 
 
@@ -1111,11 +1138,10 @@ def _delete_bucket_stmt(key: BucketKey) -> Stmt:
 
 
 async def load_schedule_rows(
-    store: Any, keys: Iterable[tuple[str, str]]
+    store: ScheduleReader, keys: Iterable[tuple[str, str]]
 ) -> dict[tuple[str, str], ScheduleRow]:
     """The stored rows of (tenant, schedule_id) ``keys``, one ``get_schedules`` (IN
-    queries) per tenant, concurrently; keys without a row are left out. ``store``: a
-    ``Store`` or anything with its ``get_schedules``."""
+    queries) per tenant, concurrently; keys without a row are left out."""
     by_tenant: dict[str, list[str]] = {}
     for tenant, schedule_id in keys:
         by_tenant.setdefault(tenant, []).append(schedule_id)
@@ -1182,3 +1208,20 @@ async def _gather_all(awaitables: Sequence[Any]) -> list[Any]:
         if isinstance(result, BaseException):
             raise result
     return list(results)
+
+
+if TYPE_CHECKING:
+    # mypy proves here that the Store answers every consumer's Protocol.
+    def _answers_every_port(
+        store: Store,
+    ) -> tuple[
+        ports.ApiStore,
+        ports.BindingStore,
+        ports.CommandStore,
+        ports.DeliveryStore,
+        ports.MaterializerStore,
+        ports.StatusStore,
+        ports.TenantAdminStore,
+        ports.TickerStore,
+    ]:
+        return (store, store, store, store, store, store, store, store)

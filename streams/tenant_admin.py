@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from base.errors import CommandRejected
+from streams.ports import TenantAdminStore
 from streams.tenants import TenantConfig, new_api_key
 from topics.signing import SigningKeys, new_signing_key
 from topics.validation import check_tenant
@@ -22,7 +23,7 @@ def _now_ms() -> int:
 
 
 async def register_tenant(
-    store: Any, name: object, config: TenantConfig, *, active: bool = True
+    store: TenantAdminStore, name: object, config: TenantConfig, *, active: bool = True
 ) -> dict[str, Any]:
     """Create a tenant; returns its first API key and its signing key (shown only now).
 
@@ -36,18 +37,27 @@ async def register_tenant(
     at = _now_ms()
     signing = new_signing_key()
     await store.put_tenant(
-        tenant, active=active, created_ms=at, config=config.to_json(),
-        signing_secret=signing, updated_ms=at,
+        tenant,
+        active=active,
+        created_ms=at,
+        config=config.to_json(),
+        signing_secret=signing,
+        updated_ms=at,
     )
     key = await issue_key(store, tenant)
-    return {"tenant": tenant, "active": active, "config": config.to_dict(),
-            "api_key": key["api_key"], "key_id": key["key_id"], "signing_key": signing}
+    return {
+        "tenant": tenant,
+        "active": active,
+        "config": config.to_dict(),
+        "api_key": key["api_key"],
+        "key_id": key["key_id"],
+        "signing_key": signing,
+    }
 
 
-async def issue_key(store: Any, tenant: str) -> dict[str, Any]:
+async def issue_key(store: TenantAdminStore, tenant: str) -> dict[str, Any]:
     key = new_api_key()
-    await store.put_api_key(key.key_id, tenant, salt=key.salt, hash=key.hash,
-                            created_ms=_now_ms())
+    await store.put_api_key(key.key_id, tenant, salt=key.salt, hash=key.hash, created_ms=_now_ms())
     return {"tenant": tenant, "key_id": key.key_id, "api_key": key.token}
 
 
@@ -60,7 +70,7 @@ class RotationConflict(Exception):
 
 
 async def rotate_signing_key(
-    store: Any, tenant: str, *, previous_valid_s: int | None = None
+    store: TenantAdminStore, tenant: str, *, previous_valid_s: int | None = None
 ) -> dict[str, Any]:
     """Issue a new current signing key; the old one becomes the previous key, which still
     verifies until it is retired (``retire_previous_signing_key``) or, with
@@ -100,7 +110,7 @@ async def rotate_signing_key(
     }
 
 
-async def retire_previous_signing_key(store: Any, tenant: str) -> dict[str, Any]:
+async def retire_previous_signing_key(store: TenantAdminStore, tenant: str) -> dict[str, Any]:
     """The previous signing key stops verifying now (commands produced before this moment
     are still accepted for a few minutes, see topics.signing). Raises TenantNotFound, and
     ValueError when there is no previous key that is still valid."""

@@ -43,7 +43,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,6 +53,7 @@ from streams import metrics
 from streams.buckets import minute_ms
 from streams.model import BucketRow, FiredMark
 from streams.pacing import FirePacer
+from streams.ports import TenantPolicies, TickerStore
 from streams.tenants import TenantConfig
 from streams.timeline import Entry, Timeline
 from topics.codec import encode_trigger, trigger_headers
@@ -62,40 +63,6 @@ from topics.models import PayloadType, Trigger
 log = logging.getLogger("tocsin.ticker")
 
 MINUTE_MS = 60_000
-
-
-class TickerStore(Protocol):
-    async def get_checkpoint(self, partition: int) -> int | None: ...
-
-    async def set_checkpoint(
-        self, partition: int, fired_before_ms: int, owner: str, *, now_ms: int
-    ) -> None: ...
-
-    async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]: ...
-
-    async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]: ...
-
-    async def mark_missed(
-        self,
-        tenant: str,
-        schedule_id: str,
-        trigger_id: str,
-        *,
-        missed_ms: int,
-        due_ms: int,
-        detail: str | None = None,
-        if_version: int | None = None,
-        retention_s: int | None = None,
-    ) -> bool: ...
-
-
-class TenantPolicies(Protocol):
-    """Tenant configs (streams.commands.TenantCache): ``peek`` answers at once from the
-    cache (None: never read), ``config`` may read the store."""
-
-    def peek(self, tenant: str) -> TenantConfig | None: ...
-
-    async def config(self, tenant: str) -> TenantConfig: ...
 
 
 class TriggerSink(Protocol):
@@ -809,8 +776,7 @@ class PartitionTicker:
         metrics.TRIGGERS_UNEMITTABLE.labels(self._label).inc()
         log.error(
             "trigger can never be emitted; recording it as missed",
-            extra={"partition": self.partition, "schedule_id": row.schedule_id,
-                   "error": str(exc)},
+            extra={"partition": self.partition, "schedule_id": row.schedule_id, "error": str(exc)},
         )
         task = asyncio.ensure_future(
             self._record_missed(row, trig_id, now, detail=f"cannot be emitted: {exc}")

@@ -174,7 +174,7 @@ class FakeStore:
     async def list_tenants(self) -> list[dict[str, Any]]:
         return [{"tenant": "b"}, {"tenant": "a"}]
 
-    async def _run(self, name: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
+    async def run(self, name: str, params: tuple[Any, ...]) -> list[dict[str, Any]]:
         if name == "status_bucket_keys":
             p, minute, shard, lo, hi = params
             self.bucket_queries.append(params)
