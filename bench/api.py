@@ -432,7 +432,7 @@ def main() -> int:
     )
     settings = Settings.from_env(env)
     from schema.migrate import migrate
-    from topics.catalog import ensure_topics
+    from tocsin.topic_admin import ensure_topics
 
     ensure_topics(settings.kafka, catalog(settings.topics).all())
     migrate(settings.cassandra)

@@ -383,7 +383,8 @@ class Scenario:
     def __init__(self, chaos: Chaos, name: str) -> None:
         from schema.migrate import migrate
         from tocsin.demo import _register_tenant
-        from topics.catalog import catalog, ensure_topics
+        from tocsin.topic_admin import ensure_topics
+        from topics.catalog import catalog
 
         self.chaos, self.name = chaos, name
         run = uuid.uuid4().hex[:6]

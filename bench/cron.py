@@ -82,7 +82,8 @@ def main() -> int:
     settings = Settings.from_env(env)
     from schema.migrate import migrate
     from tocsin.demo import _register_tenant
-    from topics.catalog import catalog, ensure_topics
+    from tocsin.topic_admin import ensure_topics
+    from topics.catalog import catalog
 
     ensure_topics(settings.kafka, catalog(settings.topics).all())
     migrate(settings.cassandra)

@@ -363,7 +363,8 @@ def phase_memory(settings: Settings, env: dict[str, str], log: Path) -> tuple[fl
     (commands still queued, checkpoints) is in either measurement."""
     from schema.migrate import migrate
     from tocsin.demo import _register_tenant
-    from topics.catalog import catalog, ensure_topics
+    from tocsin.topic_admin import ensure_topics
+    from topics.catalog import catalog
 
     run = uuid.uuid4().hex[:6]
     env = {
@@ -426,7 +427,8 @@ def main() -> int:
     )
     settings = Settings.from_env(env)
     from schema.migrate import migrate
-    from topics.catalog import catalog, ensure_topics
+    from tocsin.topic_admin import ensure_topics
+    from topics.catalog import catalog
 
     ensure_topics(settings.kafka, catalog(settings.topics).all())
     migrate(settings.cassandra)

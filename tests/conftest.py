@@ -63,7 +63,8 @@ def topics(stack: Settings) -> Iterator[Settings]:
     """The catalog's topics, created under this run's prefix; deleted at the end."""
     from confluent_kafka.admin import AdminClient
 
-    from topics.catalog import catalog, ensure_topics
+    from tocsin.topic_admin import ensure_topics
+    from topics.catalog import catalog
 
     specs = catalog(stack.topics).all()
     ensure_topics(stack.kafka, specs)

@@ -82,7 +82,8 @@ def cmd_infra(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
-    from topics.catalog import catalog, ensure_topics
+    from tocsin.topic_admin import ensure_topics
+    from topics.catalog import catalog
 
     specs = catalog(settings.topics).all()
     outcome = ensure_topics(settings.kafka, specs)

@@ -476,7 +476,8 @@ def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
     from schema.migrate import migrate
     from tocsin.demo import run_demo
-    from topics.catalog import catalog, ensure_topics
+    from tocsin.topic_admin import ensure_topics
+    from topics.catalog import catalog
 
     # The demo brings its own prerequisites up to date (idempotent).
     ensure_topics(settings.kafka, catalog(settings.topics).all())
@@ -488,7 +489,8 @@ def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
 def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
     from schema.migrate import migrate
     from tocsin.demo import run_dev
-    from topics.catalog import catalog, ensure_topics
+    from tocsin.topic_admin import ensure_topics
+    from topics.catalog import catalog
 
     ensure_topics(settings.kafka, catalog(settings.topics).all())
     migrate(settings.cassandra)

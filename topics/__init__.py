@@ -2,8 +2,9 @@
 
 ``models`` (shapes), ``codes`` (result codes), ``validation`` (untrusted command bytes ->
 ``Command`` or ``CommandRejected``), ``codec`` (every other encode/decode), ``ids`` (stable
-trigger ids, time format) and ``catalog`` (topic names and creation). Everything here
-except ``catalog.ensure_topics`` is pure: it must never do I/O or read the clock.
+trigger ids, time format) and ``catalog`` (topic names and their configuration). Everything
+here is pure: it must never do I/O or read the clock (``tocsin.topic_admin`` creates the
+topics).
 """
 
 from topics.codec import (

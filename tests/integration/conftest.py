@@ -152,7 +152,8 @@ def isolated_stack(real_stack: Settings, name: str) -> Iterator[Settings]:
 
     from base.cassandra import make_cluster
     from schema.migrate import migrate
-    from topics.catalog import catalog, ensure_topics
+    from tocsin.topic_admin import ensure_topics
+    from topics.catalog import catalog
 
     settings = replace(
         real_stack,

@@ -25,7 +25,8 @@ from api.service import Service
 from api.views import ApiError, create_command
 from base.settings import Settings
 from streams.partitioner import partition_for
-from topics.catalog import catalog, ensure_topics
+from tocsin.topic_admin import ensure_topics
+from topics.catalog import catalog
 
 pytestmark = pytest.mark.integration
 

@@ -12,7 +12,8 @@ from base.cassandra import make_cluster
 from base.errors import TopicMismatchError
 from base.settings import Settings
 from schema.migrate import load_migrations, migrate
-from topics.catalog import TopicSpec, catalog, ensure_topics
+from tocsin.topic_admin import ensure_topics
+from topics.catalog import TopicSpec, catalog
 
 
 def _new_topic(settings: Settings, partitions: int = 2) -> str:
