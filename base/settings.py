@@ -151,6 +151,21 @@ class TopicSettings:
     command_partitions: int = 8
     fire_partitions: int = 8
     replication_factor: int = 1
+    # min.insync.replicas of new topics: how many replicas an acknowledged (acks=all) write
+    # is on. 0: 2 when replication_factor is 3 or more, else the broker's default.
+    min_insync_replicas: int = 0
+
+    def min_insync(self) -> int | None:
+        """The topics' min.insync.replicas, or None to leave the broker's default."""
+        if self.min_insync_replicas == 0:
+            return 2 if self.replication_factor >= 3 else None
+        if not 1 <= self.min_insync_replicas <= self.replication_factor:
+            raise ConfigError(
+                "TOCSIN_TOPIC_MIN_INSYNC_REPLICAS must be between 1 and "
+                f"TOCSIN_TOPIC_REPLICATION_FACTOR ({self.replication_factor}), "
+                f"got {self.min_insync_replicas}"
+            )
+        return self.min_insync_replicas
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -293,6 +308,7 @@ class Settings:
                 command_partitions=_int(e, "COMMAND_PARTITIONS", 8),
                 fire_partitions=_int(e, "FIRE_PARTITIONS", 8),
                 replication_factor=_int(e, "TOPIC_REPLICATION_FACTOR", 1),
+                min_insync_replicas=_int(e, "TOPIC_MIN_INSYNC_REPLICAS", 0),
             ),
             stack=StackSettings(
                 state_dir=Path(_get(e, "STATE_DIR", str(stack_defaults.state_dir))),

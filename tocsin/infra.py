@@ -102,10 +102,10 @@ def _proc_cmdline(pid: int) -> str:
         return ""
 
 
-def _port_open(port: int) -> bool:
+def _port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
-        return sock.connect_ex(("127.0.0.1", port)) == 0
+        return sock.connect_ex((host, port)) == 0
 
 
 def find_java(stack: StackSettings) -> str:
@@ -290,6 +290,12 @@ class _Server:
     name: str
     port: int
 
+    @property
+    def jar_set(self) -> str:
+        """Which pom under infra/ this server's jars come from: a cluster's nodes share
+        their server's jars under their own names."""
+        return self.name
+
     def __init__(self, stack: StackSettings) -> None:
         self.stack = stack
         self.home = stack.state_dir / self.name
@@ -353,7 +359,7 @@ class _Server:
             return self._wait_ready(time.monotonic())
         if taken := self.taken_ports():
             raise InfraError(ports_taken_message(taken))
-        jars = resolve_jars(self.name, self.stack.state_dir, self.stack.jars_dir, java=java)
+        jars = resolve_jars(self.jar_set, self.stack.state_dir, self.stack.jars_dir, java=java)
         try:
             (self.home / "logs").mkdir(parents=True, exist_ok=True)
             self._prepare(jars)

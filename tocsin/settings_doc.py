@@ -80,6 +80,9 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("COMMAND_PARTITIONS", C, "8", "partitions of the commands topic"),
     SettingDoc("FIRE_PARTITIONS", C, "8", "partitions of the fires topic"),
     SettingDoc("TOPIC_REPLICATION_FACTOR", C, "1", "replication factor of new topics"),
+    SettingDoc("TOPIC_MIN_INSYNC_REPLICAS", C, "0",
+               "`min.insync.replicas` of new topics: the replicas an acknowledged write is "
+               "on; 0 means 2 when the replication factor is 3 or more, else the broker's"),
     SettingDoc("TENANT_CACHE_TTL_S", C, "5",
                "how long workers and the API cache a tenant row or API key"),
     SettingDoc("LOG_LEVEL", C, "INFO",

@@ -51,7 +51,8 @@ def catalog(topics: TopicSettings) -> Catalog:
     """The topics for these settings (names carry the configured prefix)."""
     p, rf = topics.prefix, topics.replication_factor
     # min.insync.replicas only matters with replicas; 2 with RF 3 is the durable setting.
-    durable = {"min.insync.replicas": "2"} if rf >= 3 else {}
+    min_insync = topics.min_insync()
+    durable = {"min.insync.replicas": str(min_insync)} if min_insync is not None else {}
     return Catalog(
         commands=TopicSpec(
             name=f"{p}commands",
