@@ -24,6 +24,10 @@ connect failure         (connect timeout, refused, DNS, reset before a response)
                         retry with backoff like 5xx; never counts toward poison,
                         because an unreachable receiver says nothing about the
                         message
+Kafka acked             done, reported with status 200 like a delivered HTTP callback
+Kafka failed            retried like a connect failure (broker down, throttled)
+Kafka refused           dead-letter at once (no such topic, not authorised, too large)
+Kafka unacknowledged    treated as a read timeout (no verdict within the wait)
 =====================  ==============================================================
 
 Any non-timeout result resets the consecutive-timeout count. ``max_retry_age_s`` bounds
@@ -40,6 +44,7 @@ The module is pure: no I/O, no clock, no global random state. Callers pass ``now
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC
@@ -81,7 +86,31 @@ class Undeliverable:
     detail: str
 
 
-AttemptResult = HttpResult | TimeoutResult | ConnectFailure | Undeliverable
+class KafkaVerdict(enum.Enum):
+    """What Kafka said about a Kafka callback's produce."""
+
+    ACKED = "acked"
+    FAILED = "failed"  # may clear by itself: broker down, throttled, a timeout inside Kafka
+    REFUSED = "refused"  # can never succeed as configured: no such topic, not authorised
+    UNACKNOWLEDGED = "unacknowledged"  # no verdict within the sender's wait
+
+
+@dataclass(frozen=True, kw_only=True)
+class KafkaResult:
+    """A Kafka callback's produce, in Kafka's terms."""
+
+    verdict: KafkaVerdict
+    detail: str = ""
+
+
+# A Kafka ack is reported as this status (outcome records, the 2xx metric class), so a
+# reader of delivery outcomes sees one "delivered" status whatever the callback kind.
+KAFKA_ACKED_STATUS = 200
+
+# A failed attempt in the classes the policy decides on.
+Failure = HttpResult | TimeoutResult | ConnectFailure | Undeliverable
+
+AttemptResult = Failure | KafkaResult
 
 
 # ---- decisions ---------------------------------------------------------------------------
@@ -175,8 +204,18 @@ StatusClass = Literal[
 ]
 
 
+_KAFKA_CLASS: dict[KafkaVerdict, StatusClass] = {
+    KafkaVerdict.ACKED: "2xx",
+    KafkaVerdict.FAILED: "connect",
+    KafkaVerdict.REFUSED: "undeliverable",
+    KafkaVerdict.UNACKNOWLEDGED: "timeout",
+}
+
+
 def status_class(result: AttemptResult) -> StatusClass:
     """A low-cardinality label for metrics."""
+    if isinstance(result, KafkaResult):
+        return _KAFKA_CLASS[result.verdict]
     if isinstance(result, TimeoutResult):
         return "timeout"
     if isinstance(result, ConnectFailure):
@@ -220,6 +259,27 @@ def backoff_s(policy: RetryPolicy, failures: int, rand: Callable[[], float]) -> 
     return delay * (1.0 - policy.jitter * rand())
 
 
+def delivered_status(result: AttemptResult) -> int | None:
+    """The status a delivered attempt is reported with; None: the attempt failed."""
+    if isinstance(result, KafkaResult):
+        return KAFKA_ACKED_STATUS if result.verdict is KafkaVerdict.ACKED else None
+    if isinstance(result, HttpResult) and 200 <= result.status < 300:
+        return result.status
+    return None
+
+
+def as_failure(result: AttemptResult) -> Failure:
+    """A failed attempt in the policy's classes: a Kafka failure that may clear is retried
+    like an unreachable receiver, a refusal is undeliverable, no verdict is a timeout."""
+    if not isinstance(result, KafkaResult):
+        return result
+    if result.verdict is KafkaVerdict.REFUSED:
+        return Undeliverable(detail=result.detail)
+    if result.verdict is KafkaVerdict.UNACKNOWLEDGED:
+        return TimeoutResult(detail=result.detail)
+    return ConnectFailure(detail=result.detail)
+
+
 def _snippet_reason(result: HttpResult) -> str:
     body = f": {result.body_snippet}" if result.body_snippet else ""
     return f"HTTP {result.status}{body}"
@@ -240,10 +300,12 @@ def decide(
     time, needed only to read a Retry-After date (defaults to ``now_s``).
     """
     attempts = state.attempts + 1
-    if isinstance(result, HttpResult) and 200 <= result.status < 300:
-        return Done(status=result.status), replace(
-            state, attempts=attempts, consecutive_timeouts=0, last_status=result.status
+    delivered = delivered_status(result)
+    if delivered is not None:
+        return Done(status=delivered), replace(
+            state, attempts=attempts, consecutive_timeouts=0, last_status=delivered
         )
+    result = as_failure(result)
 
     first = state.first_failure_s if state.first_failure_s is not None else now_s
     failures = state.failures + 1

@@ -1,11 +1,13 @@
-"""The writer pool: asyncio + aiohttp delivering what the order iterator hands out.
+"""The writer pool: slot scheduling for what the order iterator hands out.
 
 One event loop in its own thread runs at most ``concurrency`` attempts at once, and at most
 ``per_host_concurrency`` per receiver (scheme://host:port), so one slow receiver cannot
 hold every writer. A message waiting for its host's cap is *parked*: it keeps its key
 blocked but holds no writer slot. Between attempts a message waits on a timer (backoff or
 Retry-After), still in flight so its key stays blocked; it holds no slot either.
-Connections are pooled and kept alive by one ``aiohttp.ClientSession``.
+Each attempt is handed to the sender for its callback kind (``proxy.sender``): the HTTP
+sender (``proxy.http_sender``, one pooled aiohttp session) or the Kafka sender
+(``proxy.kafka_sender``).
 
 The decision after each attempt comes from ``proxy.retry.decide``; this module only
 carries it out. With a ``ParkingLot`` it also parks messages in the retry topic
@@ -31,14 +33,11 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
-
-import aiohttp
-from confluent_kafka import KafkaError, KafkaException
-from multidict import CIMultiDict
 
 from proxy.deadletter import dead_letter_record, delivery_outcome
 from proxy.envelope import DeliveryOutcome, Envelope, TopicPartition
+from proxy.http_sender import HttpSender
+from proxy.kafka_sender import KafkaSender
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox, OutRecord
 from proxy.parking import (
@@ -55,16 +54,14 @@ from proxy.retry import (
     DeadLetter,
     Decision,
     Done,
-    HttpResult,
     Retry,
     RetryPolicy,
-    TimeoutResult,
     Undeliverable,
     decide,
     status_class,
 )
+from proxy.sender import Sender
 from proxy.settings import ProxySettings
-from proxy.ssrf import GuardedResolver, blocked_reason, literal_refusal
 from proxy.state import SharedState
 from topics.models import DeliveryRetry
 
@@ -114,22 +111,6 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-# A 2xx body is read (so a small one leaves the connection reusable) up to this much; past
-# it the connection is closed instead: a receiver cannot make the proxy read without end.
-SUCCESS_BODY_MAX_BYTES = 64 * 1024
-
-
-async def _discard_body(resp: aiohttp.ClientResponse, max_bytes: int) -> None:
-    left = max_bytes
-    while left > 0:
-        chunk = await resp.content.read(min(left, 16 * 1024))
-        if not chunk:
-            return
-        left -= len(chunk)
-    # Unread bytes remain: leaving the response context then drops the connection.
-    resp.close()
-
-
 class Writer:
     def __init__(
         self,
@@ -143,14 +124,18 @@ class Writer:
         rand: Callable[[], float] = random.random,
         lot: ParkingLot | None = None,
         lane: Lane = Lane.MAIN,
+        http: Sender | None = None,
+        kafka: Sender | None = None,
     ) -> None:
+        """``http`` and ``kafka`` replace the real senders (tests); without ``http`` the
+        writer opens an ``HttpSender`` on its own loop."""
         self._lot = lot
         self._lane = lane
-        # A Kafka callback may not write into the proxy's own topics (a forged parked
-        # message or dead letter).
-        self._own_topics = frozenset(
+        own_topics = frozenset(
             t for t in (dead_letter_topic, deliveries_topic, lot.topic if lot else None) if t
         )
+        self._http = http
+        self._kafka: Sender = kafka or KafkaSender(outbox, own_topics=own_topics)
         self._state = state
         self._s = settings
         self._policy: RetryPolicy = settings.retry_policy()
@@ -177,11 +162,12 @@ class Writer:
         self._wake: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
         self._drain_timeout_s = settings.shutdown_timeout_s
-        self._session: aiohttp.ClientSession | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(
-            target=self._run, daemon=True,
-            name="proxy-writer" if lane is Lane.MAIN else "proxy-retry-writer")
+            target=self._run,
+            daemon=True,
+            name="proxy-writer" if lane is Lane.MAIN else "proxy-retry-writer",
+        )
         self.error: BaseException | None = None
 
     # ---- lifecycle (called from other threads) -------------------------------------------
@@ -286,8 +272,11 @@ class Writer:
         """A timer or callback raised: the message it carried is stuck, so the writer is
         broken and must say so (``error``) rather than only log."""
         exc = context.get("exception")
-        log.error("proxy writer callback failed; the proxy stops",
-                  extra={"context": context.get("message")}, exc_info=exc)
+        log.error(
+            "proxy writer callback failed; the proxy stops",
+            extra={"context": context.get("message")},
+            exc_info=exc,
+        )
         if self.error is None:
             self.error = exc if exc is not None else RuntimeError(str(context.get("message")))
 
@@ -296,15 +285,11 @@ class Writer:
         self._loop.set_exception_handler(self._loop_error)
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
-        connector = aiohttp.TCPConnector(
-            limit=self._s.concurrency,
-            limit_per_host=self._s.per_host_concurrency,
-            ttl_dns_cache=300,
-            keepalive_timeout=30,
-            resolver=GuardedResolver() if self._guard else None,
-        )
-        async with aiohttp.ClientSession(connector=connector, auto_decompress=False) as session:
-            self._session = session
+        async with contextlib.AsyncExitStack() as senders:
+            if self._http is None:
+                self._http = await senders.enter_async_context(
+                    HttpSender(self._s, self._metrics, guard=self._guard)
+                )
             self._ready.set()
             stop_wait = asyncio.ensure_future(self._stop.wait())
             while not self._stop.is_set():
@@ -339,8 +324,9 @@ class Writer:
             for task in pending:
                 task.cancel()
             if pending:
-                log.warning("proxy shutdown cancelled unfinished attempts",
-                            extra={"attempts": len(pending)})
+                log.warning(
+                    "proxy shutdown cancelled unfinished attempts", extra={"attempts": len(pending)}
+                )
                 await asyncio.wait(pending, timeout=5)
 
     # ---- dispatch ----------------------------------------------------------------------
@@ -479,8 +465,11 @@ class Writer:
         tenant = env.tenant
         if tenant is None or not self._state.over_share(tenant, self._s.tenant_pending_share):
             return False
-        if (before_attempt and env.attempt_state.failures == 0
-                and self._tenant_active.get(tenant, 0) < self._tenant_cap):
+        if (
+            before_attempt
+            and env.attempt_state.failures == 0
+            and self._tenant_active.get(tenant, 0) < self._tenant_cap
+        ):
             return False
         return self._state.under_pressure()
 
@@ -495,8 +484,11 @@ class Writer:
         acknowledges. False (nothing done) when it is too large to park."""
         lot = self._lot
         assert lot is not None
-        size = (len(env.key or b"") + len(env.value or b"")
-                + sum(len(k) + len(v or b"") for k, v in env.headers))
+        size = (
+            len(env.key or b"")
+            + len(env.value or b"")
+            + sum(len(k) + len(v or b"") for k, v in env.headers)
+        )
         if size > MAX_PARKED_BYTES or lot.refused is not None:
             return False
         key = env.line_key
@@ -512,19 +504,28 @@ class Writer:
             self._metrics.lines_evicted.inc(evicted)
         now, now_ms = time.monotonic(), _now_ms()
         header = encode_header(
-            Parked(park_id=park_id, origin=env.source, state=env.attempt_state,
-                   not_before_ms=now_ms + max(0, int((not_before_s - now) * 1000))),
-            now_s=now, now_ms=now_ms,
+            Parked(
+                park_id=park_id,
+                origin=env.source,
+                state=env.attempt_state,
+                not_before_ms=now_ms + max(0, int((not_before_s - now) * 1000)),
+            ),
+            now_s=now,
+            now_ms=now_ms,
         )
         st = env.attempt_state
         first = st.first_failure_s if st.first_failure_s is not None else now
         last = st.last_failure_s if st.last_failure_s is not None else now
         dead_letter = dead_letter_record(
-            env, reason=f"could not be parked in {lot.topic} (refused for good); last: "
+            env,
+            reason=f"could not be parked in {lot.topic} (refused for good); last: "
             f"{st.last_error or 'no attempt yet'}",
-            status=st.last_status, now_ms=now_ms, group_id=self._s.group_id,
+            status=st.last_status,
+            now_ms=now_ms,
+            group_id=self._s.group_id,
             first_failure_ms=now_ms - int((now - first) * 1000),
-            last_failure_ms=now_ms - int((now - last) * 1000), coordinates_only=True,
+            last_failure_ms=now_ms - int((now - last) * 1000),
+            coordinates_only=True,
         )
 
         def unpark() -> None:
@@ -547,9 +548,11 @@ class Writer:
                 # Another proxy's retry lane finishes it: its key's later messages cannot
                 # wait for an outcome this proxy never sees.
                 self._metrics.lines_evicted.inc()
-                log.info("parked on a retry partition another proxy owns; its key's order "
-                         "across parking is not kept",
-                         extra={"record": repr(env), "retry_partition": retry_partition})
+                log.info(
+                    "parked on a retry partition another proxy owns; its key's order "
+                    "across parking is not kept",
+                    extra={"record": repr(env), "retry_partition": retry_partition},
+                )
 
         def refused(err: object) -> None:
             # The retry topic refused, not this record: the message is still pending here
@@ -565,10 +568,16 @@ class Writer:
 
         origin = env.source
         record = OutRecord(
-            lot.topic, env.key, env.value or b"", headers=park_headers(env.headers, header),
+            lot.topic,
+            env.key,
+            env.value or b"",
+            headers=park_headers(env.headers, header),
             fallback=OutRecord(self._dlq_topic, env.key, dead_letter),
-            on_fallback=unpark, on_written=placed, on_topic_refused=refused,
-            partition=None if lot.layout is None
+            on_fallback=unpark,
+            on_written=placed,
+            on_topic_refused=refused,
+            partition=None
+            if lot.layout is None
             else lot.layout.retry_partition(origin.topic, origin.partition),
         )
         self._metrics.parked.labels(reason.value).inc()
@@ -590,10 +599,12 @@ class Writer:
         self._metrics.records_refused.labels(lot.topic).inc()
         if first:
             self._metrics.parking.set(0)
-            log.error("retry topic refused: parking is off, failing messages stay in memory "
-                      "until the proxy restarts; grant this proxy write access to the topic "
-                      "or create it ('tocsin setup')",
-                      extra={"topic": lot.topic, "error": reason})
+            log.error(
+                "retry topic refused: parking is off, failing messages stay in memory "
+                "until the proxy restarts; grant this proxy write access to the topic "
+                "or create it ('tocsin setup')",
+                extra={"topic": lot.topic, "error": reason},
+            )
 
     def _from_outbox(self, fn: Callable[..., None], *args: Any) -> None:
         """Run ``fn`` on the writer's loop (from a producer callback thread)."""
@@ -649,8 +660,12 @@ class Writer:
         self._metrics.attempt(sclass)
         now = time.monotonic()
         decision, env.attempt_state = decide(
-            self._policy_of(env), env.attempt_state, result,
-            now_s=now, now_epoch_s=time.time(), rand=self._rand,
+            self._policy_of(env),
+            env.attempt_state,
+            result,
+            now_s=now,
+            now_epoch_s=time.time(),
+            rand=self._rand,
         )
         self._carry_out(env, decision, sclass, now)
         self._pump()
@@ -672,83 +687,10 @@ class Writer:
         if env.invalid is not None:
             return Undeliverable(detail=env.invalid)
         if env.kafka_target is not None:
-            return await self._send_kafka(env)
-        req = env.request
-        assert req is not None and self._session is not None
-        if self._guard:
-            refusal = literal_refusal(urlsplit(req.url).hostname or "")
-            if refusal is not None:
-                return Undeliverable(detail=refusal)
-        headers = CIMultiDict(req.headers)
-        headers["Tocsin-Delivery-Attempt"] = str(env.attempt_state.attempts + 1)
-        # Built per request: the timeout is the tenant's choice, so a cache keyed by it
-        # would grow with every distinct value, and building one is a few attribute sets.
-        timeout = aiohttp.ClientTimeout(
-            total=req.timeout_s, sock_connect=min(self._s.connect_timeout_s, req.timeout_s)
-        )
-        t0 = time.perf_counter()
-        try:
-            async with self._session.request(
-                req.method, req.url, headers=headers, data=req.body, timeout=timeout,
-                allow_redirects=False,
-            ) as resp:
-                if 200 <= resp.status < 300:
-                    await _discard_body(resp, SUCCESS_BODY_MAX_BYTES)
-                    return HttpResult(status=resp.status)
-                snippet = await resp.content.read(self._s.body_snippet_bytes)
-                return HttpResult(
-                    status=resp.status,
-                    retry_after=resp.headers.get("Retry-After"),
-                    body_snippet=snippet.decode("utf-8", "replace"),
-                )
-        except aiohttp.ConnectionTimeoutError:
-            return ConnectFailure(detail="connect timeout")
-        except TimeoutError:  # includes aiohttp.SocketTimeoutError
-            return TimeoutResult(detail=f"no response within {req.timeout_s:g}s")
-        except (aiohttp.InvalidURL, ValueError) as exc:
-            return Undeliverable(detail=f"invalid request: {exc}")
-        except (aiohttp.ClientError, OSError) as exc:
-            refusal = blocked_reason(exc) if self._guard else None
-            if refusal is not None:
-                return Undeliverable(detail=refusal)
-            return ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
-        finally:
-            self._metrics.request_latency.observe(time.perf_counter() - t0)
-
-    async def _send_kafka(self, env: Envelope) -> AttemptResult:
-        """A trigger whose callback is a Kafka topic: produce its payload there."""
-        target, trig = env.kafka_target, env.trigger
-        assert target is not None and trig is not None
-        if target.topic in self._own_topics:
-            return Undeliverable(detail=f"kafka callback to the proxy's own topic {target.topic!r}")
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Any] = loop.create_future()
-
-        def ack(err: Any, _msg: Any) -> None:
-            def resolve() -> None:
-                if not fut.done():
-                    fut.set_result(err)
-            # A closed loop (shutdown) drops the ack: the message is redelivered later.
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(resolve)
-
-        headers: list[tuple[str, str | bytes | None]] = [
-            ("tocsin-trigger-id", trig.trigger_id), ("tocsin-schedule-id", trig.schedule_id),
-            ("tocsin-tenant", trig.tenant), ("tocsin-due-ms", str(trig.due_ms)),
-        ]
-        key = None if target.key is None else target.key.encode()
-        try:
-            self._outbox.produce(target.topic, key, trig.payload, headers, ack)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args else None
-            return _kafka_failure(target.topic, err)
-        try:
-            err = await asyncio.wait_for(fut, timeout=60)
-        except TimeoutError:
-            return TimeoutResult(detail="kafka callback not acknowledged within 60s")
-        if err is None:
-            return HttpResult(status=200)
-        return _kafka_failure(target.topic, err)
+            return await self._kafka.send(env)
+        if self._http is None:
+            raise RuntimeError("the HTTP sender is opened before the first attempt")
+        return await self._http.send(env)
 
     # ---- outcomes ----------------------------------------------------------------------
 
@@ -766,12 +708,17 @@ class Writer:
             if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
                 self._abandon(env)
                 return
-            if (self._lot is not None and self._should_park(env, now)
-                    and self._park(env, ParkReason.RETRYING, now + decision.after_s)):
+            if (
+                self._lot is not None
+                and self._should_park(env, now)
+                and self._park(env, ParkReason.RETRYING, now + decision.after_s)
+            ):
                 return
             self._wait(env, decision.after_s)
-            log.debug("retry scheduled", extra={"record": repr(env), "after_s": decision.after_s,
-                                               "reason": decision.reason})
+            log.debug(
+                "retry scheduled",
+                extra={"record": repr(env), "after_s": decision.after_s, "reason": decision.reason},
+            )
             return
         if env.cancelled:
             self._state.release(env)  # revoked meanwhile: the new owner decides again
@@ -800,43 +747,49 @@ class Writer:
 
             def dead_letter(*, coordinates_only: bool) -> bytes:
                 return dead_letter_record(
-                    env, reason=decision.reason, status=decision.status,
-                    first_failure_ms=first_ms, last_failure_ms=last_ms, now_ms=now_ms,
-                    group_id=self._s.group_id, coordinates_only=coordinates_only,
+                    env,
+                    reason=decision.reason,
+                    status=decision.status,
+                    first_failure_ms=first_ms,
+                    last_failure_ms=last_ms,
+                    now_ms=now_ms,
+                    group_id=self._s.group_id,
+                    coordinates_only=coordinates_only,
                 )
 
-            records.append(OutRecord(
-                self._dlq_topic, env.key, dead_letter(coordinates_only=False),
-                fallback=OutRecord(self._dlq_topic, env.key, dead_letter(coordinates_only=True)),
-            ))
-            log.warning("message dead-lettered", extra={
-                "topic": env.topic, "partition": env.partition, "offset": env.offset,
-                "reason": decision.reason, "attempts": st.attempts,
-            })
+            records.append(
+                OutRecord(
+                    self._dlq_topic,
+                    env.key,
+                    dead_letter(coordinates_only=False),
+                    fallback=OutRecord(
+                        self._dlq_topic, env.key, dead_letter(coordinates_only=True)
+                    ),
+                )
+            )
+            log.warning(
+                "message dead-lettered",
+                extra={
+                    "topic": env.topic,
+                    "partition": env.partition,
+                    "offset": env.offset,
+                    "reason": decision.reason,
+                    "attempts": st.attempts,
+                },
+            )
             outcome = ("dead_lettered", decision.status, decision.reason)
         if self._deliveries_topic is not None:
-            rec = delivery_outcome(env, outcome=outcome[0],
-                                   status=outcome[1], reason=outcome[2],
-                                   latency_ms=int(latency_s * 1000), now_ms=now_ms)
+            rec = delivery_outcome(
+                env,
+                outcome=outcome[0],
+                status=outcome[1],
+                reason=outcome[2],
+                latency_ms=int(latency_s * 1000),
+                now_ms=now_ms,
+            )
             if rec is not None:
                 records.append(OutRecord(self._deliveries_topic, rec[0], rec[1]))
         if records:
             self._outbox.send_all(records, lambda: self._state.offset_done(env))
         else:
             self._state.offset_done(env)
-
-
-# A Kafka callback that can never succeed as configured is dead-lettered at once (like a
-# 7xx); anything else (broker down, timeouts, throttling) is retried like a 5xx.
-_PERMANENT_KAFKA_ERRORS = frozenset({
-    KafkaError._UNKNOWN_TOPIC, KafkaError.UNKNOWN_TOPIC_OR_PART,
-    KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.TOPIC_EXCEPTION,
-    KafkaError.MSG_SIZE_TOO_LARGE,
-})
-
-
-def _kafka_failure(topic: str, err: Any) -> AttemptResult:
-    code = err.code() if isinstance(err, KafkaError) else None
-    if code in _PERMANENT_KAFKA_ERRORS:
-        return Undeliverable(detail=f"kafka callback to {topic!r} cannot succeed: {err}")
-    return ConnectFailure(detail=f"kafka callback to {topic!r} failed: {err}")

@@ -14,9 +14,12 @@ from proxy.retry import (
     Decision,
     Done,
     HttpResult,
+    KafkaResult,
+    KafkaVerdict,
     Retry,
     RetryPolicy,
     TimeoutResult,
+    Undeliverable,
     backoff_s,
     decide,
     parse_retry_after,
@@ -155,7 +158,34 @@ def test_policy_validation() -> None:
 
 
 def test_undeliverable_dead_letters_at_once() -> None:
-    from proxy.retry import Undeliverable
-
     (d,) = run(NO_JITTER, [Undeliverable(detail="undecodable trigger")])
     assert d == DeadLetter(reason="undecodable trigger")
+
+
+def kafka(verdict: KafkaVerdict, detail: str = "kafka callback to 'sink' failed") -> KafkaResult:
+    return KafkaResult(verdict=verdict, detail=detail)
+
+
+def test_a_kafka_ack_is_delivered_and_reported_as_200() -> None:
+    (d,) = run(NO_JITTER, [kafka(KafkaVerdict.ACKED, "")])
+    assert d == Done(status=200)
+    assert status_class(kafka(KafkaVerdict.ACKED)) == "2xx"
+
+
+def test_a_kafka_refusal_dead_letters_at_once() -> None:
+    (d,) = run(NO_JITTER, [kafka(KafkaVerdict.REFUSED, "cannot succeed")])
+    assert d == DeadLetter(reason="cannot succeed")
+    assert status_class(kafka(KafkaVerdict.REFUSED)) == "undeliverable"
+
+
+def test_a_failed_kafka_produce_is_retried_and_never_poison() -> None:
+    ds = run(RetryPolicy(poison_timeouts=2), [kafka(KafkaVerdict.FAILED)] * 20)
+    assert all(isinstance(d, Retry) for d in ds)
+    assert status_class(kafka(KafkaVerdict.FAILED)) == "connect"
+
+
+def test_unacknowledged_kafka_produces_count_toward_poison() -> None:
+    ds = run(RetryPolicy(poison_timeouts=2), [kafka(KafkaVerdict.UNACKNOWLEDGED, "no ack")] * 2)
+    assert isinstance(ds[0], Retry)
+    assert isinstance(ds[1], DeadLetter) and "poison pill" in ds[1].reason
+    assert status_class(kafka(KafkaVerdict.UNACKNOWLEDGED)) == "timeout"

@@ -1,0 +1,121 @@
+"""The HTTP sender: one attempt at an envelope's request over a pooled aiohttp session.
+
+Connections are pooled and kept alive by one ``aiohttp.ClientSession``, opened on the
+writer's event loop (``async with HttpSender(...)``) and capped at ``concurrency`` in all
+and ``per_host_concurrency`` per receiver. The answer is reported as it came: an HTTP
+status with its Retry-After and the start of its body, a read timeout, a connect failure,
+or undeliverable (an invalid request, or a target the SSRF guard refuses).
+"""
+
+from __future__ import annotations
+
+import time
+from types import TracebackType
+from urllib.parse import urlsplit
+
+import aiohttp
+from multidict import CIMultiDict
+
+from proxy.envelope import Envelope
+from proxy.metrics import ProxyMetrics
+from proxy.retry import ConnectFailure, HttpResult, TimeoutResult, Undeliverable
+from proxy.settings import ProxySettings
+from proxy.ssrf import GuardedResolver, blocked_reason, literal_refusal
+
+HttpOutcome = HttpResult | TimeoutResult | ConnectFailure | Undeliverable
+
+# A 2xx body is read (so a small one leaves the connection reusable) up to this much; past
+# it the connection is closed instead: a receiver cannot make the proxy read without end.
+SUCCESS_BODY_MAX_BYTES = 64 * 1024
+
+
+async def _discard_body(resp: aiohttp.ClientResponse, max_bytes: int) -> None:
+    left = max_bytes
+    while left > 0:
+        chunk = await resp.content.read(min(left, 16 * 1024))
+        if not chunk:
+            return
+        left -= len(chunk)
+    # Unread bytes remain: leaving the response context then drops the connection.
+    resp.close()
+
+
+class HttpSender:
+    def __init__(self, settings: ProxySettings, metrics: ProxyMetrics, *, guard: bool) -> None:
+        self._s = settings
+        self._metrics = metrics
+        # Refuse loopback, private and reserved targets (fires mode: tenants pick the URLs).
+        self._guard = guard
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> HttpSender:
+        connector = aiohttp.TCPConnector(
+            limit=self._s.concurrency,
+            limit_per_host=self._s.per_host_concurrency,
+            ttl_dns_cache=300,
+            keepalive_timeout=30,
+            resolver=GuardedResolver() if self._guard else None,
+        )
+        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def send(self, env: Envelope) -> HttpOutcome:
+        req = env.request
+        if req is None or self._session is None:
+            raise RuntimeError(f"{env!r}: no HTTP request, or the sender is not open")
+        if self._guard:
+            refusal = literal_refusal(urlsplit(req.url).hostname or "")
+            if refusal is not None:
+                return Undeliverable(detail=refusal)
+        headers = CIMultiDict(req.headers)
+        headers["Tocsin-Delivery-Attempt"] = str(env.attempt_state.attempts + 1)
+        # Built per request: the timeout is the tenant's choice, so a cache keyed by it
+        # would grow with every distinct value, and building one is a few attribute sets.
+        timeout = aiohttp.ClientTimeout(
+            total=req.timeout_s, sock_connect=min(self._s.connect_timeout_s, req.timeout_s)
+        )
+        t0 = time.perf_counter()
+        try:
+            async with self._session.request(
+                req.method,
+                req.url,
+                headers=headers,
+                data=req.body,
+                timeout=timeout,
+                allow_redirects=False,
+            ) as resp:
+                return await self._answer(resp)
+        except aiohttp.ConnectionTimeoutError:
+            return ConnectFailure(detail="connect timeout")
+        except TimeoutError:  # includes aiohttp.SocketTimeoutError
+            return TimeoutResult(detail=f"no response within {req.timeout_s:g}s")
+        except (aiohttp.InvalidURL, ValueError) as exc:
+            return Undeliverable(detail=f"invalid request: {exc}")
+        except (aiohttp.ClientError, OSError) as exc:
+            refusal = blocked_reason(exc) if self._guard else None
+            if refusal is not None:
+                return Undeliverable(detail=refusal)
+            return ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
+        finally:
+            self._metrics.request_latency.observe(time.perf_counter() - t0)
+
+    async def _answer(self, resp: aiohttp.ClientResponse) -> HttpResult:
+        if 200 <= resp.status < 300:
+            await _discard_body(resp, SUCCESS_BODY_MAX_BYTES)
+            return HttpResult(status=resp.status)
+        snippet = await resp.content.read(self._s.body_snippet_bytes)
+        return HttpResult(
+            status=resp.status,
+            retry_after=resp.headers.get("Retry-After"),
+            body_snippet=snippet.decode("utf-8", "replace"),
+        )
