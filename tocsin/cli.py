@@ -14,31 +14,12 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
-import orjson
-
 from base.errors import TocsinError
 from base.logs import setup_logging
 from base.settings import REPO_ROOT, Settings
 from tocsin import settings_doc as sd
+from tocsin.output import EXIT_FAIL, EXIT_OK, emit
 from tocsin.settings_doc import Process
-
-EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REJECTED = 0, 1, 2, 3, 4
-EXIT_TIMEOUT = 5
-
-
-def _print_table(rows: list[dict[str, object]], columns: Sequence[str]) -> None:
-    widths = {c: max([len(c)] + [len(str(r.get(c, ""))) for r in rows]) for c in columns}
-    print("  ".join(c.upper().ljust(widths[c]) for c in columns))
-    for r in rows:
-        print("  ".join(str(r.get(c, "")).ljust(widths[c]) for c in columns))
-
-
-def _emit(args: argparse.Namespace, rows: list[dict[str, object]], columns: Sequence[str]) -> None:
-    if getattr(args, "json", False):
-        sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
-    else:
-        _print_table(rows, columns)
-
 
 # ----------------------------------------------------------------------------- infra
 
@@ -64,7 +45,7 @@ def cmd_infra(args: argparse.Namespace, settings: Settings) -> int:
         print("stopped: " + (", ".join(stopped) if stopped else "nothing was running"))
         return EXIT_OK
     statuses = stack.status()
-    _emit(
+    emit(
         args,
         [
             {
@@ -87,7 +68,7 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 
     specs = catalog(settings.topics).all()
     outcome = ensure_topics(settings.kafka, specs)
-    _emit(
+    emit(
         args,
         [
             {"topic": s.name, "partitions": s.partitions, "state": outcome[s.name], "key": s.key}
@@ -151,7 +132,7 @@ def replace_block(text: str, process: Process) -> str:
     end = text.find(sd.END_MARKER, begin)
     if begin < 0 or end < 0:
         raise TocsinError(f"no {sd.begin_marker(process)} ... {sd.END_MARKER} block to replace")
-    return text[:begin] + sd.block(process) + text[end + len(sd.END_MARKER):]
+    return text[:begin] + sd.block(process) + text[end + len(sd.END_MARKER) :]
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:

@@ -11,6 +11,15 @@ from typing import Any
 import orjson
 
 from base.settings import Settings
+from tocsin.output import (
+    EXIT_FAIL,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_REJECTED,
+    EXIT_TIMEOUT,
+    EXIT_USAGE,
+    emit,
+)
 
 
 async def _with_store(settings: Settings, fn: Any) -> Any:
@@ -33,7 +42,6 @@ def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
 
 def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
     from streams.tenants import TenantConfig
-    from tocsin.cli import EXIT_FAIL, EXIT_OK, EXIT_USAGE, _emit
 
     if args.action != "list" and not args.name:
         print(f"tocsin tenant {args.action} needs a tenant name", file=sys.stderr)
@@ -106,7 +114,7 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
                 "allowed_hosts": ",".join(cfg.allowed_callback_hosts) or "*",
             }
         )
-    _emit(args, out, ["tenant", "active", "signed", "create_quota_per_s", "allowed_hosts"])
+    emit(args, out, ["tenant", "active", "signed", "create_quota_per_s", "allowed_hosts"])
     return EXIT_OK
 
 
@@ -117,7 +125,6 @@ def _rotate_key(args: argparse.Namespace, settings: Settings) -> int:
         retire_previous_signing_key,
         rotate_signing_key,
     )
-    from tocsin.cli import EXIT_FAIL, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE
 
     if args.retire_previous and args.previous_valid_s is not None:
         print("error: --retire-previous and --previous-valid-s exclude each other", file=sys.stderr)
@@ -162,7 +169,6 @@ def _rotate_key(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
-    from tocsin.cli import EXIT_NOT_FOUND, EXIT_OK, EXIT_REJECTED, EXIT_TIMEOUT, EXIT_USAGE, _emit
     from topics.ids import format_iso_ms
 
     if args.action == "list":
@@ -219,7 +225,7 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
             return EXIT_USAGE
         except CommandRejected as exc:
             # The decoder every worker runs: the answer a worker would give, without sending.
-            _emit(
+            emit(
                 args,
                 [
                     {
@@ -245,7 +251,7 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     if result is None:
         print(f"no result within {args.timeout_s}s (is a worker running?)", file=sys.stderr)
         return EXIT_TIMEOUT
-    _emit(
+    emit(
         args,
         [
             {
@@ -343,7 +349,6 @@ def _recurring_get(
 
     from api.recurring_io import schedule_json
     from api.views import ApiError
-    from tocsin.cli import EXIT_NOT_FOUND, EXIT_OK
 
     async def view(store: Any) -> dict[str, Any]:
         return await schedule_json(
@@ -375,7 +380,6 @@ def _recurring_get(
 
 def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
     from api.views import ApiError, matches, parse_statuses, parse_window, schedule_view
-    from tocsin.cli import EXIT_OK, EXIT_USAGE, _emit
 
     try:
         lo, hi = parse_window({"from": args.from_, "to": args.to})
@@ -423,7 +427,7 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
         v["delivery"] = (v["delivery"] or {}).get("outcome", "")
         v["next_run"] = v.get("next_run") or ""
         v["recurring"] = "yes" if v.get("recurring") else ""
-    _emit(args, views, ["schedule_id", "status", "due", "delivery", "recurring", "next_run"])
+    emit(args, views, ["schedule_id", "status", "due", "delivery", "recurring", "next_run"])
     return EXIT_OK
 
 
@@ -433,7 +437,6 @@ def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
     import time
 
     from api.recurring_io import runs
-    from tocsin.cli import EXIT_NOT_FOUND, EXIT_OK
     from topics.ids import format_iso_ms
 
     view = asyncio.run(
@@ -633,7 +636,6 @@ def cmd_status(args: argparse.Namespace, settings: Settings, *, proxy_group: str
     from base.errors import KafkaError
     from streams.status import HOUR_MS, Report, Window, render
     from streams.status_io import collect, consumer_lags, lag_pairs
-    from tocsin.cli import EXIT_OK, EXIT_USAGE
 
     lookback_s = (
         args.lookback_s
