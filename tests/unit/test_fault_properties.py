@@ -23,6 +23,7 @@ from base.errors import CommandRejected, TocsinError
 from proxy.envelope import Envelope, _fallback_decode_trigger, prepare_fire, trigger_decoder
 from streams.commands import CommandProcessor, RawCommand
 from streams.partitioner import partition_for
+from tests import fakes
 from topics.codec import callback_from_json, decode_result, decode_trigger, encode_command
 from topics.codes import Code
 from topics.models import CreateCommand, HttpCallback, PayloadType
@@ -44,26 +45,49 @@ odd_text = st.text(
     max_size=40,
 )
 scalars = (
-    st.none() | st.booleans() | st.integers(-(2**70), 2**70)
-    | st.floats(allow_nan=False, allow_infinity=False) | odd_text
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**70), 2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | odd_text
 )
 json_values = st.recursive(
     scalars,
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(odd_text, inner, max_size=4),
     max_leaves=25,
 )
-TRIGGER_FIELDS = ["trigger_id", "schedule_id", "tenant", "due_ms", "emitted_ms", "attempt",
-                  "order_key", "payload", "payload_b64", "payload_type", "callback"]
-RESULT_FIELDS = ["schedule_id", "tenant", "request_id", "command", "status", "code", "message",
-                 "partition", "offset", "processed_ms"]
+TRIGGER_FIELDS = [
+    "trigger_id",
+    "schedule_id",
+    "tenant",
+    "due_ms",
+    "emitted_ms",
+    "attempt",
+    "order_key",
+    "payload",
+    "payload_b64",
+    "payload_type",
+    "callback",
+]
+RESULT_FIELDS = [
+    "schedule_id",
+    "tenant",
+    "request_id",
+    "command",
+    "status",
+    "code",
+    "message",
+    "partition",
+    "offset",
+    "processed_ms",
+]
 CALLBACK_FIELDS = ["type", "url", "method", "headers", "timeout_s", "topic", "key"]
 
 
 def objects_with(fields: list[str]) -> st.SearchStrategy[bytes]:
     """JSON objects using the real field names with values of any type."""
     return st.dictionaries(st.sampled_from(fields) | odd_text, json_values, max_size=12).map(
-        lambda d: orjson.dumps(d, option=orjson.OPT_NON_STR_KEYS)
-        if _dumpable(d) else b"{}"
+        lambda d: orjson.dumps(d, option=orjson.OPT_NON_STR_KEYS) if _dumpable(d) else b"{}"
     )
 
 
@@ -84,8 +108,10 @@ def raw_inputs(fields: list[str]) -> st.SearchStrategy[bytes]:
         st.integers(1, 3000).map(lambda n: b'{"a":' * n + b"1" + b"}" * n),
         # huge fields (kept out of the failure report's repr by building them from a size)
         st.integers(10_000, 200_000).map(
-            lambda n: b'{"callback": {"type": "http", "url": "http://' + b"x" * n + b'"},'
-            b' "payload": "' + b"y" * n + b'", "tenant": "' + b"t" * n + b'"}'
+            lambda n: (
+                b'{"callback": {"type": "http", "url": "http://' + b"x" * n + b'"},'
+                b' "payload": "' + b"y" * n + b'", "tenant": "' + b"t" * n + b'"}'
+            )
         ),
     )
 
@@ -116,8 +142,10 @@ def test_callback_from_json_only_rejects(raw: bytes) -> None:
         callback_from_json(raw.decode("utf-8"))
 
 
-header_names = st.sampled_from(["tocsin-signature", "tocsin-signed-at", "Tocsin-Signature",
-                                "x-other"]) | odd_text
+header_names = (
+    st.sampled_from(["tocsin-signature", "tocsin-signed-at", "Tocsin-Signature", "x-other"])
+    | odd_text
+)
 header_values = st.binary(max_size=80) | odd_text | st.none() | st.integers()
 header_shapes = st.one_of(
     st.none(),
@@ -127,8 +155,12 @@ header_shapes = st.one_of(
 
 
 @settings(max_examples=300)
-@given(header_shapes, st.none() | st.binary(max_size=40), st.binary(max_size=200),
-       st.integers(-(2**63), 2**63))
+@given(
+    header_shapes,
+    st.none() | st.binary(max_size=40),
+    st.binary(max_size=200),
+    st.integers(-(2**63), 2**63),
+)
 def test_signature_verification_never_raises_and_never_accepts_garbage(
     headers: Any, key: bytes | None, value: bytes, record_ms: int
 ) -> None:
@@ -149,8 +181,16 @@ def test_a_signature_covers_key_and_value(key: bytes | None, value: bytes, flip:
 
 
 def _envelope(value: bytes | None) -> Envelope:
-    return Envelope(topic="t", partition=0, offset=1, key=b"k", value=value, headers=[],
-                    timestamp_ms=0, read_s=0.0)
+    return Envelope(
+        topic="t",
+        partition=0,
+        offset=1,
+        key=b"k",
+        value=value,
+        headers=[],
+        timestamp_ms=0,
+        read_s=0.0,
+    )
 
 
 @settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
@@ -166,36 +206,26 @@ def test_proxy_envelope_never_raises(raw: bytes | None) -> None:
 # -- a worker's command agent end to end (fake store and sink) -------------------------------
 
 
-class FakeStore:
+class FakeStore(fakes.FakeStore):
+    """The shared fake with tenant acme registered, signing with SECRET."""
+
     def __init__(self) -> None:
-        self.rows: dict[tuple[str, str], dict[str, Any]] = {}
-
-    async def get_tenant(self, tenant: str) -> dict[str, Any] | None:
-        if tenant == "acme":
-            return {"tenant": "acme", "active": True, "config": "{}", "signing_secret": SECRET}
-        return None
-
-    async def get_schedules(self, tenant: str, ids: list[str]) -> dict[str, dict[str, Any]]:
-        return {}
-
-    async def write_index(self, put: Any, drop: Any, *, now_ms: int,
-                          retention_s: int | None = None) -> None:
-        return None
-
-    async def write_recurring_index(self, entries: Any) -> None:
-        return None
-
-    async def apply_schedule_changes(self, changes: Any, *, before_commit: Any = None) -> None:
-        if before_commit is not None:
-            await before_commit()
+        acme = {"tenant": "acme", "active": True, "config": "{}", "signing_secret": SECRET}
+        super().__init__(tenants={"acme": acme})
 
 
 class FakeSink:
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes]] = []
 
-    def send(self, topic: str, *, key: bytes | None, value: bytes,
-             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]:
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         fut.set_result(None)
         self.sent.append((topic, key, value))
@@ -207,23 +237,48 @@ NOW = int(time.time() * 1000)
 
 def good_record(offset: int) -> RawCommand:
     sid = f"ok-{offset}"
-    value = encode_command(CreateCommand(
-        tenant="acme", schedule_id=sid, due_ms=NOW + 3_600_000, payload=b'{"a":1}',
-        payload_type=PayloadType.JSON, callback=HttpCallback(url="https://h.example/cb"),
-        misfire_tolerance_s=60,
-    ))
+    value = encode_command(
+        CreateCommand(
+            tenant="acme",
+            schedule_id=sid,
+            due_ms=NOW + 3_600_000,
+            payload=b'{"a":1}',
+            payload_type=PayloadType.JSON,
+            callback=HttpCallback(url="https://h.example/cb"),
+            misfire_tolerance_s=60,
+        )
+    )
     key = sid.encode()
-    return RawCommand(partition=partition_for(key, PARTITIONS), offset=offset, key=key,
-                      value=value, timestamp_ms=NOW,
-                      headers=sign_headers(SECRET, signed_at_ms=NOW, key=key, value=value),
-                      timestamp_type=TimestampType.LOG_APPEND_TIME)
+    return RawCommand(
+        partition=partition_for(key, PARTITIONS),
+        offset=offset,
+        key=key,
+        value=value,
+        timestamp_ms=NOW,
+        headers=sign_headers(SECRET, signed_at_ms=NOW, key=key, value=value),
+        timestamp_type=TimestampType.LOG_APPEND_TIME,
+    )
 
 
 records = st.builds(
     lambda key, value, signed, partition: (key, value, signed, partition),
     st.none() | st.binary(max_size=30),
-    raw_inputs(sorted({"type", "tenant", "schedule_id", "due", "payload", "callback",
-                       "request_id", "misfire_tolerance_s", "recurrence"})) | st.none(),
+    raw_inputs(
+        sorted(
+            {
+                "type",
+                "tenant",
+                "schedule_id",
+                "due",
+                "payload",
+                "callback",
+                "request_id",
+                "misfire_tolerance_s",
+                "recurrence",
+            }
+        )
+    )
+    | st.none(),
     st.booleans(),
     st.integers(0, PARTITIONS - 1),
 )
@@ -236,9 +291,15 @@ def test_worker_answers_every_record_and_never_crashes(batch: list[Any], good_at
     per record, in order; the valid one is accepted; each rejection carries a known code and
     a message; the processor raises nothing."""
     raws = [
-        RawCommand(partition=p, offset=i, key=k, value=v, timestamp_ms=NOW,
-                   headers=sign_headers(SECRET, signed_at_ms=NOW, key=k, value=v or b"")
-                   if signed else (), timestamp_type=TimestampType.LOG_APPEND_TIME)
+        RawCommand(
+            partition=p,
+            offset=i,
+            key=k,
+            value=v,
+            timestamp_ms=NOW,
+            headers=sign_headers(SECRET, signed_at_ms=NOW, key=k, value=v or b"") if signed else (),
+            timestamp_type=TimestampType.LOG_APPEND_TIME,
+        )
         for i, (k, v, signed, p) in enumerate(batch)
     ]
     good_at = min(good_at, len(raws))
@@ -246,8 +307,12 @@ def test_worker_answers_every_record_and_never_crashes(batch: list[Any], good_at
     raws.insert(good_at, good)
     sink = FakeSink()
     processor = CommandProcessor(
-        store=FakeStore(), sink=sink, tickers={}, results_topic="t.command-results",
-        partitions=PARTITIONS, limits=Limits(max_payload_bytes=64 * 1024),
+        store=FakeStore(),
+        sink=sink,
+        tickers={},
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=Limits(max_payload_bytes=64 * 1024),
         clock_ms=lambda: NOW,
     )
     results = asyncio.run(processor.process_batch(raws))

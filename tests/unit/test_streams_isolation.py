@@ -10,7 +10,8 @@ from typing import Any
 import pytest
 
 from base.errors import CommandRejected, StoreError
-from streams.commands import CommandProcessor, RawCommand, check_storable
+from streams.commands import CommandProcessor, RawCommand
+from streams.decisions import check_storable
 from streams.emitter import produce_retriable
 from streams.partitioner import partition_for
 from streams.store import pack_groups
@@ -28,51 +29,68 @@ from topics.signing import sign_headers
 from topics.validation import Limits
 
 
-class PickyStore(FakeStore):
-    """Refuses any write that includes the schedule ``poison`` with ``error``; fails the
-    first ``outages`` writes as unavailable."""
+def picky(error: BaseException | None = None, outages: int = 0) -> FakeStore:
+    """The fake (tenant acme) refusing any write that includes the schedule ``poison``
+    with ``error``, and failing the first ``outages`` writes as unavailable."""
+    store = FakeStore()
+    if outages:
+        unavailable = StoreError("cassandra put_schedule failed: NoHostAvailable", retriable=True)
+        store.inject("apply_schedule_changes", unavailable, times=outages)
+    if error is not None:
+        store.inject(
+            "apply_schedule_changes",
+            error,
+            times=None,
+            when=lambda call: "poison" in [c.row.schedule_id for c in call.args[0]],
+        )
+    return store
 
-    def __init__(self, error: BaseException | None = None, outages: int = 0) -> None:
-        super().__init__()
-        self.error = error
-        self.outages = outages
-        self.applied: list[str] = []
 
-    async def apply_schedule_changes(self, changes: Any, *, before_commit: Any = None) -> None:
-        if self.outages:
-            self.outages -= 1
-            raise StoreError("cassandra put_schedule failed: NoHostAvailable", retriable=True)
-        ids = [c.row.schedule_id for c in changes]
-        if self.error is not None and "poison" in ids:
-            raise self.error
-        self.applied += ids
+def applied(store: FakeStore) -> list[str]:
+    return [sid for _, sid in store.schedules]
 
 
 def record(sid: str, offset: int, due_ms: int = NOW + 3_600_000) -> RawCommand:
-    value = encode_command(CreateCommand(
-        tenant="acme", schedule_id=sid, due_ms=due_ms, payload=b'{"a":1}',
-        payload_type=PayloadType.JSON, callback=HttpCallback(url="https://h.example/cb"),
-        misfire_tolerance_s=60,
-    ))
+    value = encode_command(
+        CreateCommand(
+            tenant="acme",
+            schedule_id=sid,
+            due_ms=due_ms,
+            payload=b'{"a":1}',
+            payload_type=PayloadType.JSON,
+            callback=HttpCallback(url="https://h.example/cb"),
+            misfire_tolerance_s=60,
+        )
+    )
     key = sid.encode()
-    return replace(good_record(offset), key=key, value=value,
-                   partition=partition_for(key, PARTITIONS),
-                   headers=sign_headers(SECRET, signed_at_ms=NOW, key=key, value=value))
+    return replace(
+        good_record(offset),
+        key=key,
+        value=value,
+        partition=partition_for(key, PARTITIONS),
+        headers=sign_headers(SECRET, signed_at_ms=NOW, key=key, value=value),
+    )
 
 
 def answers(sink: FakeSink) -> dict[str, str]:
     return {str(r.schedule_id): str(r.code) for r in (decode_result(v) for _, _, v in sink.sent)}
 
 
-def run(store: PickyStore, batch: list[RawCommand]) -> tuple[FakeSink, list[float]]:
+def run(store: FakeStore, batch: list[RawCommand]) -> tuple[FakeSink, list[float]]:
     sink, slept = FakeSink(), []
 
     async def sleep(s: float) -> None:
         slept.append(s)
 
     processor = CommandProcessor(
-        store=store, sink=sink, tickers={}, results_topic="t.command-results",
-        partitions=PARTITIONS, limits=Limits(), clock_ms=lambda: NOW, sleep=sleep,
+        store=store,
+        sink=sink,
+        tickers={},
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=Limits(),
+        clock_ms=lambda: NOW,
+        sleep=sleep,
     )
     asyncio.run(processor.process_until_answered(batch))
     return sink, slept
@@ -81,31 +99,35 @@ def run(store: PickyStore, batch: list[RawCommand]) -> tuple[FakeSink, list[floa
 @pytest.mark.parametrize(
     ("error", "code"),
     [
-        (StoreError("cassandra put_schedule failed: InvalidRequest: Batch too large",
-                    retriable=False), "store_rejected"),
+        (
+            StoreError(
+                "cassandra put_schedule failed: InvalidRequest: Batch too large", retriable=False
+            ),
+            "store_rejected",
+        ),
         (ValueError("TTL exceeds Cassandra's maximum"), "internal_error"),
     ],
 )
 def test_a_command_failing_for_good_is_answered_alone_and_the_batch_proceeds(
     error: BaseException, code: str
 ) -> None:
-    store = PickyStore(error)
+    store = picky(error)
     batch = [record("a", 1), record("poison", 2), record("b", 3)]
     sink, slept = run(store, batch)
     assert answers(sink) == {"a": "ok", "poison": code, "b": "ok"}
-    assert sorted(store.applied) == ["a", "b"]
+    assert sorted(applied(store)) == ["a", "b"]
     assert slept == []  # nothing waits for what waiting cannot fix
 
 
 def test_an_unavailable_store_is_waited_out_with_backoff_not_answered() -> None:
-    store = PickyStore(outages=3)
+    store = picky(outages=3)
     sink, slept = run(store, [record("a", 1), record("b", 2)])
     assert answers(sink) == {"a": "ok", "b": "ok"}
     assert slept == [0.5, 1.0, 2.0]
 
 
 def test_a_create_due_beyond_what_cassandra_can_keep_is_rejected_alone() -> None:
-    store = PickyStore()
+    store = picky()
     far = 2_524_608_000_000  # 2050-01-01
     sink, _ = run(store, [record("a", 1), record("far", 2, due_ms=far), record("b", 3)])
     assert answers(sink) == {"a": "ok", "far": "beyond_horizon", "b": "ok"}
@@ -114,9 +136,10 @@ def test_a_create_due_beyond_what_cassandra_can_keep_is_rejected_alone() -> None
 def test_a_create_due_at_the_last_representable_instant_is_rejected_alone() -> None:
     """9999-12-31T23:59:59.999Z is also the recurring rules' 'never' marker; as a due time
     it is just too far ahead."""
-    store = PickyStore()
-    sink, _ = run(store, [record("a", 1), record("max", 2, due_ms=253_402_300_799_999),
-                          record("b", 3)])
+    store = picky()
+    sink, _ = run(
+        store, [record("a", 1), record("max", 2, due_ms=253_402_300_799_999), record("b", 3)]
+    )
     assert answers(sink) == {"a": "ok", "max": "beyond_horizon", "b": "ok"}
     with pytest.raises(CommandRejected, match="beyond_horizon"):
         check_storable(253_402_300_799_999, NOW, 7 * 24 * 3600)

@@ -4,73 +4,52 @@ a bucket or writing the checkpoint is retried; the ticker neither dies nor skips
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
-from base.errors import StoreError
-from streams.model import BucketRow, FiredMark
+from streams.model import BucketRow
 from streams.ticker import PartitionTicker, TickerConfig
-from tests.unit.test_streams_ticker import mark_each, running
+from tests.fakes import FakeStore
+from tests.unit.test_streams_ticker import running
 
 NOW = 1_800_000_030_000  # 30 s into a minute
 
 
 def row(sid: str, due_ms: int) -> BucketRow:
-    return BucketRow(partition=0, minute_ms=due_ms - due_ms % 60_000, shard=0, due_ms=due_ms,
-                     tenant="t", schedule_id=sid, version=1, order_key=sid, payload=b"{}",
-                     payload_type="json", callback='{"type":"http","url":"https://h/cb"}',
-                     misfire_tolerance_s=3600)
+    return BucketRow(
+        partition=0,
+        minute_ms=due_ms - due_ms % 60_000,
+        shard=0,
+        due_ms=due_ms,
+        tenant="t",
+        schedule_id=sid,
+        version=1,
+        order_key=sid,
+        payload=b"{}",
+        payload_type="json",
+        callback='{"type":"http","url":"https://h/cb"}',
+        misfire_tolerance_s=3600,
+    )
 
 
-class FlakyStore:
-    """Every call fails with StoreError while ``down``; counts the failures."""
-
-    def __init__(self, rows: list[BucketRow]) -> None:
-        self.rows = rows
-        self.down = True
-        self.failures = 0
-        self.checkpoints: list[int] = []
-        self.fired: list[str] = []
-
-    def _check(self) -> None:
-        if self.down:
-            self.failures += 1
-            raise StoreError("cassandra read failed: NoHostAvailable")
-
-    async def get_checkpoint(self, partition: int) -> int | None:
-        self._check()
-        return NOW - 20_000
-
-    async def set_checkpoint(self, partition: int, fired_before_ms: int, owner: str, *,
-                             now_ms: int) -> None:
-        self._check()
-        self.checkpoints.append(fired_before_ms)
-
-    async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]:
-        self._check()
-        return [r for r in self.rows if r.minute_ms == minute_ms]
-
-    async def mark_fired(self, tenant: str, schedule_id: str, trigger_id: str, *,
-                         fired_ms: int, due_ms: int, if_version: int | None = None,
-                         retention_s: int | None = None) -> bool:
-        self._check()
-        self.fired.append(schedule_id)
-        return True
-
-    async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
-        return await mark_each(self.mark_fired, marks)
-
-    async def mark_missed(self, *args: Any, **kwargs: Any) -> bool:
-        self._check()
-        return True
+def flaky(rows: list[BucketRow]) -> FakeStore:
+    """The shared fake, down (every call fails) until told otherwise, holding ``rows``."""
+    store = FakeStore(checkpoint_ms=NOW - 20_000, bucket_rows={r.key: r for r in rows})
+    store.down = True
+    return store
 
 
 class Sink:
     def __init__(self) -> None:
         self.sent: list[bytes | None] = []
 
-    def send(self, topic: str, *, key: bytes | None, value: bytes,
-             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]:
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         fut.set_result(None)
         self.sent.append(key)
@@ -78,12 +57,15 @@ class Sink:
 
 
 async def test_ticker_waits_out_a_store_outage_then_fires_and_checkpoints() -> None:
-    store, sink = FlakyStore([row("due-before", NOW - 5_000), row("due-later", NOW + 700)]), Sink()
+    store, sink = flaky([row("due-before", NOW - 5_000), row("due-later", NOW + 700)]), Sink()
     now = [NOW]
-    ticker = PartitionTicker(0, store=store, sink=sink,
-                             config=TickerConfig(fire_topic="fires", owner="test",
-                                                 mark_linger_s=0.0),
-                             clock_ms=lambda: now[0])
+    ticker = PartitionTicker(
+        0,
+        store=store,
+        sink=sink,
+        config=TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0),
+        clock_ms=lambda: now[0],
+    )
     ticker.start()
     await asyncio.sleep(1.5)  # Cassandra down: the checkpoint cannot even be read
     assert store.failures >= 1 and not sink.sent
@@ -110,8 +92,14 @@ async def test_ticker_waits_out_a_store_outage_then_fires_and_checkpoints() -> N
 class FailOnceSink(Sink):
     """The first send fails as a broker restart does (delivery timed out)."""
 
-    def send(self, topic: str, *, key: bytes | None, value: bytes,
-             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]:
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if not self.sent:
             fut.set_exception(RuntimeError("Local: Message timed out"))
@@ -124,12 +112,15 @@ class FailOnceSink(Sink):
 async def test_fire_now_waits_for_the_retry_instead_of_raising() -> None:
     """A late create's trigger whose first send fails: fire_now returns (so the command is
     answered) only once the ticker's own retry is acknowledged and recorded."""
-    store, sink = FlakyStore([]), FailOnceSink()
+    store, sink = flaky([]), FailOnceSink()
     store.down = False
-    ticker = PartitionTicker(0, store=store, sink=sink,
-                             config=TickerConfig(fire_topic="fires", owner="test",
-                                                 mark_linger_s=0.0),
-                             clock_ms=lambda: NOW)
+    ticker = PartitionTicker(
+        0,
+        store=store,
+        sink=sink,
+        config=TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0),
+        clock_ms=lambda: NOW,
+    )
     await running(ticker)
     await asyncio.wait_for(ticker.fire_now(row("late", NOW - 90_000)), timeout=10)
     assert sink.sent == [b"late", b"late"] and store.fired == ["late"]

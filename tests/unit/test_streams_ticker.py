@@ -3,68 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import pytest
 
-from streams.model import BucketRow, FiredMark
+from streams.model import BucketRow
 from streams.ticker import PartitionTicker, TickerConfig
 from streams.timeline import Entry
-
-
-async def mark_each(
-    mark_fired: Callable[..., Awaitable[bool]], marks: Sequence[FiredMark]
-) -> list[BaseException | None]:
-    """A fake store's ``mark_fired_many``: its ``mark_fired`` per mark, each outcome kept
-    (an error, e.g. the fake's outage, fails its own mark and no other)."""
-    out: list[BaseException | None] = []
-    for m in marks:
-        try:
-            await mark_fired(m.tenant, m.schedule_id, m.trigger_id, fired_ms=m.fired_ms,
-                             due_ms=m.due_ms, retention_s=m.retention_s)
-            out.append(None)
-        except Exception as exc:
-            out.append(exc)
-    return out
-
-
-class FakeStore:
-    def __init__(self) -> None:
-        self.fired: list[str] = []
-        self.missed: list[str] = []
-        self.checkpoints: list[int] = []
-        self.mark_requests: list[int] = []
-        self.retention: dict[str, int | None] = {}  # schedule id -> retention_s
-
-    async def get_checkpoint(self, partition: int) -> int | None:
-        return None
-
-    async def set_checkpoint(self, partition: int, fired_before_ms: int, owner: str, *,
-                             now_ms: int) -> None:
-        self.checkpoints.append(fired_before_ms)
-
-    async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]:
-        return []
-
-    async def mark_fired(self, tenant: str, schedule_id: str, trigger_id: str, *,
-                         fired_ms: int, due_ms: int, if_version: int | None = None,
-                         retention_s: int | None = None) -> bool:
-        self.fired.append(schedule_id)
-        self.retention[schedule_id] = retention_s
-        return True
-
-    async def mark_fired_many(self, marks: Sequence[FiredMark]) -> list[BaseException | None]:
-        self.mark_requests.append(len(marks))
-        return await mark_each(self.mark_fired, marks)
-
-    async def mark_missed(self, tenant: str, schedule_id: str, trigger_id: str, *,
-                          missed_ms: int, due_ms: int, detail: str | None = None,
-                          if_version: int | None = None,
-                          retention_s: int | None = None) -> bool:
-        self.missed.append(schedule_id)
-        self.retention[schedule_id] = retention_s
-        return True
+from tests.fakes import FakeStore
 
 
 class FakeSink:
@@ -73,25 +19,40 @@ class FakeSink:
     def __init__(self) -> None:
         self.sent: list[tuple[bytes | None, asyncio.Future[Any]]] = []
 
-    def send(self, topic: str, *, key: bytes | None, value: bytes,
-             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]:
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.sent.append((key, fut))
         return fut
 
 
 def row(sid: str, due_ms: int, tolerance_s: int = 60) -> BucketRow:
-    return BucketRow(partition=0, minute_ms=due_ms - due_ms % 60_000, shard=0, due_ms=due_ms,
-                     tenant="t", schedule_id=sid, version=1, order_key=sid, payload=b"{}",
-                     payload_type="json", callback='{"type":"http","url":"https://h/cb"}',
-                     misfire_tolerance_s=tolerance_s)
+    return BucketRow(
+        partition=0,
+        minute_ms=due_ms - due_ms % 60_000,
+        shard=0,
+        due_ms=due_ms,
+        tenant="t",
+        schedule_id=sid,
+        version=1,
+        order_key=sid,
+        payload=b"{}",
+        payload_type="json",
+        callback='{"type":"http","url":"https://h/cb"}',
+        misfire_tolerance_s=tolerance_s,
+    )
 
 
 def make(now: list[int], linger_s: float = 0.0) -> tuple[PartitionTicker, FakeStore, FakeSink]:
     store, sink = FakeStore(), FakeSink()
     config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=linger_s)
-    ticker = PartitionTicker(0, store=store, sink=sink, config=config,
-                             clock_ms=lambda: now[0])
+    ticker = PartitionTicker(0, store=store, sink=sink, config=config, clock_ms=lambda: now[0])
     ticker.fired_before_ms = 0
     return ticker, store, sink
 
@@ -102,14 +63,10 @@ async def settle() -> None:
 
 
 class StoredCheckpoint(FakeStore):
-    """A FakeStore whose stored checkpoint is ``checkpoint_ms``."""
+    """The shared fake with ``checkpoint_ms`` stored (positional, for the tests built on it)."""
 
     def __init__(self, checkpoint_ms: int) -> None:
-        super().__init__()
-        self.checkpoint_ms = checkpoint_ms
-
-    async def get_checkpoint(self, partition: int) -> int | None:
-        return self.checkpoint_ms
+        super().__init__(checkpoint_ms=checkpoint_ms)
 
 
 async def running(ticker: PartitionTicker) -> PartitionTicker:
@@ -194,8 +151,11 @@ async def test_fire_now_waits_for_kafka(late_ms: int) -> None:
     now = [1_000_000]
     sink = FakeSink()
     config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0)
-    ticker = await running(PartitionTicker(0, store=StoredCheckpoint(0), sink=sink,
-                                           config=config, clock_ms=lambda: now[0]))
+    ticker = await running(
+        PartitionTicker(
+            0, store=StoredCheckpoint(0), sink=sink, config=config, clock_ms=lambda: now[0]
+        )
+    )
     task = asyncio.create_task(ticker.fire_now(row("late", now[0] - late_ms)))
     for _ in range(100):
         await asyncio.sleep(0.005)
@@ -214,28 +174,22 @@ async def test_a_slow_bucket_read_does_not_hold_up_what_is_loaded() -> None:
     now = [120_000 - 8_000]  # within the preload window of minute 120,000
     sink = FakeSink()
     gate = asyncio.Event()
-    reads: list[int] = []
 
-    class SlowStore(FakeStore):
-        async def get_checkpoint(self, partition: int) -> int | None:
-            return 60_000
+    store = FakeStore(checkpoint_ms=60_000)
+    store.bucket_rows.update({r.key: r for r in (row("now", 113_000), row("next", 120_500))})
+    store.hold("read_bucket", gate, when=lambda call: call.args[1] == 120_000)
 
-        async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]:
-            reads.append(minute_ms)
-            if minute_ms == 120_000:
-                await gate.wait()  # Cassandra is slow
-                return [row("next", 120_500)]
-            return [row("now", 113_000)]
+    def reads() -> list[int]:
+        return [call.args[1] for call in store.calls_of("read_bucket")]
 
-    store = SlowStore()
     config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0)
     ticker = PartitionTicker(0, store=store, sink=sink, config=config, clock_ms=lambda: now[0])
     ticker.start()
     for _ in range(50):
         await asyncio.sleep(0.01)
-        if reads == [60_000, 120_000]:
+        if reads() == [60_000, 120_000]:
             break
-    assert reads == [60_000, 120_000] and [k for k, _ in sink.sent] == []
+    assert reads() == [60_000, 120_000] and [k for k, _ in sink.sent] == []
     now[0] = 113_000
     ticker._wake.set()
     for _ in range(50):
@@ -261,18 +215,13 @@ async def test_no_checkpoint_passes_a_first_read_still_running() -> None:
     now = [200_000]
     gate = asyncio.Event()
 
-    class FirstReadSlow(FakeStore):
-        async def get_checkpoint(self, partition: int) -> int | None:
-            return 150_000
-
-        async def read_bucket(self, partition: int, minute_ms: int, shards: int) -> list[BucketRow]:
-            await gate.wait()
-            return [row("unread", 170_000)]
-
-    store = FirstReadSlow()
+    store = FakeStore(checkpoint_ms=150_000)
+    store.bucket_rows[row("unread", 170_000).key] = row("unread", 170_000)
+    store.hold("read_bucket", gate)
     config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0)
-    ticker = PartitionTicker(0, store=store, sink=FakeSink(), config=config,
-                             clock_ms=lambda: now[0])
+    ticker = PartitionTicker(
+        0, store=store, sink=FakeSink(), config=config, clock_ms=lambda: now[0]
+    )
     ticker.start()
     for _ in range(20):
         await asyncio.sleep(0.01)
@@ -291,16 +240,7 @@ async def test_a_marker_restart_keeps_the_group_it_was_recording() -> None:
     class Broken(Exception):
         pass
 
-    calls = [0]
-    original = store.mark_fired_many
-
-    async def fails_once(marks: Sequence[FiredMark]) -> list[BaseException | None]:
-        calls[0] += 1
-        if calls[0] == 1:
-            raise Broken("unexpected")
-        return await original(marks)
-
-    store.mark_fired_many = fails_once  # type: ignore[method-assign]
+    store.inject("mark_fired_many", Broken("unexpected"))
     r = row("grouped", 90_000)
     ticker._dispatch(Entry(r.due_ms, r.tenant, r.schedule_id, r.version, r), now[0])
     sink.sent[0][1].set_result((0, 0))

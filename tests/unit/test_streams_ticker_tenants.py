@@ -31,19 +31,35 @@ class FakeTenants:
 
 
 def row(tenant: str, sid: str, due_ms: int = T, tolerance_s: int = 1) -> BucketRow:
-    return BucketRow(partition=0, minute_ms=due_ms - due_ms % 60_000, shard=0, due_ms=due_ms,
-                     tenant=tenant, schedule_id=sid, version=1, order_key=sid, payload=b"{}",
-                     payload_type="json", callback='{"type":"http","url":"https://h/cb"}',
-                     misfire_tolerance_s=tolerance_s)
+    return BucketRow(
+        partition=0,
+        minute_ms=due_ms - due_ms % 60_000,
+        shard=0,
+        due_ms=due_ms,
+        tenant=tenant,
+        schedule_id=sid,
+        version=1,
+        order_key=sid,
+        payload=b"{}",
+        payload_type="json",
+        callback='{"type":"http","url":"https://h/cb"}',
+        misfire_tolerance_s=tolerance_s,
+    )
 
 
-def make(now: list[int], configs: dict[str, TenantConfig], *, emit_slice: int = 2_000
-         ) -> tuple[PartitionTicker, FakeStore, FakeSink, FakeTenants]:
+def make(
+    now: list[int], configs: dict[str, TenantConfig], *, emit_slice: int = 2_000
+) -> tuple[PartitionTicker, FakeStore, FakeSink, FakeTenants]:
     store, sink, tenants = FakeStore(), FakeSink(), FakeTenants(configs)
     ticker = PartitionTicker(
-        0, store=store, sink=sink, tenants=tenants, clock_ms=lambda: now[0],
-        config=TickerConfig(fire_topic="fires", owner="test", emit_slice=emit_slice,
-                            mark_linger_s=0.0),
+        0,
+        store=store,
+        sink=sink,
+        tenants=tenants,
+        clock_ms=lambda: now[0],
+        config=TickerConfig(
+            fire_topic="fires", owner="test", emit_slice=emit_slice, mark_linger_s=0.0
+        ),
     )
     ticker.fired_before_ms = 0
     return ticker, store, sink, tenants
@@ -171,9 +187,14 @@ async def test_an_unreadable_tenant_does_not_stop_emission() -> None:
 
     store, sink = FakeStore(), FakeSink()
     ticker = PartitionTicker(
-        0, store=store, sink=sink, tenants=Down({}), clock_ms=lambda: now[0],
-        config=TickerConfig(fire_topic="fires", owner="test", tenant_read_timeout_ms=20,
-                            mark_linger_s=0.0),
+        0,
+        store=store,
+        sink=sink,
+        tenants=Down({}),
+        clock_ms=lambda: now[0],
+        config=TickerConfig(
+            fire_topic="fires", owner="test", tenant_read_timeout_ms=20, mark_linger_s=0.0
+        ),
     )
     ticker.fired_before_ms = 0
     load(ticker, [row("aaa", f"a{i}") for i in range(3)])
