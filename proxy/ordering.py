@@ -38,8 +38,9 @@ class Orderable(Protocol):
         """Messages with equal keys are delivered one at a time in push order; None = unordered."""
 
     @property
-    def partition(self) -> Hashable:
-        """The source partition, so a revoked partition's messages can be dropped."""
+    def tp(self) -> Hashable:
+        """The source partition (with its topic: partitions of several topics share
+        numbers), so a revoked partition's messages can be dropped."""
 
     @property
     def size(self) -> int:
@@ -75,8 +76,9 @@ class _KeyState(Generic[M]):
 class OrderQueue(Generic[M]):
     """Pending messages, handed out so that at most one message per key is in flight."""
 
-    def __init__(self, bounds: Bounds | None = None,
-                 group_of: Callable[[M], Hashable | None] | None = None) -> None:
+    def __init__(
+        self, bounds: Bounds | None = None, group_of: Callable[[M], Hashable | None] | None = None
+    ) -> None:
         self.bounds = bounds or Bounds()
         self._group_of = group_of
         # Per group: [messages, bytes] held. An entry leaves when its group holds nothing,
@@ -185,9 +187,9 @@ class OrderQueue(Generic[M]):
         dropped = 0
         for key in list(self._keys):
             state = self._keys[key]
-            kept: deque[M] = deque(m for m in state.waiting if m.partition != partition)
+            kept: deque[M] = deque(m for m in state.waiting if m.tp != partition)
             for m in state.waiting:
-                if m.partition == partition:
+                if m.tp == partition:
                     self._forget(m)
                     dropped += 1
             state.waiting = kept
@@ -195,7 +197,7 @@ class OrderQueue(Generic[M]):
                 del self._keys[key]
         ready: deque[tuple[Hashable, M | None]] = deque()
         for key, msg in self._ready:
-            if msg is not None and msg.partition == partition:
+            if msg is not None and msg.tp == partition:
                 self._forget(msg)
                 dropped += 1
             else:

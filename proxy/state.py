@@ -72,8 +72,9 @@ class SharedState:
         with self.lock:
             return sum(1 for tp in tps for env in self.out.get(tp, ()) if env.attempting)
 
-    def end_revoke(self, tps: Iterable[TopicPartition]) -> tuple[dict[TopicPartition, int],
-                                                                list[Envelope]]:
+    def end_revoke(
+        self, tps: Iterable[TopicPartition]
+    ) -> tuple[dict[TopicPartition, int], list[Envelope]]:
         """Forget the partitions: final positions to commit, and envelopes still out."""
         positions: dict[TopicPartition, int] = {}
         leftovers: list[Envelope] = []
@@ -117,8 +118,10 @@ class SharedState:
         with self.lock:
             q = self.queue
             b = q.bounds
-            return (q.held_messages > b.max_messages * b.low_ratio
-                    or q.held_bytes > b.max_bytes * b.low_ratio)
+            return (
+                q.held_messages > b.max_messages * b.low_ratio
+                or q.held_bytes > b.max_bytes * b.low_ratio
+            )
 
     def offset_done(self, env: Envelope) -> None:
         if env.cancelled:

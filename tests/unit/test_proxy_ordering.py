@@ -16,7 +16,7 @@ from proxy.ordering import Bounds, OrderQueue
 class Msg:
     order_key: str | None
     seq: int
-    partition: int = 0
+    tp: tuple[str, int] = ("t", 0)
     size: int = 10
 
 
@@ -91,13 +91,13 @@ def test_byte_bound() -> None:
 
 def test_drop_partition_drops_waiting_and_leaves_in_flight() -> None:
     q: OrderQueue[Msg] = OrderQueue()
-    p0 = [Msg("a", i, partition=0) for i in range(3)] + [Msg(None, 9, partition=0)]
-    p1 = [Msg("b", i, partition=1) for i in range(2)]
+    p0 = [Msg("a", i, tp=("t", 0)) for i in range(3)] + [Msg(None, 9, tp=("t", 0))]
+    p1 = [Msg("b", i, tp=("t", 1)) for i in range(2)]
     for m in p0 + p1:
         q.push(m)
     out = q.take()
     assert out is p0[0]
-    assert q.drop_partition(0) == 3  # a1, a2 and the keyless one
+    assert q.drop_partition(("t", 0)) == 3  # a1, a2 and the keyless one
     assert q.in_flight == 1
     assert drain(q) == [p1[0]]
     q.done(out)  # the late completion of a dropped partition's message is harmless

@@ -23,11 +23,21 @@ ORIGIN = Origin(topic="fires", partition=3, offset=77, timestamp_ms=5)
 
 
 def test_the_header_carries_origin_state_and_not_before_across_clocks() -> None:
-    state = AttemptState(attempts=4, failures=4, consecutive_timeouts=1, failures_6xx=2,
-                         first_failure_s=100.0, last_failure_s=130.0, last_status=503,
-                         last_error="HTTP 503: busy")
-    header = encode_header(Parked(park_id="p1", origin=ORIGIN, not_before_ms=2_000_500,
-                                  state=state), now_s=140.0, now_ms=2_000_000)
+    state = AttemptState(
+        attempts=4,
+        failures=4,
+        consecutive_timeouts=1,
+        failures_6xx=2,
+        first_failure_s=100.0,
+        last_failure_s=130.0,
+        last_status=503,
+        last_error="HTTP 503: busy",
+    )
+    header = encode_header(
+        Parked(park_id="p1", origin=ORIGIN, not_before_ms=2_000_500, state=state),
+        now_s=140.0,
+        now_ms=2_000_000,
+    )
     headers = park_headers([("trace", b"t"), (RETRY_HEADER, b"forged")], header)
     assert [k for k, _ in headers] == ["trace", RETRY_HEADER]  # a forged one is dropped
     # Read back 3 s later on another clock: the ages are kept, not the monotonic values.
@@ -42,14 +52,17 @@ def test_the_header_carries_origin_state_and_not_before_across_clocks() -> None:
     assert (st.last_status, st.last_error) == (503, "HTTP 503: busy")
 
 
-@pytest.mark.parametrize("headers", [
-    [],
-    [(RETRY_HEADER, b"{}")],
-    [(RETRY_HEADER, b"not json")],
-    [(RETRY_HEADER, None)],
-    [(RETRY_HEADER, b"{}"), (RETRY_HEADER, b"{}")],
-    [(RETRY_HEADER, orjson.dumps({"id": "x", "origin": {"topic": "t"}}))],
-])
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [],
+        [(RETRY_HEADER, b"{}")],
+        [(RETRY_HEADER, b"not json")],
+        [(RETRY_HEADER, None)],
+        [(RETRY_HEADER, b"{}"), (RETRY_HEADER, b"{}")],
+        [(RETRY_HEADER, orjson.dumps({"id": "x", "origin": {"topic": "t"}}))],
+    ],
+)
 def test_a_missing_or_malformed_header_is_a_value_error(headers: list) -> None:
     with pytest.raises(ValueError):
         decode_headers(headers, now_s=0.0, now_ms=0)
@@ -97,13 +110,14 @@ def test_lines_are_bounded_and_forget_a_revoked_partition() -> None:
 class Msg:
     order_key: str | None
     tenant: str | None
-    partition: int = 0
+    tp: tuple[str, int] = ("t", 0)
     size: int = 100
 
 
 def test_the_queue_counts_each_tenants_share_and_forgets_empty_tenants() -> None:
-    q: OrderQueue[Msg] = OrderQueue(Bounds(max_messages=100, max_bytes=1000),
-                                    group_of=lambda m: m.tenant)
+    q: OrderQueue[Msg] = OrderQueue(
+        Bounds(max_messages=100, max_bytes=1000), group_of=lambda m: m.tenant
+    )
     a = [Msg(f"a{i}", "A") for i in range(3)]
     b = Msg("b", "B")
     for m in (*a, b, Msg("n", None)):
@@ -116,8 +130,8 @@ def test_the_queue_counts_each_tenants_share_and_forgets_empty_tenants() -> None
         assert m is not None
         q.done(m)
     assert q.group_held("A") == (0, 0) and not q._groups  # no entry left behind
-    q.push(Msg("a9", "A", partition=1))
-    assert q.drop_partition(1) == 1 and not q._groups
+    q.push(Msg("a9", "A", tp=("t", 1)))
+    assert q.drop_partition(("t", 1)) == 1 and not q._groups
 
 
 def test_lines_forget_only_those_on_revoked_retry_partitions() -> None:
