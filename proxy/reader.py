@@ -27,6 +27,7 @@ is committed, the rest dropped), between polls on this thread.
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import threading
 import time
@@ -62,22 +63,41 @@ class _Change:
     applied: threading.Event = field(default_factory=threading.Event)
 
 
+class Flow(enum.Enum):
+    """What the reader does to its partitions after a turn of the poll loop."""
+
+    KEEP = "keep"
+    PAUSE = "pause"  # every assigned partition, newly assigned ones included
+    RESUME = "resume"
+
+
+def flow_step(*, want_paused: bool, paused: bool, assignment_changed: bool) -> Flow:
+    """The pause/resume decision: follow the pending queue's wish (``OrderQueue.should_pause``,
+    with its hysteresis), and pause again while paused when partitions were assigned
+    meanwhile, since a new partition arrives unpaused."""
+    if want_paused:
+        return Flow.KEEP if paused and not assignment_changed else Flow.PAUSE
+    return Flow.RESUME if paused else Flow.KEEP
+
+
 def consumer_config(kafka_conf: dict[str, Any], s: ProxySettings) -> dict[str, Any]:
     conf = dict(kafka_conf)
-    conf.update({
-        "group.id": s.group_id,
-        "enable.auto.commit": False,
-        "enable.auto.offset.store": False,
-        "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "cooperative-sticky",
-        "max.poll.interval.ms": int(s.max_poll_interval_s * 1000),
-        "session.timeout.ms": int(s.session_timeout_s * 1000),
-        "heartbeat.interval.ms": max(100, int(s.session_timeout_s * 1000 / 4)),
-        # librdkafka prefetches on its own; keep that buffer small next to our bound so the
-        # process's memory is governed by max_pending_bytes, not by the client library.
-        "queued.max.messages.kbytes": max(1024, min(4096, s.max_pending_bytes // 16384)),
-        "fetch.wait.max.ms": 100,
-    })
+    conf.update(
+        {
+            "group.id": s.group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "auto.offset.reset": "earliest",
+            "partition.assignment.strategy": "cooperative-sticky",
+            "max.poll.interval.ms": int(s.max_poll_interval_s * 1000),
+            "session.timeout.ms": int(s.session_timeout_s * 1000),
+            "heartbeat.interval.ms": max(100, int(s.session_timeout_s * 1000 / 4)),
+            # librdkafka prefetches on its own; keep that buffer small next to our bound so the
+            # process's memory is governed by max_pending_bytes, not by the client library.
+            "queued.max.messages.kbytes": max(1024, min(4096, s.max_pending_bytes // 16384)),
+            "fetch.wait.max.ms": 100,
+        }
+    )
     return conf
 
 
@@ -137,12 +157,22 @@ class Reader:
         except KafkaException as exc:
             raise KafkaError(f"cannot create the proxy consumer: {exc}") from exc
         if self.subscribe:
-            self.consumer.subscribe(self._topics, on_assign=self._on_assign,
-                                    on_revoke=self._on_revoke, on_lost=self._on_lost)
+            self.consumer.subscribe(
+                self._topics,
+                on_assign=self._on_assign,
+                on_revoke=self._on_revoke,
+                on_lost=self._on_lost,
+            )
         self._thread.start()
 
-    def follow(self, *, add: Iterable[TP] = (), remove: Iterable[TP] = (), commit: bool = True,
-               timeout_s: float) -> bool:
+    def follow(
+        self,
+        *,
+        add: Iterable[TP] = (),
+        remove: Iterable[TP] = (),
+        commit: bool = True,
+        timeout_s: float,
+    ) -> bool:
         """Thread-safe, for a reader with ``subscribe=False``: read ``add`` too, stop reading
         ``remove``; waits until this reader's thread has done it (False after ``timeout_s``).
         A reader no longer polling takes no change (its close commits what is done)."""
@@ -153,9 +183,15 @@ class Reader:
             self._changes.append(change)
         if change.applied.wait(timeout_s):
             return True
-        log.warning("partition change not applied in time",
-                    extra={"reader": self._thread.name, "add": sorted(change.add),
-                           "remove": sorted(change.remove), "timeout_s": timeout_s})
+        log.warning(
+            "partition change not applied in time",
+            extra={
+                "reader": self._thread.name,
+                "add": sorted(change.add),
+                "remove": sorted(change.remove),
+                "timeout_s": timeout_s,
+            },
+        )
         return False
 
     def request_commit(self) -> None:
@@ -217,13 +253,15 @@ class Reader:
             changes, self._changes = self._changes, []
         try:
             for change in changes:
-                gone = [TopicPartition(t, p) for t, p in change.remove
-                        if (t, p) in self.assignment]
+                gone = [TopicPartition(t, p) for t, p in change.remove if (t, p) in self.assignment]
                 if gone:
                     self._revoke(consumer, gone, commit=change.commit)
                     consumer.incremental_unassign(gone)
-                came = [TopicPartition(t, p) for t, p in dict.fromkeys(change.add)
-                        if (t, p) not in self.assignment]
+                came = [
+                    TopicPartition(t, p)
+                    for t, p in dict.fromkeys(change.add)
+                    if (t, p) not in self.assignment
+                ]
                 # Tracked before the consumer fetches them; no offset given, so each starts
                 # from the group's committed offset (auto.offset.reset without one).
                 self._on_assign(consumer, came)
@@ -246,8 +284,13 @@ class Reader:
                 continue
             ts_type, ts = m.timestamp()
             env = Envelope(
-                topic=m.topic(), partition=m.partition(), offset=m.offset(), key=m.key(),
-                value=m.value(), headers=m.headers() or (), read_s=now,
+                topic=m.topic(),
+                partition=m.partition(),
+                offset=m.offset(),
+                key=m.key(),
+                value=m.value(),
+                headers=m.headers() or (),
+                read_s=now,
                 timestamp_ms=ts if ts_type else None,
             )
             self._prepare(env)
@@ -272,18 +315,24 @@ class Reader:
         if err is not None:
             self._metrics.commits.labels("failed").inc()
             log.warning("offset commit failed; will retry", extra={"error": str(err)})
-        done = {(p.topic, p.partition): p.offset for p in partitions
-                if p.error is None and p.offset >= 0}
+        done = {
+            (p.topic, p.partition): p.offset
+            for p in partitions
+            if p.error is None and p.offset >= 0
+        }
         if done:
             self._state.mark_committed(done)
             self._metrics.commits.labels("ok").inc()
 
     def _backpressure(self, consumer: Consumer) -> None:
         want = self._state.should_pause()
-        if want == self._paused and not (want and self._assignment_changed):
+        step = flow_step(
+            want_paused=want, paused=self._paused, assignment_changed=self._assignment_changed
+        )
+        if step is Flow.KEEP:
             return
         parts = consumer.assignment()
-        if want:
+        if step is Flow.PAUSE:
             consumer.pause(parts)
             if not self._paused:
                 log.info("pending queue full, pausing", extra={"partitions": len(parts)})
@@ -321,8 +370,9 @@ class Reader:
         if self.on_revoked is not None:
             self.on_revoked([(p.topic, p.partition) for p in partitions], False)
 
-    def _revoke(self, consumer: Consumer, partitions: list[TopicPartition], *,
-                commit: bool) -> None:
+    def _revoke(
+        self, consumer: Consumer, partitions: list[TopicPartition], *, commit: bool
+    ) -> None:
         tps = {(p.topic, p.partition) for p in partitions}
         if not tps:
             return
@@ -343,16 +393,21 @@ class Reader:
             with contextlib.suppress(KeyError):  # no gauge yet for this partition
                 self._metrics.commit_lag.remove(tp[0], str(tp[1]))
         self._metrics.rebalances.labels("revoked" if commit else "lost").inc(len(tps))
-        log.info("partitions revoked", extra={
-            "partitions": sorted(tps), "committed": {f"{t}[{p}]": o
-                                                     for (t, p), o in positions.items()},
-            "dropped_waiting": dropped, "abandoned_in_flight": len(leftovers),
-            "lost": not commit,
-        })
+        log.info(
+            "partitions revoked",
+            extra={
+                "partitions": sorted(tps),
+                "committed": {f"{t}[{p}]": o for (t, p), o in positions.items()},
+                "dropped_waiting": dropped,
+                "abandoned_in_flight": len(leftovers),
+                "lost": not commit,
+            },
+        )
 
 
-def commit_positions(consumer: Consumer, positions: dict[tuple[str, int], int],
-                     metrics: ProxyMetrics) -> bool:
+def commit_positions(
+    consumer: Consumer, positions: dict[tuple[str, int], int], metrics: ProxyMetrics
+) -> bool:
     """Synchronously commit ``positions``; False (and logged) if Kafka refused."""
     offsets = [TopicPartition(t, p, o) for (t, p), o in positions.items() if o != OFFSET_INVALID]
     if not offsets:

@@ -1,0 +1,195 @@
+"""The reader's decisions with a fake consumer and writer: pause at the pending queue's
+high-water mark, resume under its low-water mark, pause partitions assigned while paused,
+and what it pushes, skips and marks committed."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from confluent_kafka import KafkaError, Message, TopicPartition
+
+from proxy.envelope import Envelope, prepare_generic
+from proxy.metrics import ProxyMetrics
+from proxy.ordering import Bounds
+from proxy.reader import Flow, Reader, flow_step
+from proxy.settings import ProxySettings
+from proxy.state import SharedState
+
+
+@pytest.mark.parametrize(
+    ("want", "paused", "changed", "step"),
+    [
+        (False, False, False, Flow.KEEP),
+        (False, False, True, Flow.KEEP),
+        (True, False, False, Flow.PAUSE),
+        (True, False, True, Flow.PAUSE),
+        (True, True, False, Flow.KEEP),
+        (True, True, True, Flow.PAUSE),  # a partition assigned meanwhile arrives unpaused
+        (False, True, False, Flow.RESUME),
+        (False, True, True, Flow.RESUME),
+    ],
+)
+def test_the_pause_resume_decision(want: bool, paused: bool, changed: bool, step: Flow) -> None:
+    assert flow_step(want_paused=want, paused=paused, assignment_changed=changed) is step
+
+
+class FakeConsumer:
+    def __init__(self, *tps: tuple[str, int]) -> None:
+        self.parts = [TopicPartition(t, p) for t, p in tps]
+        self.calls: list[tuple[str, list[tuple[str, int]]]] = []
+
+    def assignment(self) -> list[TopicPartition]:
+        return list(self.parts)
+
+    def pause(self, parts: list[TopicPartition]) -> None:
+        self.calls.append(("pause", [(p.topic, p.partition) for p in parts]))
+
+    def resume(self, parts: list[TopicPartition]) -> None:
+        self.calls.append(("resume", [(p.topic, p.partition) for p in parts]))
+
+
+class FakeWriter:
+    def __init__(self) -> None:
+        self.notified = 0
+        self.assigned_tps: list[set[tuple[str, int]]] = []
+
+    def notify(self) -> None:
+        self.notified += 1
+
+    def assigned(self, tps: set[tuple[str, int]]) -> None:
+        self.assigned_tps.append(tps)
+
+
+def reader(state: SharedState, writer: FakeWriter) -> Reader:
+    settings = ProxySettings(
+        mode="generic", source_topic="t", endpoint_url="http://h/", metrics_port=0
+    )
+
+    def prepare(env: Envelope) -> None:
+        prepare_generic(env, url="http://h/", timeout_s=1.0)
+
+    return Reader(
+        kafka_conf={},
+        settings=settings,
+        topics=["t"],
+        state=state,
+        writer=writer,
+        outbox=None,
+        metrics=ProxyMetrics(),  # type: ignore[arg-type]
+        prepare=prepare,
+        commit=lambda _c, _p: None,
+    )
+
+
+offsets = itertools.count()
+
+
+def records(n: int, partition: int = 0) -> list[Message]:
+    return [
+        Message(
+            topic="t",
+            partition=partition,
+            offset=next(offsets),
+            key=b"k%d" % i,
+            value=b"v",
+            timestamp=(1, 123),
+        )
+        for i in range(n)
+    ]
+
+
+def drain(state: SharedState, n: int) -> None:
+    for _ in range(n):
+        env = state.take()
+        assert env is not None
+        state.release(env)
+
+
+def test_the_reader_pauses_at_the_high_water_mark_and_resumes_under_the_low() -> None:
+    state = SharedState(Bounds(max_messages=4, low_ratio=0.5))
+    consumer = FakeConsumer(("t", 0), ("t", 1))
+    r = reader(state, FakeWriter())
+    r._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert consumer.calls == []  # nothing pending: no call on the consumer
+    r._ingest(records(3))
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert consumer.calls == []
+    r._ingest(records(2, partition=1))  # 5: the bound is soft by one batch
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert consumer.calls == [("pause", [("t", 0), ("t", 1)])]
+    assert r.paused_partitions == 2
+    drain(state, 2)  # 3 left: over the low-water mark (2), still paused
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert len(consumer.calls) == 1
+    drain(state, 1)
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert consumer.calls[-1] == ("resume", [("t", 0), ("t", 1)])
+    assert r.paused_partitions == 0
+
+
+def test_a_partition_assigned_while_paused_is_paused_too() -> None:
+    state = SharedState(Bounds(max_messages=2))
+    consumer = FakeConsumer(("t", 0))
+    r = reader(state, FakeWriter())
+    r._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
+    r._ingest(records(2))
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    consumer.parts.append(TopicPartition("t", 1))
+    r._on_assign(consumer, [TopicPartition("t", 1)])  # type: ignore[arg-type]
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert consumer.calls == [("pause", [("t", 0)]), ("pause", [("t", 0), ("t", 1)])]
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert len(consumer.calls) == 2
+
+
+def test_ingest_pushes_new_records_skips_errors_and_repeats_and_wakes_the_writer() -> None:
+    state = SharedState(Bounds())
+    writer = FakeWriter()
+    r = reader(state, writer)
+    r._on_assign(None, [TopicPartition("t", 0)])  # type: ignore[arg-type]
+    assert writer.assigned_tps == [{("t", 0)}] and r.assignment == {("t", 0)}
+    first = records(2)
+    eof = Message(topic="t", partition=0, error=KafkaError(KafkaError._PARTITION_EOF))
+    r._ingest([*first, eof])
+    assert writer.notified == 1
+    env = state.take()
+    assert env is not None and env.request is not None and env.timestamp_ms == 123
+    r._ingest(first)  # read again (a seek back): nothing new, no wake-up
+    assert writer.notified == 1
+    assert state.snapshot(0.0).held == 2
+
+
+def test_a_commit_result_marks_only_the_partitions_kafka_accepted() -> None:
+    state = SharedState(Bounds())
+    state.assign([("t", 0), ("t", 1)])
+    r = reader(state, FakeWriter())
+    envs: list[Any] = []
+    for p in (0, 1):
+        e = Envelope(
+            topic="t",
+            partition=p,
+            offset=0,
+            key=None,
+            value=b"v",
+            headers=[],
+            timestamp_ms=None,
+            read_s=0.0,
+        )
+        envs.append(e)
+    state.push(envs)
+    for e in envs:
+        assert state.take() is e
+        state.release(e)
+        state.offset_done(e)
+    assert state.to_commit() == {("t", 0): 1, ("t", 1): 1}
+    failed = SimpleNamespace(
+        topic="t", partition=1, offset=1, error=KafkaError(KafkaError.REBALANCE_IN_PROGRESS)
+    )
+    unset = TopicPartition("t", 1)  # no offset: nothing was committed for it
+    r._on_commit(None, [TopicPartition("t", 0, 1), failed, unset])  # type: ignore[list-item]
+    assert state.to_commit() == {("t", 1): 1}
