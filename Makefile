@@ -30,6 +30,16 @@ down: $(STAMP)
 status: $(STAMP)
 	$(TOCSIN) infra status
 
+# A three-node cluster beside the single-node stack (tocsin/cluster.py, docs/operations.md):
+# three KRaft brokers and three Cassandra 5.0 nodes on 127.0.0.1-3, ports 29092/29093/
+# 29042/27000, state in .state/cluster, about 6 GiB. Not used by `make run` or `make test`.
+.PHONY: cluster-up cluster-down
+cluster-up: $(STAMP)
+	$(BIN)/python -m tocsin.cluster up
+
+cluster-down: $(STAMP)
+	$(BIN)/python -m tocsin.cluster down
+
 setup: up
 	$(TOCSIN) setup
 

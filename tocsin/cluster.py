@@ -16,6 +16,7 @@ they are tested without servers.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -416,3 +417,24 @@ def cmd_cluster(action: str, stack: StackSettings, *, nodes: int) -> int:
     for s in cluster.status():
         print(f"{s.name:12} pid {s.pid or '-':>8}  running {s.running!s:5}  ready {s.ready}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m tocsin.cluster up|down|status`` (what ``make cluster-up`` runs)."""
+    import argparse
+
+    from base.settings import Settings
+
+    parser = argparse.ArgumentParser(prog="python -m tocsin.cluster", description=__doc__)
+    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("--nodes", type=int, default=3)
+    args = parser.parse_args(argv)
+    try:
+        return cmd_cluster(args.action, Settings.from_env().stack, nodes=args.nodes)
+    except InfraError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
