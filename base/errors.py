@@ -7,7 +7,6 @@
     +-- StoreError                   Cassandra failed (retriable: timeouts, unavailable)
     +-- KafkaError                   Kafka failed (retriable per librdkafka's verdict)
     +-- CommandRejected              a command broke the wire contract; carries a ``code``
-    +-- DeliveryError                the proxy could not deliver (see proxy.retry)
 
 Third-party errors are translated at the boundary with ``raise ... from exc`` so callers
 only ever catch these.
@@ -61,6 +60,3 @@ class CommandRejected(TocsinError):
         self.code = code
         self.message = message
 
-
-class DeliveryError(TocsinError):
-    """Raised when the proxy cannot deliver a message to its endpoint."""

@@ -33,7 +33,7 @@ from base.health import Health
 from base.health import serve as serve_health
 from base.settings import Settings
 from proxy.committer import Committer
-from proxy.envelope import Envelope, prepare_fire, prepare_generic, trigger_decoder
+from proxy.envelope import Envelope, prepare_fire, prepare_generic
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
 from proxy.outbox import Outbox
@@ -42,6 +42,7 @@ from proxy.reader import Reader, commit_positions
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
 from proxy.writer import Lane, ParkingLot, Writer
+from topics.codec import decode_trigger
 
 log = logging.getLogger("tocsin.proxy")
 
@@ -58,55 +59,87 @@ def retry_group_id(group_id: str) -> str:
 class ProxyApp:
     """One proxy instance: ``start()``, then ``stop()``; safe to run several in a process."""
 
-    def __init__(self, settings: Settings, proxy: ProxySettings,
-                 *, metrics: ProxyMetrics | None = None) -> None:
+    def __init__(
+        self, settings: Settings, proxy: ProxySettings, *, metrics: ProxyMetrics | None = None
+    ) -> None:
         self.settings = settings
         self.proxy = proxy
         self.metrics = metrics or ProxyMetrics()
         # Topic names are the configured prefix + the catalog name (docs/design.md).
         prefix = settings.topics.prefix
         self.dead_letter_topic = proxy.dead_letter_topic or f"{prefix}dead-letters"
-        self.deliveries_topic = (proxy.deliveries_topic or f"{prefix}deliveries"
-                                 if proxy.mode == "fires" else None)
+        self.deliveries_topic = (
+            proxy.deliveries_topic or f"{prefix}deliveries" if proxy.mode == "fires" else None
+        )
         self.topics = proxy.source_topics(f"{prefix}fires")
         self.retry_topic = proxy.retry_topic or f"{prefix}retries"
         kafka_conf = settings.kafka.librdkafka()
-        self.state = SharedState(Bounds(max_messages=proxy.max_pending_messages,
-                                        max_bytes=proxy.max_pending_bytes,
-                                        low_ratio=proxy.resume_ratio))
-        self.retry_state = SharedState(Bounds(
-            max_messages=max(1, int(proxy.max_pending_messages * RETRY_LANE_SHARE)),
-            max_bytes=max(1, int(proxy.max_pending_bytes * RETRY_LANE_SHARE)),
-            low_ratio=proxy.resume_ratio))
+        self.state = SharedState(
+            Bounds(
+                max_messages=proxy.max_pending_messages,
+                max_bytes=proxy.max_pending_bytes,
+                low_ratio=proxy.resume_ratio,
+            )
+        )
+        self.retry_state = SharedState(
+            Bounds(
+                max_messages=max(1, int(proxy.max_pending_messages * RETRY_LANE_SHARE)),
+                max_bytes=max(1, int(proxy.max_pending_bytes * RETRY_LANE_SHARE)),
+                low_ratio=proxy.resume_ratio,
+            )
+        )
         self.outbox = Outbox(kafka_conf, self.metrics)
         self.lot = ParkingLot(topic=self.retry_topic)
-        self.writer = Writer(state=self.state, settings=proxy, metrics=self.metrics,
-                             outbox=self.outbox, dead_letter_topic=self.dead_letter_topic,
-                             deliveries_topic=self.deliveries_topic, lot=self.lot)
-        self.retry_writer = Writer(state=self.retry_state, settings=proxy, metrics=self.metrics,
-                                   outbox=self.outbox, dead_letter_topic=self.dead_letter_topic,
-                                   deliveries_topic=self.deliveries_topic, lot=self.lot,
-                                   lane=Lane.RETRY)
+        self.writer = Writer(
+            state=self.state,
+            settings=proxy,
+            metrics=self.metrics,
+            outbox=self.outbox,
+            dead_letter_topic=self.dead_letter_topic,
+            deliveries_topic=self.deliveries_topic,
+            lot=self.lot,
+        )
+        self.retry_writer = Writer(
+            state=self.retry_state,
+            settings=proxy,
+            metrics=self.metrics,
+            outbox=self.outbox,
+            dead_letter_topic=self.dead_letter_topic,
+            deliveries_topic=self.deliveries_topic,
+            lot=self.lot,
+            lane=Lane.RETRY,
+        )
         self.reader = Reader(
-            kafka_conf=kafka_conf, settings=proxy, topics=self.topics, state=self.state,
-            writer=self.writer, outbox=self.outbox, metrics=self.metrics,
+            kafka_conf=kafka_conf,
+            settings=proxy,
+            topics=self.topics,
+            state=self.state,
+            writer=self.writer,
+            outbox=self.outbox,
+            metrics=self.metrics,
             prepare=self._preparer(),
-            commit=lambda consumer, positions: self._commit_on(self.state, consumer,
-                                                               positions),
+            commit=lambda consumer, positions: self._commit_on(self.state, consumer, positions),
         )
         self.retry_reader = Reader(
             kafka_conf=kafka_conf,
             settings=replace(proxy, group_id=retry_group_id(proxy.group_id)),
-            topics=[self.retry_topic], state=self.retry_state, writer=self.retry_writer,
-            outbox=self.outbox, metrics=self.metrics,
+            topics=[self.retry_topic],
+            state=self.retry_state,
+            writer=self.retry_writer,
+            outbox=self.outbox,
+            metrics=self.metrics,
             prepare=self._retry_preparer(self._preparer()),
-            commit=lambda consumer, positions: self._commit_on(self.retry_state, consumer,
-                                                               positions),
+            commit=lambda consumer, positions: self._commit_on(
+                self.retry_state, consumer, positions
+            ),
             name="proxy-retry-reader",
         )
         self.committer = Committer(
-            state=self.state, outbox=self.outbox, metrics=self.metrics,
-            interval_s=proxy.commit_interval_s, request_commit=self._request_commits,
+            state=self.state,
+            outbox=self.outbox,
+            metrics=self.metrics,
+            interval_s=proxy.commit_interval_s,
+            request_commit=self._request_commits,
             paused=lambda: self.reader.paused_partitions,
         )
         self.retry_lane = True  # off when the retry topic does not exist (see start)
@@ -116,21 +149,25 @@ class ProxyApp:
     def _preparer(self) -> Any:
         p = self.proxy
         if p.mode == "generic":
+
             def generic(env: Envelope) -> None:
                 prepare_generic(env, url=p.endpoint_url, timeout_s=p.request_timeout_s)
+
             return generic
-        decode = trigger_decoder()
+        decode = decode_trigger
 
         def fire(env: Envelope) -> None:
             prepare_fire(env, decode)
+
         return fire
 
     @staticmethod
     def _retry_preparer(base: Any) -> Any:
         def parked(env: Envelope) -> None:
             try:
-                info, own = decode_headers(env.headers, now_s=env.read_s,
-                                           now_ms=int(time.time() * 1000))
+                info, own = decode_headers(
+                    env.headers, now_s=env.read_s, now_ms=int(time.time() * 1000)
+                )
             except ValueError as exc:
                 env.invalid = f"retry record: {exc}"  # dead-lettered as it is
                 return
@@ -138,14 +175,16 @@ class ProxyApp:
             env.attempt_state = info.state
             env.not_before_s = env.read_s + max(0.0, info.not_before_ms / 1000 - time.time())
             base(env)
+
         return parked
 
     def _request_commits(self) -> None:
         self.reader.request_commit()
         self.retry_reader.request_commit()
 
-    def _commit_on(self, state: SharedState, consumer: Consumer,
-                   positions: dict[tuple[str, int], int]) -> None:
+    def _commit_on(
+        self, state: SharedState, consumer: Consumer, positions: dict[tuple[str, int], int]
+    ) -> None:
         if commit_positions(consumer, positions, self.metrics):
             state.mark_committed(positions)
 
@@ -157,34 +196,41 @@ class ProxyApp:
         try:
             meta = self.outbox.producer.list_topics(self.retry_topic, timeout=10)
         except KafkaException as exc:
-            log.warning("cannot check the retry topic; assuming it exists",
-                        extra={"topic": self.retry_topic, "error": str(exc)})
+            log.warning(
+                "cannot check the retry topic; assuming it exists",
+                extra={"topic": self.retry_topic, "error": str(exc)},
+            )
             return False
         topic = meta.topics.get(self.retry_topic)
-        return topic is None or (topic.error is not None
-                                 and topic.error.code() == RdKafkaError.UNKNOWN_TOPIC_OR_PART)
+        return topic is None or (
+            topic.error is not None and topic.error.code() == RdKafkaError.UNKNOWN_TOPIC_OR_PART
+        )
 
     def _layout(self) -> RetryLayout | None:
         """The retries topic's co-partitioning with the source topics, or None (logged)."""
         try:
             meta = self.outbox.producer.list_topics(timeout=10)
         except KafkaException as exc:
-            log.error("cannot read the topics' partition counts: the retry lane is not "
-                      "co-partitioned with the main lane, so per-key order across parking "
-                      "holds only for the keys whose retry partition this proxy happens to "
-                      "own", extra={"error": str(exc)})
+            log.error(
+                "cannot read the topics' partition counts: the retry lane is not "
+                "co-partitioned with the main lane, so per-key order across parking "
+                "holds only for the keys whose retry partition this proxy happens to "
+                "own",
+                extra={"error": str(exc)},
+            )
             return None
-        counts = {t: len(meta.topics[t].partitions) if t in meta.topics else 0
-                  for t in self.topics}
+        counts = {t: len(meta.topics[t].partitions) if t in meta.topics else 0 for t in self.topics}
         retry = meta.topics.get(self.retry_topic)
         layout = retry_layout(counts, len(retry.partitions) if retry is not None else 0)
         if layout is None:
-            log.error("the retry topic has fewer partitions than the source topics together: "
-                      "the retry lane is not co-partitioned with the main lane, so per-key "
-                      "order across parking holds only for the keys whose retry partition "
-                      "this proxy happens to own; give the retry topic at least as many "
-                      "partitions", extra={"retry_topic": self.retry_topic,
-                                           "source_partitions": counts})
+            log.error(
+                "the retry topic has fewer partitions than the source topics together: "
+                "the retry lane is not co-partitioned with the main lane, so per-key "
+                "order across parking holds only for the keys whose retry partition "
+                "this proxy happens to own; give the retry topic at least as many "
+                "partitions",
+                extra={"retry_topic": self.retry_topic, "source_partitions": counts},
+            )
         return layout
 
     def _follow_assigned(self, tps: list[tuple[str, int]]) -> None:
@@ -201,8 +247,7 @@ class ProxyApp:
         layout = self.lot.layout
         assert layout is not None
         remove = [(self.retry_topic, r) for r in sorted(layout.followed(tps))]
-        self.retry_reader.follow(remove=remove, commit=commit,
-                                 timeout_s=self._follow_timeout_s())
+        self.retry_reader.follow(remove=remove, commit=commit, timeout_s=self._follow_timeout_s())
 
     def _follow_timeout_s(self) -> float:
         # A revoke waits up to revoke_timeout_s for attempts, then flushes and commits.
@@ -212,9 +257,12 @@ class ProxyApp:
         if self._retry_topic_missing():
             # Parking into a topic that does not exist would hold each parked message's
             # produce, and its partition's commit position, until someone creates it.
-            log.error("retry topic missing: parking is off, failing messages stay in memory "
-                      "as before; run 'tocsin setup' (it creates every catalog topic) or set "
-                      "TOCSIN_PROXY_RETRY_TOPIC", extra={"topic": self.retry_topic})
+            log.error(
+                "retry topic missing: parking is off, failing messages stay in memory "
+                "as before; run 'tocsin setup' (it creates every catalog topic) or set "
+                "TOCSIN_PROXY_RETRY_TOPIC",
+                extra={"topic": self.retry_topic},
+            )
             self.writer.disable_parking()
             self.retry_lane = False
         elif (layout := self._layout()) is not None:
@@ -231,11 +279,18 @@ class ProxyApp:
         self.reader.start()
         self.committer.start()
         self._started = True
-        log.info("proxy started", extra={
-            "mode": self.proxy.mode, "topics": self.topics, "group": self.proxy.group_id,
-            "concurrency": self.proxy.concurrency, "retry_topic": self.retry_topic,
-            "parking": self.retry_lane, "co_partitioned": self.lot.layout is not None,
-        })
+        log.info(
+            "proxy started",
+            extra={
+                "mode": self.proxy.mode,
+                "topics": self.topics,
+                "group": self.proxy.group_id,
+                "concurrency": self.proxy.concurrency,
+                "retry_topic": self.retry_topic,
+                "parking": self.retry_lane,
+                "co_partitioned": self.lot.layout is not None,
+            },
+        )
 
     def stop(self, timeout_s: float | None = None) -> None:
         """Graceful stop; idempotent."""
@@ -250,8 +305,7 @@ class ProxyApp:
             reader.stop_reading()
         for reader in readers:
             reader.stopped_reading.wait(10)
-        drains = [threading.Thread(target=w.drain, args=(timeout,), daemon=True)
-                  for w in writers]
+        drains = [threading.Thread(target=w.drain, args=(timeout,), daemon=True) for w in writers]
         for t in drains:
             t.start()
         for t in drains:
@@ -265,8 +319,13 @@ class ProxyApp:
 
     def failure(self) -> BaseException | None:
         """The error that killed a worker thread, if any (the process should exit)."""
-        return (self.reader.error or self.writer.error or self.retry_reader.error
-                or self.retry_writer.error or self.committer.error)
+        return (
+            self.reader.error
+            or self.writer.error
+            or self.retry_reader.error
+            or self.retry_writer.error
+            or self.committer.error
+        )
 
     def wait_assigned(self, timeout_s: float = 30.0, partitions: int = 1) -> bool:
         """For tests: wait until at least ``partitions`` partitions are assigned."""

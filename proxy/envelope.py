@@ -16,14 +16,11 @@ Pure: no I/O, no clock (callers pass ``now``).
 
 from __future__ import annotations
 
-import base64
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 from urllib.parse import quote, urlsplit
-
-import orjson
 
 from base.errors import TocsinError
 from proxy.parking import Origin
@@ -38,8 +35,19 @@ _TOKEN = re.compile(r"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 # Header values: visible ASCII/latin-1 plus space and tab; anything else is percent-encoded
 # so a Kafka header can never smuggle CR/LF into the HTTP request.
 _UNSAFE = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
-_RESERVED = frozenset({"key", "topic", "partition", "offset", "content-length", "host",
-                       "transfer-encoding", "connection", "content-type"})
+_RESERVED = frozenset(
+    {
+        "key",
+        "topic",
+        "partition",
+        "offset",
+        "content-length",
+        "host",
+        "transfer-encoding",
+        "connection",
+        "content-type",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -58,6 +66,7 @@ class Request:
 
 # Python objects per pending message beyond its bytes (envelope, trigger, request, state).
 ENVELOPE_OVERHEAD_BYTES = 1024
+
 
 class Envelope:
     """One record in the proxy, from poll to its final outcome."""
@@ -117,8 +126,10 @@ class Envelope:
         # 1 KiB of Python objects per envelope (measured: counting value + 200 B let the
         # process exceed its memory target by 3.5 % at the 64 MiB default).
         self.size = (
-            len(key or b"") + 2 * len(value or b"")
-            + sum(len(k) + len(v or b"") for k, v in self.headers) + ENVELOPE_OVERHEAD_BYTES
+            len(key or b"")
+            + 2 * len(value or b"")
+            + sum(len(k) + len(v or b"") for k, v in self.headers)
+            + ENVELOPE_OVERHEAD_BYTES
         )
         self.request: Request | None = None
         self.kafka_target: KafkaCallback | None = None
@@ -141,8 +152,12 @@ class Envelope:
         """Where the message was first read (its origin, or this record itself)."""
         if self.origin is not None:
             return self.origin
-        return Origin(topic=self.topic, partition=self.partition, offset=self.offset,
-                      timestamp_ms=self.timestamp_ms)
+        return Origin(
+            topic=self.topic,
+            partition=self.partition,
+            offset=self.offset,
+            timestamp_ms=self.timestamp_ms,
+        )
 
     @property
     def line_key(self) -> Hashable | None:
@@ -165,7 +180,7 @@ class Envelope:
 def _header_value(raw: bytes | str | None) -> str:
     text = raw.decode("latin-1") if isinstance(raw, bytes) else (raw or "")
     if _UNSAFE.search(text):
-        return quote(text, safe="".join(chr(c) for c in range(0x20, 0x7f) if chr(c) != "%"))
+        return quote(text, safe="".join(chr(c) for c in range(0x20, 0x7F) if chr(c) != "%"))
     return text
 
 
@@ -186,70 +201,25 @@ def generic_request(env: Envelope, *, url: str, timeout_s: float) -> Request:
         # or break framing, cannot travel as headers; they stay in the dead letter if any.
         if _TOKEN.match(name) and name.lower() not in _RESERVED:
             headers.append((name, _header_value(value)))
-    return Request(method="POST", url=url, headers=tuple(headers), body=env.value or b"",
-                   timeout_s=timeout_s)
-
-
-def _fallback_decode_trigger(data: bytes) -> Trigger:
-    """Parse the trigger JSON of docs/design.md (used until topics.codec provides it)."""
-    try:
-        doc = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise ValueError(f"trigger is not JSON: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise ValueError("trigger must be a JSON object")
-    try:
-        cb = doc["callback"]
-        if cb.get("type", "http") == "kafka":
-            callback: HttpCallback | KafkaCallback = KafkaCallback(
-                topic=str(cb["topic"]), key=None if cb.get("key") is None else str(cb["key"])
-            )
-        else:
-            callback = HttpCallback(
-                url=str(cb["url"]),
-                method=str(cb.get("method", "POST")).upper(),  # type: ignore[arg-type]
-                headers={str(k): str(v) for k, v in (cb.get("headers") or {}).items()},
-                timeout_s=float(cb.get("timeout_s", 10.0)),
-            )
-        if "payload_b64" in doc:
-            payload, ptype = base64.b64decode(doc["payload_b64"], validate=True), PayloadType.BYTES
-        elif "payload" in doc:
-            payload, ptype = orjson.dumps(doc["payload"]), PayloadType.JSON
-        else:
-            payload, ptype = b"", PayloadType.BYTES
-        return Trigger(
-            trigger_id=str(doc["trigger_id"]),
-            schedule_id=str(doc["schedule_id"]),
-            tenant=str(doc["tenant"]),
-            due_ms=int(doc["due_ms"]),
-            emitted_ms=int(doc.get("emitted_ms", 0)),
-            attempt=int(doc.get("attempt", 1)),
-            order_key=str(doc.get("order_key") or doc["schedule_id"]),
-            payload=payload,
-            payload_type=ptype,
-            callback=callback,
-        )
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise ValueError(f"malformed trigger: {exc!r}") from exc
-
-
-def trigger_decoder() -> Callable[[bytes], Trigger]:
-    """topics.codec.decode_trigger when it exists, else the local parser of the same JSON."""
-    try:
-        from topics.codec import decode_trigger  # type: ignore[attr-defined,unused-ignore]
-    except ImportError:
-        return _fallback_decode_trigger
-    return decode_trigger  # type: ignore[no-any-return,unused-ignore]
+    return Request(
+        method="POST", url=url, headers=tuple(headers), body=env.value or b"", timeout_s=timeout_s
+    )
 
 
 def fire_request(trigger: Trigger, callback: HttpCallback) -> Request:
-    headers = [(k, _header_value(v)) for k, v in callback.headers.items()
-               if _TOKEN.match(k) and k.lower() not in ("content-length", "host",
-                                                        "transfer-encoding", "connection")]
+    headers = [
+        (k, _header_value(v))
+        for k, v in callback.headers.items()
+        if _TOKEN.match(k)
+        and k.lower() not in ("content-length", "host", "transfer-encoding", "connection")
+    ]
     have = {k.lower() for k, _ in headers}
     if "content-type" not in have:
-        ctype = ("application/json" if trigger.payload_type == PayloadType.JSON
-                 else "application/octet-stream")
+        ctype = (
+            "application/json"
+            if trigger.payload_type == PayloadType.JSON
+            else "application/octet-stream"
+        )
         headers.append(("Content-Type", ctype))
     headers += [
         ("Tocsin-Trigger-Id", trigger.trigger_id),
@@ -266,8 +236,13 @@ def fire_request(trigger: Trigger, callback: HttpCallback) -> Request:
         # Stable across re-emits and proxy retries: receivers can drop duplicates with it.
         ("Idempotency-Key", trigger.trigger_id),
     ]
-    return Request(method=callback.method, url=callback.url, headers=tuple(headers),
-                   body=trigger.payload, timeout_s=callback.timeout_s)
+    return Request(
+        method=callback.method,
+        url=callback.url,
+        headers=tuple(headers),
+        body=trigger.payload,
+        timeout_s=callback.timeout_s,
+    )
 
 
 def prepare_fire(env: Envelope, decode: Callable[[bytes], Trigger]) -> None:

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from base.errors import CommandRejected, TocsinError
-from proxy.envelope import Envelope, _fallback_decode_trigger, prepare_fire, trigger_decoder
+from proxy.envelope import Envelope, prepare_fire
 from streams.commands import CommandProcessor, RawCommand
 from streams.partitioner import partition_for
 from tests import fakes
@@ -197,10 +197,9 @@ def _envelope(value: bytes | None) -> Envelope:
 @given(raw_inputs(TRIGGER_FIELDS) | st.none())
 def test_proxy_envelope_never_raises(raw: bytes | None) -> None:
     """An undecodable trigger marks the envelope invalid (dead-lettered), never raises."""
-    for decode in (trigger_decoder(), _fallback_decode_trigger):
-        env = _envelope(raw)
-        prepare_fire(env, decode)
-        assert env.invalid or env.request is not None or env.kafka_target is not None
+    env = _envelope(raw)
+    prepare_fire(env, decode_trigger)
+    assert env.invalid or env.request is not None or env.kafka_target is not None
 
 
 # -- a worker's command agent end to end (fake store and sink) -------------------------------

@@ -9,18 +9,33 @@ import pytest
 
 from base.errors import ConfigError
 from proxy.deadletter import dead_letter_record, delivery_outcome
-from proxy.envelope import Envelope, _fallback_decode_trigger, prepare_fire, prepare_generic
+from proxy.envelope import Envelope, prepare_fire, prepare_generic
 from proxy.settings import ProxySettings
+from topics.codec import decode_trigger
 
 
 def env(key: bytes | None = b"k1", value: bytes | None = b"v", headers=None) -> Envelope:
-    return Envelope(topic="t", partition=2, offset=7, key=key, value=value,
-                    headers=headers or [], timestamp_ms=123, read_s=0.0)
+    return Envelope(
+        topic="t",
+        partition=2,
+        offset=7,
+        key=key,
+        value=value,
+        headers=headers or [],
+        timestamp_ms=123,
+        read_s=0.0,
+    )
 
 
 def test_generic_request_follows_the_mps_contract() -> None:
-    e = env(headers=[("trace", b"abc"), ("bad name", b"x"), ("Topic", b"spoof"),
-                     ("multi", b"line1\r\nX-Injected: 1")])
+    e = env(
+        headers=[
+            ("trace", b"abc"),
+            ("bad name", b"x"),
+            ("Topic", b"spoof"),
+            ("multi", b"line1\r\nX-Injected: 1"),
+        ]
+    )
     prepare_generic(e, url="http://h:8080/process", timeout_s=3)
     req = e.request
     assert req is not None and req.method == "POST" and req.body == b"v"
@@ -41,21 +56,29 @@ def test_keyless_and_tombstone() -> None:
 
 def trigger_json(**over: object) -> bytes:
     doc: dict[str, object] = {
-        "trigger_id": "tid", "schedule_id": "s1", "tenant": "acme", "due_ms": 1, "emitted_ms": 2,
-        "attempt": 1, "order_key": "s1", "payload": {"a": 1},
-        "callback": {"type": "http", "url": "https://r.example/hook", "method": "PUT",
-                     "headers": {"Authorization": "Bearer x"}, "timeout_s": 4},
+        "trigger_id": "tid",
+        "schedule_id": "s1",
+        "tenant": "acme",
+        "due_ms": 1,
+        "emitted_ms": 2,
+        "attempt": 1,
+        "order_key": "s1",
+        "payload": {"a": 1},
+        "callback": {
+            "type": "http",
+            "url": "https://r.example/hook",
+            "method": "PUT",
+            "headers": {"Authorization": "Bearer x"},
+            "timeout_s": 4,
+        },
     }
     doc.update(over)
     return orjson.dumps(doc)
 
 
-@pytest.mark.parametrize("decode", [_fallback_decode_trigger, None])
-def test_fire_request_from_trigger(decode) -> None:
-    from proxy.envelope import trigger_decoder
-
+def test_fire_request_from_trigger() -> None:
     e = env(value=trigger_json())
-    prepare_fire(e, decode or trigger_decoder())
+    prepare_fire(e, decode_trigger)
     req = e.request
     assert e.invalid is None and req is not None
     assert (req.method, req.url, req.timeout_s) == ("PUT", "https://r.example/hook", 4)
@@ -67,47 +90,54 @@ def test_fire_request_from_trigger(decode) -> None:
 
 
 def test_fire_request_names_the_order_key() -> None:
-    from proxy.envelope import trigger_decoder
-
     e = env(value=trigger_json(order_key="account-42\r\nX-Injected: 1"))
-    prepare_fire(e, trigger_decoder())
+    prepare_fire(e, decode_trigger)
     assert e.request is not None
     value = dict(e.request.headers)["Tocsin-Order-Key"]
     assert value.startswith("account-42") and "\r" not in value and "\n" not in value
 
 
 def test_bad_triggers_become_invalid_envelopes() -> None:
-    from proxy.envelope import trigger_decoder
-
     for value in (b"{nope", b"[]", trigger_json(callback={"type": "http", "url": "ftp://x/"})):
         e = env(value=value)
-        prepare_fire(e, trigger_decoder())
+        prepare_fire(e, decode_trigger)
         assert e.invalid is not None and e.request is None
 
 
 def test_dead_letter_record_keeps_everything() -> None:
     e = env(headers=[("h", b"\x00\xff"), ("n", None)])
     prepare_generic(e, url="http://h/p", timeout_s=1)
-    doc = orjson.loads(dead_letter_record(e, reason="HTTP 700: no", status=700,
-                                          first_failure_ms=1, last_failure_ms=2, now_ms=3,
-                                          group_id="g"))
+    doc = orjson.loads(
+        dead_letter_record(
+            e,
+            reason="HTTP 700: no",
+            status=700,
+            first_failure_ms=1,
+            last_failure_ms=2,
+            now_ms=3,
+            group_id="g",
+        )
+    )
     o = doc["original"]
     assert (o["topic"], o["partition"], o["offset"], o["timestamp_ms"]) == ("t", 2, 7, 123)
     assert base64.b64decode(o["key_b64"]) == b"k1" and base64.b64decode(o["value_b64"]) == b"v"
     assert o["headers"] == [["h", base64.b64encode(b"\x00\xff").decode()], ["n", None]]
-    assert (doc["reason"], doc["status_code"], doc["first_failure_ms"],
-            doc["last_failure_ms"]) == ("HTTP 700: no", 700, 1, 2)
-    assert delivery_outcome(e, outcome="delivered", status=200, reason=None, latency_ms=1,
-                            now_ms=2) is None  # not a trigger: nothing to report
+    assert (doc["reason"], doc["status_code"], doc["first_failure_ms"], doc["last_failure_ms"]) == (
+        "HTTP 700: no",
+        700,
+        1,
+        2,
+    )
+    assert (
+        delivery_outcome(e, outcome="delivered", status=200, reason=None, latency_ms=1, now_ms=2)
+        is None
+    )  # not a trigger: nothing to report
 
 
 def test_outcome_record_for_a_trigger() -> None:
-    from proxy.envelope import trigger_decoder
-
     e = env(value=trigger_json())
-    prepare_fire(e, trigger_decoder())
-    rec = delivery_outcome(e, outcome="delivered", status=204, reason=None, latency_ms=9,
-                           now_ms=10)
+    prepare_fire(e, decode_trigger)
+    rec = delivery_outcome(e, outcome="delivered", status=204, reason=None, latency_ms=9, now_ms=10)
     assert rec is not None
     key, value = rec
     doc = orjson.loads(value)
@@ -116,11 +146,16 @@ def test_outcome_record_for_a_trigger() -> None:
 
 
 def test_settings_from_env() -> None:
-    s = ProxySettings.from_env({
-        "TOCSIN_PROXY_MODE": "generic", "TOCSIN_PROXY_SOURCE_TOPIC": "a, b",
-        "TOCSIN_PROXY_ENDPOINT_URL": "http://h/process", "TOCSIN_PROXY_CONCURRENCY": "7",
-        "TOCSIN_PROXY_MAX_RETRY_AGE_S": "3600", "TOCSIN_PROXY_RETRIES_6XX": "5",
-    })
+    s = ProxySettings.from_env(
+        {
+            "TOCSIN_PROXY_MODE": "generic",
+            "TOCSIN_PROXY_SOURCE_TOPIC": "a, b",
+            "TOCSIN_PROXY_ENDPOINT_URL": "http://h/process",
+            "TOCSIN_PROXY_CONCURRENCY": "7",
+            "TOCSIN_PROXY_MAX_RETRY_AGE_S": "3600",
+            "TOCSIN_PROXY_RETRIES_6XX": "5",
+        }
+    )
     assert s.source_topics("fires") == ["a", "b"] and s.concurrency == 7
     policy = s.retry_policy()
     assert policy.max_retry_age_s == 3600 and policy.retries_6xx == 5
