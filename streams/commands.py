@@ -1,14 +1,16 @@
-"""The command agent's logic: validate, apply idempotently, persist, answer.
+"""The command agent: validate, apply idempotently, persist, answer. What each command
+does is decided in ``streams.decisions`` (pure); this module reads, writes and answers.
 
 One message of the commands topic in, one result on the command-results topic out, for
 every message, including garbage: a rejection is an answer, never an exception, so a bad
 message can never stall its partition.
 
 A batch is applied in four steps, so a few requests serve hundreds of commands:
-  1. decode and check each message (pure; tenants from a short-lived cache);
+  1. decode and check each message (tenants from a short-lived cache; their limits are
+     ``decisions.check_tenant_limits``);
   2. read the current rows of all named schedules (one IN query per tenant and 100 ids);
   3. decide each command against the row as it stands after the batch's earlier commands
-     (``decide``, pure: strict offset order per schedule);
+     (``decisions.decide``: strict offset order per schedule);
   4. persist every change (bucket rows first, the schedule row as the commit point; see
      ``Store.apply_schedule_changes``), hand what is due soon to the partition's ticker
      (waiting for Kafka's acknowledgement of the trigger of each row already due or not
@@ -33,41 +35,37 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from base.errors import CommandRejected, KafkaError, TocsinError
 from streams import metrics
-from streams.buckets import max_due_ms
 from streams.cache import TtlCache
-from streams.materializer import (
-    RecurringStore,
-    decide_recurring,
+from streams.decisions import (
+    Decision,
+    check_tenant_limits,
+    decide,
     due_entries,
-    is_recurring,
-    repeated_create,
+    index_writes,
+    is_replay,
+    own_topics,
+    recurring_index_changes,
+    with_default_retry,
+    with_retention,
 )
-from streams.model import DEFAULT_RETENTION_S, BucketRow, ScheduleChange, ScheduleRow, ScheduleState
+from streams.materializer import RecurringStore
+from streams.model import DEFAULT_RETENTION_S, BucketRow, ScheduleChange, ScheduleRow
 from streams.partitioner import partition_for
-from streams.recurring import NEVER_MS, first_run
 from streams.store import load_schedule_rows
-from streams.tenants import QuotaBook, TenantConfig, host_allowed, stamp_retry, topic_allowed
+from streams.tenants import QuotaBook, TenantConfig
 from streams.ticker import PartitionTicker, TriggerSink
-from topics.codec import callback_from_json, callback_to_json, encode_result
+from topics.codec import encode_result
 from topics.codes import ACCEPTED_CODES, Code
-from topics.ids import format_iso_ms
 from topics.models import (
-    CancelCommand,
     Command,
     CommandResult,
     CommandType,
-    CreateCommand,
-    HttpCallback,
-    KafkaCallback,
-    Recurrence,
     ResultStatus,
-    UpdateCommand,
 )
 from topics.signing import (
     SeenSignatures,
@@ -77,7 +75,7 @@ from topics.signing import (
     header_map,
     signed_fields,
 )
-from topics.validation import Limits, check_not_past, decode_command, salvage_ids
+from topics.validation import Limits, decode_command, salvage_ids
 
 log = logging.getLogger("tocsin.commands")
 
@@ -100,21 +98,6 @@ class RawCommand:
     # Whether ``timestamp_ms`` is the broker's: only then can a signature's freshness be
     # judged (topics.signing), so a record of unknown origin counts as producer time.
     timestamp_type: TimestampType = TimestampType.CREATE_TIME
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What one command does: its answer, and the change to persist (None: nothing)."""
-
-    code: Code
-    text: str
-    change: ScheduleChange | None = None
-    # After persisting: the row to hand to the ticker (scheduled state) ...
-    hand_over: ScheduleRow | None = None
-    # ... and, before persisting, the version whose stale bucket rows the ticker must drop.
-    withdraw_version: int | None = None
-    # Recurring schedules: (tenant, run id, version) of runs the ticker must drop.
-    withdraw_runs: tuple[tuple[str, str, int], ...] = ()
 
 
 class TenantCache:
@@ -151,157 +134,6 @@ class TenantCache:
     async def _load(self, tenant: str) -> tuple[dict[str, Any] | None, TenantConfig]:
         row: dict[str, Any] | None = await self.store.get_tenant(tenant)
         return row, TenantConfig.from_json(row.get("config") if row else None)
-
-
-def decide(
-    command: Command,
-    existing: ScheduleRow | None,
-    msg: RawCommand,
-    *,
-    now_ms: int,
-    shards: int,
-    default_tolerance_s: int,
-    firing: bool,
-    horizon_ms: int = 600_000,
-) -> Decision:
-    """The outcome of ``command`` against the schedule's current row (pure).
-
-    ``firing``: a trigger of this schedule is emitted but not yet recorded as fired.
-    ``horizon_ms``: how far ahead recurring schedules' runs are materialised.
-    Raises CommandRejected for state-dependent rejections.
-    """
-    if (
-        existing is not None
-        and existing.applied_offset is not None
-        and msg.offset <= existing.applied_offset
-    ):
-        code = (
-            Code(existing.last_code)
-            if (existing.applied_offset == msg.offset and existing.last_code)
-            else Code.OK
-        )
-        # A recurring parent never fires itself: its materialiser redoes what is left.
-        scheduled = existing.state == ScheduleState.SCHEDULED and not is_recurring(existing)
-        hand = existing if scheduled else None
-        return Decision(code, "already applied (replayed command)", hand_over=hand)
-    if is_recurring(existing) or (
-        isinstance(command, CreateCommand) and command.recurrence is not None
-    ):
-        r = decide_recurring(
-            command,
-            existing,
-            partition=msg.partition,
-            offset=msg.offset,
-            timestamp_ms=msg.timestamp_ms,
-            now_ms=now_ms,
-            shards=shards,
-            horizon_ms=horizon_ms,
-        )
-        return Decision(r.code, r.text, change=r.change, withdraw_runs=r.withdraw)
-    if isinstance(command, UpdateCommand) and command.recurrence is not None:
-        raise CommandRejected(
-            Code.INVALID_FIELD,
-            f"schedule {command.schedule_id!r} is a one-shot schedule; it has no recurrence",
-        )
-    if isinstance(command, CreateCommand):
-        return _decide_create(command, existing, msg, shards)
-    current = _changeable(existing, command.schedule_id, firing)
-    stamped = replace(
-        current,
-        version=current.version + 1,
-        updated_ms=msg.timestamp_ms,
-        applied_offset=msg.offset,
-        last_code=str(Code.OK),
-    )
-    old_bucket = BucketRow.for_schedule(current, shards=shards).key
-    if isinstance(command, CancelCommand):
-        row = replace(stamped, state=ScheduleState.CANCELLED)
-        change = ScheduleChange(
-            row=row,
-            new_bucket=None,
-            old_bucket=old_bucket,
-            now_ms=msg.timestamp_ms,
-            event="cancelled",
-        )
-        return Decision(Code.OK, "cancelled", change=change, withdraw_version=row.version)
-    assert isinstance(command, UpdateCommand)
-    if command.due_ms is not None:
-        tolerance = current.misfire_tolerance_s or default_tolerance_s
-        check_not_past(command.due_ms, now_ms=now_ms, misfire_tolerance_s=tolerance)
-    row = replace(
-        stamped,
-        due_ms=command.due_ms if command.due_ms is not None else current.due_ms,
-        payload=command.payload if command.payload is not None else current.payload,
-        payload_type=str(command.payload_type)
-        if command.payload_type is not None
-        else current.payload_type,
-        callback=callback_to_json(command.callback)
-        if command.callback is not None
-        else current.callback,
-    )
-    change = ScheduleChange(
-        row=row,
-        new_bucket=BucketRow.for_schedule(row, shards=shards),
-        old_bucket=old_bucket,
-        now_ms=msg.timestamp_ms,
-        event="updated",
-    )
-    # Tombstone the old version only: its stale rows are refused, the new one is not.
-    return Decision(
-        Code.OK,
-        "updated" if command.due_ms is None else "rescheduled",
-        change=change,
-        hand_over=row,
-        withdraw_version=current.version,
-    )
-
-
-def _decide_create(
-    cmd: CreateCommand, existing: ScheduleRow | None, msg: RawCommand, shards: int
-) -> Decision:
-    callback = callback_to_json(cmd.callback)
-    if existing is not None:
-        return Decision(
-            Code.DUPLICATE,
-            repeated_create(existing, cmd, callback, same_timing=existing.due_ms == cmd.due_ms),
-        )
-    row = ScheduleRow(
-        tenant=cmd.tenant,
-        schedule_id=cmd.schedule_id,
-        partition=msg.partition,
-        state=ScheduleState.SCHEDULED,
-        due_ms=cmd.due_ms,
-        version=1,
-        created_ms=msg.timestamp_ms,
-        updated_ms=msg.timestamp_ms,
-        order_key=cmd.order_key,
-        payload=cmd.payload,
-        payload_type=str(cmd.payload_type),
-        callback=callback,
-        misfire_tolerance_s=cmd.misfire_tolerance_s,
-        applied_offset=msg.offset,
-        last_code=str(Code.OK),
-    )
-    change = ScheduleChange(
-        row=row,
-        new_bucket=BucketRow.for_schedule(row, shards=shards),
-        old_bucket=None,
-        now_ms=msg.timestamp_ms,
-        event="created",
-    )
-    return Decision(Code.OK, "scheduled", change=change, hand_over=row)
-
-
-def _changeable(existing: ScheduleRow | None, schedule_id: str, firing: bool) -> ScheduleRow:
-    if existing is None:
-        raise CommandRejected(Code.NOT_FOUND, f"no schedule {schedule_id!r}")
-    if existing.state == ScheduleState.CANCELLED:
-        raise CommandRejected(
-            Code.ALREADY_CANCELLED, f"schedule {schedule_id!r} was already cancelled"
-        )
-    if existing.state in (ScheduleState.FIRED, ScheduleState.MISSED) or firing:
-        raise CommandRejected(Code.ALREADY_FIRED, f"schedule {schedule_id!r} has already fired")
-    return existing
 
 
 class CommandProcessor:
@@ -352,16 +184,7 @@ class CommandProcessor:
         # commands within the freshness window, to refuse copies of them.
         self.seen_signatures: dict[int, SeenSignatures] = {}
         # Tocsin's own topics: a Kafka callback may never produce into them.
-        suffix = "command-results"
-        prefix = results_topic[: -len(suffix)] if results_topic.endswith(suffix) else None
-        self.internal_topics = (
-            frozenset(
-                prefix + n
-                for n in ("commands", "command-results", "fires", "deliveries", "dead-letters")
-            )
-            if prefix is not None
-            else frozenset({results_topic})
-        )
+        self.internal_topics = own_topics(results_topic)
 
     async def process_batch(self, batch: Sequence[RawCommand]) -> list[CommandResult]:
         """Apply a batch and wait until every result is acknowledged by Kafka.
@@ -408,11 +231,7 @@ class CommandProcessor:
             ticker = self.tickers.get(msg.partition)
             firing = ticker is not None and ticker.is_firing(*key)
             existing = current.get(key)
-            replay = (
-                existing is not None
-                and existing.applied_offset is not None
-                and msg.offset <= existing.applied_offset
-            )
+            replay = is_replay(existing, msg.offset)
             command = with_default_retry(command, policies[command.tenant], existing)
             quota = policies[command.tenant].create_quota_per_s
             if not replay and not self.quotas.allow(
@@ -546,51 +365,14 @@ class CommandProcessor:
     ) -> TenantConfig:
         """The tenant's own limits; the tenant row is cached."""
         config = await self.tenants.config(command.tenant)
-        if isinstance(command, CreateCommand | UpdateCommand):
-            limit = config.max_payload_bytes
-            if command.payload is not None and limit is not None and len(command.payload) > limit:
-                raise CommandRejected(
-                    Code.PAYLOAD_TOO_LARGE,
-                    f"payload is {len(command.payload)} bytes; tenant {command.tenant!r} "
-                    f"allows at most {limit}",
-                )
-            horizon = config.max_horizon_s
-            due = command.due_ms
-            if due is not None and horizon is not None and due > now + horizon * 1000:
-                raise CommandRejected(
-                    Code.BEYOND_HORIZON, f"due is more than max_horizon_s={horizon} ahead of now"
-                )
-            if command.recurrence is not None and horizon is not None:
-                check_recurring_horizon(command.recurrence, horizon, now)
-            retention = config.retention_s or self.fired_retention_s
-            if command.recurrence is None:
-                check_storable(due, now, retention)
-            elif (first := first_run(command.recurrence, now)) < NEVER_MS:
-                # A rule without any run (NEVER_MS) is left to the decision: invalid_field.
-                check_storable(first, now, retention)
-            if command.callback is not None:
-                self._check_callback(command.callback, config)
+        check_tenant_limits(
+            command,
+            config,
+            now_ms=now,
+            default_retention_s=self.fired_retention_s,
+            internal_topics=self.internal_topics,
+        )
         return config
-
-    def _check_callback(self, callback: HttpCallback | KafkaCallback, config: TenantConfig) -> None:
-        if isinstance(callback, HttpCallback):
-            host = urlsplit(callback.url).hostname or ""
-            if not host_allowed(host, config.allowed_callback_hosts):
-                raise CommandRejected(
-                    Code.CALLBACK_NOT_ALLOWED,
-                    f"callback host {host!r} is not in the tenant's allowed_callback_hosts",
-                )
-            return
-        if callback.topic in self.internal_topics:
-            raise CommandRejected(
-                Code.CALLBACK_NOT_ALLOWED,
-                f"callback topic {callback.topic!r} is one of Tocsin's own topics",
-            )
-        if not topic_allowed(callback.topic, config.allowed_kafka_topics):
-            raise CommandRejected(
-                Code.CALLBACK_NOT_ALLOWED,
-                f"callback topic {callback.topic!r} is not in the tenant's allowed_kafka_topics",
-            )
 
     async def _persist(
         self,
@@ -598,53 +380,61 @@ class CommandProcessor:
         now: int,
         policies: Mapping[str, TenantConfig],
     ) -> None:
-        for msg, d in decisions:
-            ticker = self.tickers.get(msg.partition)
-            if ticker is not None and d.withdraw_version is not None and d.change is not None:
-                ticker.withdraw(d.change.row.tenant, d.change.row.schedule_id, d.withdraw_version)
-            for tenant, run, version in d.withdraw_runs:
-                if ticker is not None:
-                    ticker.withdraw(tenant, run, version)
+        """Make the batch's decisions durable, then hand what is due soon to the tickers."""
+        self._withdraw(decisions)
         changes = [
             with_retention(d.change, policies.get(d.change.row.tenant))
             for _, d in decisions
             if d.change is not None
         ]
         if changes:
-            # The listing index before the schedule rows (together with the bucket rows): a
-            # crash before the schedule row replays the command, which rewrites it (see the
-            # 002 migration). Kept as long as the schedule rows, so one write per distinct
-            # tenant retention (usually one).
-            by_retention: dict[int | None, list[ScheduleChange]] = {}
-            for change in changes:
-                by_retention.setdefault(change.retention_s, []).append(change)
-            index_writes = []
-            for retention, group in by_retention.items():
-                put, drop = index_changes(group)
-                if put or drop:
-                    index_writes.append((put, drop, retention))
-            recurring = recurring_index_changes(changes)
-            # Parents with a new key get their due-queue entry before their row, too.
-            due = due_entries([c.row for c in changes], self.materializers, now)
+            await self._write_changes(changes, now)
+        self._notify_materializers(decisions)
+        await self._hand_over_all(decisions)
 
-            async def write_index() -> None:
-                for put, drop, retention in index_writes:
-                    await self.store.write_index(put, drop, now_ms=now, retention_s=retention)
-                if recurring:
-                    await self.store.write_recurring_index(recurring)
-                if due:
-                    await self.recurring.put_due(due)
+    def _withdraw(self, decisions: Sequence[tuple[RawCommand, Decision]]) -> None:
+        """Before persisting: the tickers refuse the rows the decisions replace."""
+        for msg, d in decisions:
+            ticker = self.tickers.get(msg.partition)
+            if ticker is None:
+                continue
+            if d.withdraw_version is not None and d.change is not None:
+                ticker.withdraw(d.change.row.tenant, d.change.row.schedule_id, d.withdraw_version)
+            for tenant, run, version in d.withdraw_runs:
+                ticker.withdraw(tenant, run, version)
 
-            await self.store.apply_schedule_changes(
-                changes,
-                before_commit=write_index if (index_writes or recurring or due) else None,
-            )
+    async def _write_changes(self, changes: Sequence[ScheduleChange], now: int) -> None:
+        """The changes, with the listing indexes and the due-queue entries they need written
+        before the schedule rows (together with the bucket rows): a crash before the
+        schedule row replays the command, which rewrites them (see the 002 migration)."""
+        indexes = index_writes(changes)
+        recurring = recurring_index_changes(changes)
+        # Parents with a new key get their due-queue entry before their row, too.
+        due = due_entries([c.row for c in changes], self.materializers, now)
+
+        async def write_index() -> None:
+            for put, drop, retention in indexes:
+                await self.store.write_index(put, drop, now_ms=now, retention_s=retention)
+            if recurring:
+                await self.store.write_recurring_index(recurring)
+            if due:
+                await self.recurring.put_due(due)
+
+        await self.store.apply_schedule_changes(
+            changes,
+            before_commit=write_index if (indexes or recurring or due) else None,
+        )
+
+    def _notify_materializers(self, decisions: Sequence[tuple[RawCommand, Decision]]) -> None:
+        """Recurring parents just written: their runs are written now rather than when the
+        materialiser's reader gets to their due-queue entry."""
         for msg, d in decisions:
             if d.change is not None and d.change.row.recurrence is not None:
                 materializer = self.materializers.get(msg.partition)
                 if materializer is not None:
-                    # Write the new runs now rather than when the reader gets to the entry.
                     materializer.notify(d.change.row.tenant, d.change.row.schedule_id)
+
+    async def _hand_over_all(self, decisions: Sequence[tuple[RawCommand, Decision]]) -> None:
         pending = []
         for _, d in decisions:
             if d.hand_over is not None:
@@ -704,7 +494,8 @@ class CommandProcessor:
             code, text = Code.STORE_REJECTED, str(failure)
         else:
             log.error(
-                "command failed unexpectedly", exc_info=failure,
+                "command failed unexpectedly",
+                exc_info=failure,
                 extra={"partition": batch[0].partition, "offset": batch[0].offset},
             )
             code, text = Code.INTERNAL_ERROR, f"{type(failure).__name__}: {failure}"
@@ -767,8 +558,13 @@ class CommandProcessor:
         metrics.COMMANDS.labels(*labels).inc()
         log.warning(
             "command rejected on its own",
-            extra={"code": str(code), "reason": text, "partition": msg.partition,
-                   "offset": msg.offset, "schedule_id": result.schedule_id},
+            extra={
+                "code": str(code),
+                "reason": text,
+                "partition": msg.partition,
+                "offset": msg.offset,
+                "schedule_id": result.schedule_id,
+            },
         )
         await self.results_sink.send(
             self.results_topic,
@@ -858,113 +654,8 @@ class CommandProcessor:
         )
 
 
-def recurring_index_changes(
-    changes: Sequence[ScheduleChange],
-) -> list[tuple[str, str, int, bool]]:
-    """Entries of recurring_by_tenant for these changes (pure): (tenant, schedule_id,
-    created_ms, finished) for each recurring parent created or cancelled."""
-    out = []
-    for change in changes:
-        row = change.row
-        if row.recurrence is not None and change.event in ("created", "cancelled"):
-            out.append((row.tenant, row.schedule_id, row.created_ms, change.event == "cancelled"))
-    return out
-
-
-def check_storable(first_ms: int | None, now_ms: int, retention_s: int) -> None:
-    """Rows of a schedule first due at ``first_ms`` must be storable at all (pure): kept
-    until due plus ``retention_s``, which Cassandra allows up to a 20-year TTL
-    (streams.buckets.max_due_ms); later is ``beyond_horizon``, whatever the tenant's own
-    horizon."""
-    if first_ms is None:
-        return
-    limit = max_due_ms(now_ms, retention_s)
-    if first_ms > limit:
-        raise CommandRejected(
-            Code.BEYOND_HORIZON,
-            f"{format_iso_ms(first_ms)} is later than Tocsin can store a schedule "
-            f"({format_iso_ms(limit)}: Cassandra's 20 years of TTL less {retention_s} s of "
-            "retention)",
-        )
-
-
-def check_recurring_horizon(rec: Recurrence, horizon_s: int, now_ms: int) -> None:
-    """A tenant's ``max_horizon_s`` for a recurring schedule (pure): its first run, as of
-    ``now_ms``, must lie within the horizon, exactly like a one-shot's due time, so a sparse
-    rule or a far ``start`` cannot park a schedule beyond it (``beyond_horizon``). Later
-    runs are not checked: each is written at most TOCSIN_RECURRING_HORIZON_S ahead of its
-    time. A recurrence without any run is left to the decision (``invalid_field``)."""
-    first = first_run(rec, now_ms)
-    limit = now_ms + horizon_s * 1000
-    if limit < first < NEVER_MS:
-        raise CommandRejected(
-            Code.BEYOND_HORIZON,
-            f"the first run ({format_iso_ms(first)}) is more than max_horizon_s={horizon_s} "
-            "ahead of now; a recurring schedule must first run within the tenant's horizon",
-        )
-
-
-def with_default_retry(
-    command: Command, config: TenantConfig, existing: ScheduleRow | None
-) -> Command:
-    """``command`` with the tenant's default retry policy stamped into a callback that has
-    no ``retry`` of its own (pure; see streams.tenants.stamp_retry).
-
-    A create naming an existing schedule is only compared (duplicate or conflict): it gets
-    the retry the schedule was stored with instead, so repeating a create after the tenant
-    changed its default is still a ``duplicate``."""
-    if not isinstance(command, CreateCommand | UpdateCommand):
-        return command
-    callback = command.callback
-    if callback is None or callback.retry is not None:
-        return command
-    if isinstance(command, CreateCommand) and existing is not None and existing.callback:
-        try:
-            stored = callback_from_json(existing.callback)
-        except CommandRejected:
-            stored = None
-        if stored is not None and type(stored) is type(callback):
-            return replace(command, callback=replace(callback, retry=stored.retry))
-    stamped = stamp_retry(callback, config.retry_policy)
-    return command if stamped is callback else replace(command, callback=stamped)
-
-
-def with_retention(change: ScheduleChange, config: TenantConfig | None) -> ScheduleChange:
-    """The change kept as long as its tenant's ``retention_s`` says (pure). Recurring
-    parents keep the global retention: their materialiser refreshes their TTL with it."""
-    if config is None or config.retention_s is None or change.row.recurrence is not None:
-        return change
-    return replace(change, retention_s=config.retention_s)
-
-
-def index_changes(
-    changes: Sequence[ScheduleChange],
-) -> tuple[list[tuple[str, str, int]], list[tuple[str, str, int]]]:
-    """Entries of schedules_by_tenant_day to add and to drop for these changes (pure)."""
-    put: list[tuple[str, str, int]] = []
-    drop: list[tuple[str, str, int]] = []
-    for change in changes:
-        row = change.row
-        if change.new_bucket is None:
-            continue  # a cancel keeps its entry (listed as cancelled)
-        old = change.old_bucket
-        if old is not None and old.due_ms == row.due_ms:
-            continue  # an update that kept the due time
-        put.append((row.tenant, row.schedule_id, row.due_ms))
-        if old is not None:
-            drop.append((row.tenant, row.schedule_id, old.due_ms))
-    return put, drop
-
-
 __all__ = [
     "CommandProcessor",
-    "Decision",
     "RawCommand",
     "TenantCache",
-    "check_recurring_horizon",
-    "decide",
-    "index_changes",
-    "recurring_index_changes",
-    "with_default_retry",
-    "with_retention",
 ]

@@ -1,10 +1,11 @@
-"""Recurring schedules in the scheduler: command decisions, the per-partition materialiser
-and the run history.
+"""Recurring schedules in the scheduler: the per-partition materialiser, the recurring
+store's statements and the run history.
 
 A recurring schedule is one ``schedules`` row (the *parent*, with a ``recurrence``) whose
 runs are written ahead as ordinary one-shot bucket rows with schedule id
 ``<parent>@<nominal_ms>`` (``streams.recurring.run_id``), so the ticker fires them with
-every guarantee of a one-shot: on time, at least once, stable trigger id per run.
+every guarantee of a one-shot: on time, at least once, stable trigger id per run. What a
+command does to a parent and what a step writes are decided in ``streams.decisions``.
 
 The parent row is the state of materialisation (migration 003):
 
@@ -18,19 +19,18 @@ The parent row is the state of materialisation (migration 003):
   later extension are dropped as read).
 
 ``PartitionMaterializer`` runs next to each partition's ticker, in the worker that owns
-the commands partition. One step, for each parent due: plan the runs (pure,
-``streams.recurring.plan``), offer those due soon to the ticker, write their bucket rows
-and history rows, fire the past-due ones (catch-up after an outage, rate-bounded) and
-wait for Kafka's acks, then commit the parent row with the new ``materialized_until_ms``.
-A crash anywhere before the commit repeats the step, which writes identical rows (run ids,
-due times and tolerances are pure functions of the parent row); after it nothing is left.
+the commands partition. One step, for each parent due: plan the runs
+(``streams.decisions.plan_extension``), offer those due soon to the ticker, write their
+bucket rows and history rows, fire the past-due ones (catch-up after an outage,
+rate-bounded) and wait for Kafka's acks, then commit the parent row with the new
+``materialized_until_ms``. A crash anywhere before the commit repeats the step, which
+writes identical rows (run ids, due times and tolerances are pure functions of the parent
+row); after it nothing is left.
 
-Commands (``decide_recurring``, pure) change the parent: a create registers it for
-immediate extension; an update or cancel deletes the bucket rows of its runs not yet due
-(``run_deletes``, written before the parent row like every bucket change) and withdraws
-them from the ticker; an update then lets the materialiser write the new runs. The command
-agent holds the partition's materialiser ``lock`` for a whole batch, so a parent is never
-extended between the command agent reading it and writing it.
+An update or cancel of a parent deletes the bucket rows of its runs not yet due and
+withdraws them from the ticker; an update then lets the materialiser write the new runs.
+The command agent holds the partition's materialiser ``lock`` for a whole batch, so a
+parent is never extended between the command agent reading it and writing it.
 """
 
 from __future__ import annotations
@@ -41,36 +41,31 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from prometheus_client import Counter, Histogram
 
-from base.errors import CommandRejected
 from base.supervise import supervise
-from streams.buckets import BucketKey, shard_of
-from streams.buckets import minute_ms as minute_of
-from streams.model import SCHEDULE_COLUMNS, BucketRow, ScheduleChange, ScheduleRow, ScheduleState
-from streams.recurring import (
-    NEVER_MS,
-    Plan,
-    extend_at,
-    jitter_ms,
-    next_runs,
-    occurrences,
-    plan,
-    run_id,
-    series_start,
+from streams.decisions import (
+    DueEntry,
+    ParentStep,
+    due_entries,
+    materialize_key,
+    parent_commits,
+    plan_extension,
+    slot_of,
+    upcoming_runs,
 )
+from streams.model import SCHEDULE_COLUMNS, BucketRow, ScheduleRow, ScheduleState
+from streams.recurring import NEVER_MS
 from streams.store import load_schedule_rows
-from topics.codec import callback_to_json, recurrence_from_json, recurrence_to_json
-from topics.codes import Code
+from topics.codec import recurrence_from_json
 from topics.ids import trigger_id
-from topics.models import CancelCommand, Command, CreateCommand, Recurrence, UpdateCommand
 
 log = logging.getLogger("tocsin.materializer")
 
-# Metrics of recurring schedules (kept here rather than in streams.metrics: issue 6).
+# Metrics of recurring schedules.
 PARENTS_EXTENDED = Counter(
     "tocsin_recurring_extended_total", "Materialisation steps of recurring schedules"
 )
@@ -89,328 +84,11 @@ STEP_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
 
-# materialize_key = partition * KEY_SPAN + epoch ms (ms stay below 10^13 until 2286).
-KEY_SPAN = 10**13
-# Every active parent row is rewritten at least this often, which keeps its TTL (due_ms +
-# retention) from lapsing however sparse its expression is.
-REFRESH_MS = 30 * 24 * 3_600_000
 # The due queue's partitions: one per (command partition, minute), like the fire buckets.
 SLOT_MS = 60_000
 # A minute partition of the due queue is deleted this long after its end, not at once: a
 # command applied by another process in a rebalance may still be writing into it.
 SLOT_GRACE_MS = 10_000
-
-
-def key_time(key: int, partition: int) -> int:
-    """The epoch ms of a ``materialize_key`` (when its parent is due for extension)."""
-    return key - partition * KEY_SPAN
-
-
-def slot_of(at_ms: int) -> int:
-    return at_ms - at_ms % SLOT_MS
-
-
-@dataclass(frozen=True, slots=True)
-class DueEntry:
-    """One row of the due queue: parent (tenant, schedule_id) of ``partition`` is due for
-    extension at ``due_ms`` (its key time, or later if that was already read past)."""
-
-    partition: int
-    due_ms: int
-    tenant: str
-    schedule_id: str
-
-    @property
-    def slot_ms(self) -> int:
-        return slot_of(self.due_ms)
-
-
-def due_entries(rows: Sequence[ScheduleRow], materializers: Any, now_ms: int) -> list[DueEntry]:
-    """The due-queue entries for parent rows about to be written with a new key (none for
-    a key of NEVER). ``materializers``: partition -> its ``PartitionMaterializer`` in this
-    process, if any; its ``position`` keeps each entry ahead of what it has read (callers
-    hold its lock)."""
-    out = []
-    for row in rows:
-        key = row.materialize_key
-        if row.recurrence is None or key is None:
-            continue
-        at = key_time(key, row.partition)
-        if at >= KEY_SPAN - 1 or at < 0:  # never (materialize_key clamps NEVER_MS to this)
-            continue
-        owner = materializers.get(row.partition) if materializers is not None else None
-        due = owner.position(at) if owner is not None else at
-        out.append(DueEntry(row.partition, due, row.tenant, row.schedule_id))
-    return out
-
-
-def materialize_key(partition: int, at_ms: int) -> int:
-    """The indexed value saying "extend this schedule of ``partition`` at ``at_ms``"."""
-    return partition * KEY_SPAN + max(0, min(at_ms, KEY_SPAN - 1))
-
-
-def is_recurring(row: ScheduleRow | None) -> bool:
-    return row is not None and row.recurrence is not None
-
-
-def _run_bucket(
-    parent: ScheduleRow, nominal_ms: int, due_ms: int, tolerance_s: int, shards: int
-) -> BucketRow:
-    rid = run_id(parent.schedule_id, nominal_ms)
-    return BucketRow(
-        partition=parent.partition,
-        minute_ms=minute_of(due_ms),
-        shard=shard_of(parent.tenant, rid, shards),
-        due_ms=due_ms,
-        tenant=parent.tenant,
-        schedule_id=rid,
-        version=parent.version,
-        order_key=parent.order_key or parent.schedule_id,
-        payload=parent.payload,
-        payload_type=parent.payload_type,
-        callback=parent.callback,
-        misfire_tolerance_s=tolerance_s,
-    )
-
-
-def _row_state(
-    row: ScheduleRow, *, until_ms: int, run_count: int, now_ms: int, horizon_ms: int
-) -> ScheduleRow:
-    """``row`` with its materialisation columns for a new ``until_ms``."""
-    refresh = now_ms + REFRESH_MS
-    due = until_ms if until_ms < NEVER_MS else now_ms
-    return replace(
-        row,
-        materialized_until_ms=until_ms,
-        run_count=run_count,
-        due_ms=min(due, refresh + horizon_ms),
-        materialize_key=materialize_key(
-            row.partition,
-            NEVER_MS
-            if until_ms >= NEVER_MS
-            else min(extend_at(until_ms, horizon_ms, row.schedule_id), refresh),
-        ),
-    )
-
-
-def _pending_runs(
-    row: ScheduleRow, rec: Recurrence, *, from_ms: int, due_after_ms: int
-) -> list[tuple[int, int]]:
-    """(nominal, due) of the runs of ``row`` materialised at or after ``from_ms`` whose due
-    time is after ``due_after_ms`` (i.e. not fired yet)."""
-    until = row.materialized_until_ms or 0
-    anchor = row.anchor_ms or 0
-    out = []
-    for nominal in occurrences(rec, from_ms, anchor_ms=anchor):
-        if nominal >= until:
-            break
-        due = nominal + jitter_ms(row.tenant, run_id(row.schedule_id, nominal), rec.jitter_s)
-        if due > due_after_ms:
-            out.append((nominal, due))
-    return out
-
-
-@dataclass(frozen=True, slots=True)
-class RecurringDecision:
-    code: Code
-    text: str
-    change: ScheduleChange | None = None
-    # (tenant, run schedule id, version) to withdraw from the ticker before persisting.
-    withdraw: tuple[tuple[str, str, int], ...] = ()
-
-
-def decide_recurring(
-    command: Command,
-    existing: ScheduleRow | None,
-    *,
-    partition: int,
-    offset: int,
-    timestamp_ms: int,
-    now_ms: int,
-    shards: int,
-    horizon_ms: int,
-) -> RecurringDecision:
-    """The outcome of a command on a recurring schedule (pure; raises CommandRejected).
-
-    Called for a create carrying a recurrence and for any command on a recurring parent.
-    """
-    if isinstance(command, CreateCommand):
-        return _create(command, existing, partition, offset, timestamp_ms, now_ms, horizon_ms)
-    if existing is None:
-        raise CommandRejected(Code.NOT_FOUND, f"no schedule {command.schedule_id!r}")
-    if existing.recurrence is None:
-        raise CommandRejected(
-            Code.INVALID_FIELD,
-            f"schedule {command.schedule_id!r} is a one-shot schedule; change it with due",
-        )
-    if existing.state == ScheduleState.CANCELLED:
-        raise CommandRejected(
-            Code.ALREADY_CANCELLED, f"schedule {command.schedule_id!r} was already cancelled"
-        )
-    if existing.state in (ScheduleState.FIRED, ScheduleState.MISSED):
-        raise CommandRejected(
-            Code.ALREADY_FIRED, f"schedule {command.schedule_id!r} has no runs left"
-        )
-    old_rec = recurrence_from_json(existing.recurrence)
-    stamped = replace(
-        existing,
-        version=existing.version + 1,
-        updated_ms=timestamp_ms,
-        applied_offset=offset,
-        last_code=str(Code.OK),
-    )
-    if isinstance(command, CancelCommand):
-        # Every run not due yet, including one whose nominal time passed but that waits
-        # inside its jitter window.
-        pending = _pending_runs(
-            existing,
-            old_rec,
-            from_ms=now_ms - old_rec.jitter_s * 1000,
-            due_after_ms=now_ms,
-        )
-        row = replace(
-            stamped,
-            state=ScheduleState.CANCELLED,
-            materialize_key=materialize_key(existing.partition, NEVER_MS),
-        )
-        return RecurringDecision(
-            Code.OK,
-            f"cancelled; {len(pending)} pending runs removed",
-            change=_change(row, existing, pending, old_rec, timestamp_ms, shards, "cancelled"),
-            withdraw=tuple(
-                (row.tenant, run_id(row.schedule_id, n), row.version) for n, _ in pending
-            ),
-        )
-    assert isinstance(command, UpdateCommand)
-    if command.due_ms is not None:
-        raise CommandRejected(
-            Code.INVALID_FIELD,
-            f"schedule {command.schedule_id!r} is recurring: it has no due; send recurrence",
-        )
-    new_rec = command.recurrence or old_rec
-    changed = recurrence_to_json(new_rec) != existing.recurrence
-    until = existing.materialized_until_ms or 0
-    # Runs with a nominal time after now follow the update; those already materialised
-    # are removed here and written again by the materialiser. A run whose nominal time
-    # has come keeps its old content (it may be firing).
-    pending = _pending_runs(existing, old_rec, from_ms=now_ms + 1, due_after_ms=now_ms)
-    count = max(0, (existing.run_count or 0) - len(pending))
-    anchor = timestamp_ms if changed else (existing.anchor_ms or timestamp_ms)
-    if not changed and until < now_ms:
-        new_until = until  # a backlog (the materialiser lagged): keep working it off
-    else:
-        begin = max(now_ms + 1, series_start(new_rec, anchor))
-        new_until = next(occurrences(new_rec, begin, anchor_ms=anchor), NEVER_MS)
-        if changed and new_until >= NEVER_MS:
-            raise CommandRejected(
-                Code.INVALID_FIELD, "recurrence has no run after now (check start, end, cron)"
-            )
-    row = replace(
-        stamped,
-        payload=command.payload if command.payload is not None else existing.payload,
-        payload_type=str(command.payload_type)
-        if command.payload_type is not None
-        else existing.payload_type,
-        callback=callback_to_json(command.callback)
-        if command.callback is not None
-        else existing.callback,
-        recurrence=recurrence_to_json(new_rec),
-        anchor_ms=anchor,
-    )
-    row = _row_state(row, until_ms=new_until, run_count=count, now_ms=now_ms, horizon_ms=horizon_ms)
-    return RecurringDecision(
-        Code.OK,
-        f"updated; {len(pending)} pending runs will follow the update",
-        change=_change(row, existing, pending, old_rec, timestamp_ms, shards, "updated"),
-        # The old version's rows are refused from now on, the new ones (version + 1) not.
-        withdraw=tuple(
-            (row.tenant, run_id(row.schedule_id, n), existing.version) for n, _ in pending
-        ),
-    )
-
-
-def _change(
-    row: ScheduleRow,
-    old: ScheduleRow,
-    pending: Sequence[tuple[int, int]],
-    old_rec: Recurrence,
-    now_ms: int,
-    shards: int,
-    event: str,
-) -> ScheduleChange:
-    deletes = tuple(
-        BucketKey.of(
-            partition=old.partition,
-            due_ms=due,
-            tenant=old.tenant,
-            schedule_id=run_id(old.schedule_id, nominal),
-            shards=shards,
-        )
-        for nominal, due in pending
-    )
-    history = tuple(
-        ("rec_delete_run", [old.tenant, old.schedule_id, nominal]) for nominal, _ in pending
-    )
-    return ScheduleChange(
-        row=row,
-        new_bucket=None,
-        old_bucket=None,
-        now_ms=now_ms,
-        event=event,
-        run_deletes=deletes,
-        commit_with=history,
-    )
-
-
-def _create(
-    cmd: CreateCommand,
-    existing: ScheduleRow | None,
-    partition: int,
-    offset: int,
-    timestamp_ms: int,
-    now_ms: int,
-    horizon_ms: int,
-) -> RecurringDecision:
-    assert cmd.recurrence is not None
-    text = recurrence_to_json(cmd.recurrence)
-    callback = callback_to_json(cmd.callback)
-    if existing is not None:
-        return RecurringDecision(
-            Code.DUPLICATE,
-            repeated_create(existing, cmd, callback, same_timing=existing.recurrence == text),
-        )
-    rec = cmd.recurrence
-    # Occurrences before the create are not runs that were missed: start from now.
-    begin = max(series_start(rec, timestamp_ms), timestamp_ms)
-    first = next(occurrences(rec, begin, anchor_ms=timestamp_ms), NEVER_MS)
-    if first >= NEVER_MS:
-        raise CommandRejected(
-            Code.INVALID_FIELD, "recurrence has no run after now (check start, end, cron)"
-        )
-    row = ScheduleRow(
-        tenant=cmd.tenant,
-        schedule_id=cmd.schedule_id,
-        partition=partition,
-        state=ScheduleState.SCHEDULED,
-        due_ms=first,
-        version=1,
-        created_ms=timestamp_ms,
-        updated_ms=timestamp_ms,
-        order_key=cmd.order_key,
-        payload=cmd.payload,
-        payload_type=str(cmd.payload_type),
-        callback=callback,
-        misfire_tolerance_s=cmd.misfire_tolerance_s,
-        applied_offset=offset,
-        last_code=str(Code.OK),
-        recurrence=text,
-        anchor_ms=timestamp_ms,
-    )
-    row = _row_state(row, until_ms=first, run_count=0, now_ms=now_ms, horizon_ms=horizon_ms)
-    change = ScheduleChange(
-        row=row, new_bucket=None, old_bucket=None, now_ms=timestamp_ms, event="created"
-    )
-    return RecurringDecision(Code.OK, f"scheduled; first run at epoch ms {first}", change=change)
 
 
 # -- storage ------------------------------------------------------------------------------
@@ -837,111 +515,86 @@ class PartitionMaterializer:
         if it stopped early to bound the catch-up work done under the lock (the rest stay
         due and come in the next step)."""
         cfg = self.config
-        steps: list[tuple[ScheduleRow, Plan, list[BucketRow]]] = []
-        retired: list[tuple[ScheduleRow, str | None]] = []
-        # Past-due runs are fired paced while the lock is held (commands of this partition
-        # wait), so a step takes at most about this many seconds of them.
-        late_budget = max(1, int(cfg.catchup_per_s * _CATCHUP_STEP_S))
-        late_planned = 0
-        done = len(parents)
-        for index, parent in enumerate(parents):
-            if parent.recurrence is None or parent.state != ScheduleState.SCHEDULED:
-                # Nothing to extend any more: take it out of the index.
-                key = materialize_key(parent.partition, NEVER_MS)
-                retired.append((replace(parent, materialize_key=key), None))
-                continue
-            rec = recurrence_from_json(parent.recurrence)
-            step = plan(
-                rec,
-                tenant=parent.tenant,
-                schedule_id=parent.schedule_id,
-                anchor_ms=parent.anchor_ms or parent.created_ms,
-                tolerance_s=parent.misfire_tolerance_s or 0,
-                until_ms=parent.materialized_until_ms or 0,
-                run_count=parent.run_count or 0,
-                now_ms=now_ms,
-                horizon_ms=cfg.horizon_ms,
-                max_runs=cfg.max_runs_per_step,
-            )
-            late_here = sum(1 for r in step.runs if r.due_ms <= now_ms)
-            if steps and late_here and late_planned + late_here > late_budget:
-                done = index
-                break
-            late_planned += late_here
-            rows = [
-                _run_bucket(
-                    parent, r.nominal_ms, r.due_ms, r.misfire_tolerance_s, cfg.bucket_shards
-                )
-                for r in step.runs
-            ]
-            steps.append((parent, step, rows))
-        if retired:
-            await self.store.commit(retired, now_ms=now_ms)
-        if not steps:
-            return done
-        # 1. Rows due after now go to the ticker first: its checkpoint then stays below them
-        #    until they fired, whether their minute was loaded or not - unless it is past
-        #    them already (this step's clock is older than the ticker's, or a previous
-        #    owner's clock ran ahead): those are fired and acknowledged before the commit,
-        #    since the parent's new state says they are written and a successor's ticker
-        #    would start past them.
-        late: list[BucketRow] = []
-        held: list[asyncio.Future[None]] = []
-        for _, _, rows in steps:
-            for row in rows:
-                if row.due_ms > now_ms:
-                    if self.ticker is not None:
-                        pending = self.ticker.hand_over(row)
-                        if pending is not None:
-                            held.append(pending)
-                else:
-                    late.append(row)
+        work = plan_extension(
+            parents,
+            now_ms=now_ms,
+            horizon_ms=cfg.horizon_ms,
+            shards=cfg.bucket_shards,
+            max_runs=cfg.max_runs_per_step,
+            # Past-due runs are fired paced while the lock is held (commands of this
+            # partition wait), so a step takes at most about this many seconds of them.
+            late_budget=max(1, int(cfg.catchup_per_s * _CATCHUP_STEP_S)),
+        )
+        if work.retired:
+            await self.store.commit(work.retired, now_ms=now_ms)
+        if not work.steps:
+            return work.done
+        late, held = self._offer(work.steps, now_ms)
         # The parents' new state (written last, in 4).
-        commits = []
-        for parent, step, _rows in steps:
-            new = _row_state(
-                parent,
-                until_ms=step.until_ms,
-                run_count=step.run_count,
-                now_ms=now_ms,
-                horizon_ms=cfg.horizon_ms,
-            )
-            note = None
-            if step.skipped:
-                note = (
-                    f"misfire policy skipped {len(step.skipped)} runs from epoch ms "
-                    f"{step.skipped[0]} to {step.skipped[-1]}"
-                )
-            commits.append((new, note))
+        commits = parent_commits(work.steps, now_ms=now_ms, horizon_ms=cfg.horizon_ms)
         # 2. Bucket rows (idempotent; a repeated step writes the same) and the due-queue
         #    entries of the new keys, both before the parents that carry those keys.
         await asyncio.gather(
-            self.store.write_runs([r for _, _, rows in steps for r in rows], now_ms=now_ms),
+            self.store.write_runs([r for s in work.steps for r in s.runs], now_ms=now_ms),
             self.store.put_due(
                 due_entries([new for new, _ in commits], {self.partition: self}, now_ms)
             ),
         )
         # 3. Catch-up: runs already due fire now, paced, and are acknowledged before the
         #    commit (a crash before it fires them again: at least once).
-        if late and self.ticker is not None:
-            fires = []
-            for row in sorted(late, key=lambda r: r.due_ms):
-                await self._pacer.take()
-                fires.append(asyncio.ensure_future(self.ticker.fire_now(row)))
-            await asyncio.gather(*fires)
-            RUNS_CAUGHT_UP.inc(len(fires))
+        await self._catch_up(late)
         if held:
             await asyncio.gather(*held)
         # 4. Commit: the parents' new state.
-        for _, step, rows in steps:
-            self.runs_written += len(rows)
-            self.runs_skipped += len(step.skipped)
-        await self.store.commit(commits, now_ms=now_ms, runs=[rows for _, _, rows in steps])
+        await self._commit(work.steps, commits, now_ms)
+        return work.done
+
+    def _offer(
+        self, steps: Sequence[ParentStep], now_ms: int
+    ) -> tuple[list[BucketRow], list[asyncio.Future[None]]]:
+        """1. Rows due after now go to the ticker first: its checkpoint then stays below
+        them until they fired, whether their minute was loaded or not - unless it is past
+        them already (this step's clock is older than the ticker's, or a previous owner's
+        clock ran ahead): those are fired and acknowledged before the commit, since the
+        parent's new state says they are written and a successor's ticker would start past
+        them. Returns the rows already due and the ticker's futures to wait for."""
+        late: list[BucketRow] = []
+        held: list[asyncio.Future[None]] = []
+        for step in steps:
+            for row in step.runs:
+                if row.due_ms <= now_ms:
+                    late.append(row)
+                elif self.ticker is not None:
+                    pending = self.ticker.hand_over(row)
+                    if pending is not None:
+                        held.append(pending)
+        return late, held
+
+    async def _catch_up(self, late: Sequence[BucketRow]) -> None:
+        if not late or self.ticker is None:
+            return
+        fires = []
+        for row in sorted(late, key=lambda r: r.due_ms):
+            await self._pacer.take()
+            fires.append(asyncio.ensure_future(self.ticker.fire_now(row)))
+        await asyncio.gather(*fires)
+        RUNS_CAUGHT_UP.inc(len(fires))
+
+    async def _commit(
+        self,
+        steps: Sequence[ParentStep],
+        commits: Sequence[tuple[ScheduleRow, str | None]],
+        now_ms: int,
+    ) -> None:
+        runs = sum(len(s.runs) for s in steps)
+        skipped = sum(len(s.plan.skipped) for s in steps)
+        self.runs_written += runs
+        self.runs_skipped += skipped
+        await self.store.commit(commits, now_ms=now_ms, runs=[s.runs for s in steps])
         self.extended += len(commits)
         PARENTS_EXTENDED.inc(len(commits))
-        RUNS_MATERIALIZED.inc(sum(len(rows) for _, _, rows in steps))
-        RUNS_SKIPPED.inc(sum(len(step.skipped) for _, step, _ in steps))
-        return done
+        RUNS_MATERIALIZED.inc(runs)
+        RUNS_SKIPPED.inc(skipped)
 
 
 # -- history ------------------------------------------------------------------------------
@@ -983,28 +636,7 @@ async def schedule_runs(
         )
     next_list: list[dict[str, Any]] = []
     if parent.state == ScheduleState.SCHEDULED and upcoming > 0:
-        anchor = parent.anchor_ms or parent.created_ms
-        until = parent.materialized_until_ms or 0
-        counted: int | None = parent.run_count or 0
-        if until >= NEVER_MS:
-            # Every run was written (max_runs or end reached): the expression may go on
-            # forever, so let next_runs count the runs before now from the series start
-            # (bounded by max_runs) instead of walking forward to ``until``.
-            counted = None
-        elif until > now_ms:
-            # Runs materialised after now were counted but have not happened yet.
-            counted = max(0, (counted or 0) - len(_occurrences_between(rec, now_ms, until, anchor)))
-        for nominal in next_runs(rec, now_ms, upcoming, anchor_ms=anchor, counted=counted):
-            rid = run_id(schedule_id, nominal)
-            due = nominal + jitter_ms(tenant, rid, rec.jitter_s)
-            next_list.append(
-                {
-                    "run_id": rid,
-                    "nominal_ms": nominal,
-                    "due_ms": due,
-                    "trigger_id": trigger_id(tenant, rid, due),
-                }
-            )
+        next_list = upcoming_runs(parent, rec, now_ms=now_ms, upcoming=upcoming)
     return {
         "tenant": tenant,
         "schedule_id": schedule_id,
@@ -1018,47 +650,10 @@ async def schedule_runs(
     }
 
 
-def _occurrences_between(rec: Recurrence, lo: int, hi: int, anchor: int) -> list[int]:
-    out: list[int] = []
-    for at in occurrences(rec, lo, anchor_ms=anchor):
-        if at >= hi:
-            break
-        out.append(at)
-    return out
-
-
 __all__ = [
-    "KEY_SPAN",
     "SLOT_MS",
-    "DueEntry",
     "MaterializerConfig",
     "PartitionMaterializer",
-    "RecurringDecision",
     "RecurringStore",
-    "decide_recurring",
-    "due_entries",
-    "is_recurring",
-    "materialize_key",
     "schedule_runs",
 ]
-
-
-def repeated_create(existing: Any, cmd: Any, callback: str, *, same_timing: bool) -> str:
-    """A create naming an existing schedule: the ``duplicate`` message when its content is
-    identical (an idempotent retry), else raises ``conflict``. ``same_timing`` is the caller's
-    comparison of due time (one-shot) or recurrence (recurring); shared by both kinds."""
-    same = (
-        same_timing
-        and (existing.payload or b"") == cmd.payload
-        and existing.payload_type == str(cmd.payload_type)
-        and existing.callback == callback
-        and existing.order_key == cmd.order_key
-        and existing.misfire_tolerance_s == cmd.misfire_tolerance_s
-    )
-    if same:
-        return f"schedule {cmd.schedule_id!r} already exists unchanged"
-    raise CommandRejected(
-        Code.CONFLICT,
-        f"schedule {cmd.schedule_id!r} already exists (state {existing.state}) with "
-        "different content; use update, or a new schedule id",
-    )

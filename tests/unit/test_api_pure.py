@@ -14,7 +14,7 @@ from api.openapi import openapi_document
 from api.views import ApiError
 from proxy.ssrf import BlockedAddress, GuardedResolver, literal_refusal
 from streams.buckets import BucketKey
-from streams.commands import index_changes
+from streams.decisions import index_changes
 from streams.model import BucketRow, ScheduleChange, ScheduleRow
 from streams.tenants import (
     QuotaBook,

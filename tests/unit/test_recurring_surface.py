@@ -17,7 +17,7 @@ from api import gocron, recurring
 from api.gocron import GoCronError
 from base.errors import CommandRejected
 from base.settings import Settings
-from streams.commands import check_recurring_horizon, recurring_index_changes
+from streams.decisions import check_recurring_horizon, recurring_index_changes
 from streams.model import ScheduleChange, ScheduleRow
 from streams.recurring import NEVER_MS, occurrences, plan
 from tocsin.scheduler_cli import _create_command, _Usage

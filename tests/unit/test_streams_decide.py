@@ -1,4 +1,4 @@
-"""``streams.commands.decide`` as a table: every state-dependent outcome of a command."""
+"""``streams.decisions.decide`` as a table: every state-dependent outcome of a command."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from dataclasses import replace
 import pytest
 
 from base.errors import CommandRejected
-from streams.commands import RawCommand, decide
+from streams.commands import RawCommand
+from streams.decisions import decide
 from streams.model import ScheduleRow
 from topics.models import CancelCommand, CreateCommand, HttpCallback, PayloadType, UpdateCommand
 

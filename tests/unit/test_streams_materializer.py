@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 
 from base.errors import CommandRejected
-from streams.commands import RawCommand, decide
-from streams.materializer import (
+from streams.commands import RawCommand
+from streams.decisions import (
     KEY_SPAN,
     DueEntry,
-    MaterializerConfig,
-    PartitionMaterializer,
+    decide,
     decide_recurring,
     due_entries,
     materialize_key,
 )
+from streams.materializer import MaterializerConfig, PartitionMaterializer
 from streams.model import BucketRow, ScheduleRow
 from streams.recurring import NEVER_MS, extend_at
 from topics.codes import Code

@@ -11,7 +11,7 @@ import pytest
 from base.errors import CommandRejected
 from base.settings import CassandraSettings
 from proxy.retry import AttemptState, HttpResult, RetryPolicy, decide
-from streams.commands import with_default_retry, with_retention
+from streams.decisions import with_default_retry, with_retention
 from streams.model import ScheduleChange, ScheduleRow
 from streams.store import Store
 from streams.tenant_admin import signing_status
@@ -251,4 +251,3 @@ def test_with_retention_applies_to_one_shots_not_recurring_parents() -> None:
     assert with_retention(change, None).retention_s is None
     parent = replace(change, row=replace(change.row, recurrence='{"every_s":60}'))
     assert with_retention(parent, cfg).retention_s is None
-

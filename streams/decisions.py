@@ -1,0 +1,989 @@
+"""The scheduler's decisions: what a command does to a schedule, and what one step of a
+recurring schedule's materialisation writes. Pure: no I/O, no clock, no Kafka, no
+Cassandra, no metrics; every input is an argument (the command, the stored row, the
+tenant's config, ``now_ms``) and every output a value the caller persists.
+
+One-shot commands (``decide``): a create writes the schedule row and its bucket row; an
+update or cancel bumps the row's version, deletes the old bucket row and tells the ticker
+which version's rows to refuse from now on. A command at or below the offset recorded on
+the row is a replay: answered again, applied never twice.
+
+Recurring schedules (``decide_recurring``): one ``schedules`` row (the *parent*, with a
+``recurrence``) whose runs are written ahead as one-shot bucket rows with schedule id
+``<parent>@<nominal_ms>``. The parent's ``materialized_until_ms`` is the nominal time of
+the first occurrence not handled yet, ``run_count`` the occurrences before it, and
+``materialize_key`` (``partition * KEY_SPAN + when to extend next``) what the due queue
+orders parents by. A create registers the parent for immediate extension; an update or
+cancel deletes the bucket rows of its runs not yet due (``run_deletes``) and withdraws
+them from the ticker; an update then lets the materialiser write the new runs.
+
+Materialisation (``plan_extension``, ``parent_commits``): for each parent due, the runs to
+write (``streams.recurring.plan``), bounded by a budget of past-due runs per step, and
+the parent's new state, which the caller commits last.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+from urllib.parse import urlsplit
+
+from base.errors import CommandRejected
+from streams.buckets import MINUTE_MS, BucketKey, max_due_ms, shard_of
+from streams.buckets import minute_ms as minute_of
+from streams.model import BucketRow, ScheduleChange, ScheduleRow, ScheduleState
+from streams.recurring import (
+    NEVER_MS,
+    Plan,
+    extend_at,
+    first_run,
+    jitter_ms,
+    next_runs,
+    occurrences,
+    plan,
+    run_id,
+    series_start,
+)
+from streams.tenants import TenantConfig, host_allowed, stamp_retry, topic_allowed
+from topics.codec import (
+    callback_from_json,
+    callback_to_json,
+    recurrence_from_json,
+    recurrence_to_json,
+)
+from topics.codes import Code
+from topics.ids import format_iso_ms, trigger_id
+from topics.models import (
+    CancelCommand,
+    Command,
+    CreateCommand,
+    HttpCallback,
+    KafkaCallback,
+    Recurrence,
+    UpdateCommand,
+)
+from topics.validation import check_not_past
+
+# -- commands -------------------------------------------------------------------------------
+
+
+class CommandAt(Protocol):
+    """Where and when a command was read (``streams.commands.RawCommand`` is one)."""
+
+    @property
+    def partition(self) -> int: ...
+
+    @property
+    def offset(self) -> int: ...
+
+    @property
+    def timestamp_ms(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """What one command does: its answer, and the change to persist (None: nothing)."""
+
+    code: Code
+    text: str
+    change: ScheduleChange | None = None
+    # After persisting: the row to hand to the ticker (scheduled state) ...
+    hand_over: ScheduleRow | None = None
+    # ... and, before persisting, the version whose stale bucket rows the ticker must drop.
+    withdraw_version: int | None = None
+    # Recurring schedules: (tenant, run id, version) of runs the ticker must drop.
+    withdraw_runs: tuple[tuple[str, str, int], ...] = ()
+
+
+def is_replay(existing: ScheduleRow | None, offset: int) -> bool:
+    """Whether the command at ``offset`` was applied to ``existing`` already (a replay
+    after a crash: its Kafka offset was not committed)."""
+    return (
+        existing is not None
+        and existing.applied_offset is not None
+        and offset <= existing.applied_offset
+    )
+
+
+def decide(
+    command: Command,
+    existing: ScheduleRow | None,
+    msg: CommandAt,
+    *,
+    now_ms: int,
+    shards: int,
+    default_tolerance_s: int,
+    firing: bool,
+    horizon_ms: int = 600_000,
+) -> Decision:
+    """The outcome of ``command`` against the schedule's current row.
+
+    ``firing``: a trigger of this schedule is emitted but not yet recorded as fired.
+    ``horizon_ms``: how far ahead recurring schedules' runs are materialised.
+    Raises CommandRejected for state-dependent rejections.
+    """
+    if existing is not None and is_replay(existing, msg.offset):
+        return _replayed(existing, msg.offset)
+    if is_recurring(existing) or (
+        isinstance(command, CreateCommand) and command.recurrence is not None
+    ):
+        r = decide_recurring(
+            command,
+            existing,
+            partition=msg.partition,
+            offset=msg.offset,
+            timestamp_ms=msg.timestamp_ms,
+            now_ms=now_ms,
+            shards=shards,
+            horizon_ms=horizon_ms,
+        )
+        return Decision(r.code, r.text, change=r.change, withdraw_runs=r.withdraw)
+    if isinstance(command, UpdateCommand) and command.recurrence is not None:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"schedule {command.schedule_id!r} is a one-shot schedule; it has no recurrence",
+        )
+    if isinstance(command, CreateCommand):
+        return _decide_create(command, existing, msg, shards)
+    current = _changeable(existing, command.schedule_id, firing)
+    stamped = replace(
+        current,
+        version=current.version + 1,
+        updated_ms=msg.timestamp_ms,
+        applied_offset=msg.offset,
+        last_code=str(Code.OK),
+    )
+    old_bucket = BucketRow.for_schedule(current, shards=shards).key
+    if isinstance(command, CancelCommand):
+        row = replace(stamped, state=ScheduleState.CANCELLED)
+        change = ScheduleChange(
+            row=row,
+            new_bucket=None,
+            old_bucket=old_bucket,
+            now_ms=msg.timestamp_ms,
+            event="cancelled",
+        )
+        return Decision(Code.OK, "cancelled", change=change, withdraw_version=row.version)
+    assert isinstance(command, UpdateCommand)
+    return _decide_update(
+        command, current, stamped, old_bucket, msg, now_ms, shards, default_tolerance_s
+    )
+
+
+def _replayed(existing: ScheduleRow, offset: int) -> Decision:
+    code = (
+        Code(existing.last_code)
+        if (existing.applied_offset == offset and existing.last_code)
+        else Code.OK
+    )
+    # A recurring parent never fires itself: its materialiser redoes what is left.
+    scheduled = existing.state == ScheduleState.SCHEDULED and not is_recurring(existing)
+    hand = existing if scheduled else None
+    return Decision(code, "already applied (replayed command)", hand_over=hand)
+
+
+def _decide_update(
+    command: UpdateCommand,
+    current: ScheduleRow,
+    stamped: ScheduleRow,
+    old_bucket: BucketKey,
+    msg: CommandAt,
+    now_ms: int,
+    shards: int,
+    default_tolerance_s: int,
+) -> Decision:
+    if command.due_ms is not None:
+        tolerance = current.misfire_tolerance_s or default_tolerance_s
+        check_not_past(command.due_ms, now_ms=now_ms, misfire_tolerance_s=tolerance)
+    row = replace(
+        stamped,
+        due_ms=command.due_ms if command.due_ms is not None else current.due_ms,
+        payload=command.payload if command.payload is not None else current.payload,
+        payload_type=str(command.payload_type)
+        if command.payload_type is not None
+        else current.payload_type,
+        callback=callback_to_json(command.callback)
+        if command.callback is not None
+        else current.callback,
+    )
+    change = ScheduleChange(
+        row=row,
+        new_bucket=BucketRow.for_schedule(row, shards=shards),
+        old_bucket=old_bucket,
+        now_ms=msg.timestamp_ms,
+        event="updated",
+    )
+    # Tombstone the old version only: its stale rows are refused, the new one is not.
+    return Decision(
+        Code.OK,
+        "updated" if command.due_ms is None else "rescheduled",
+        change=change,
+        hand_over=row,
+        withdraw_version=current.version,
+    )
+
+
+def _decide_create(
+    cmd: CreateCommand, existing: ScheduleRow | None, msg: CommandAt, shards: int
+) -> Decision:
+    callback = callback_to_json(cmd.callback)
+    if existing is not None:
+        return Decision(
+            Code.DUPLICATE,
+            repeated_create(existing, cmd, callback, same_timing=existing.due_ms == cmd.due_ms),
+        )
+    row = ScheduleRow(
+        tenant=cmd.tenant,
+        schedule_id=cmd.schedule_id,
+        partition=msg.partition,
+        state=ScheduleState.SCHEDULED,
+        due_ms=cmd.due_ms,
+        version=1,
+        created_ms=msg.timestamp_ms,
+        updated_ms=msg.timestamp_ms,
+        order_key=cmd.order_key,
+        payload=cmd.payload,
+        payload_type=str(cmd.payload_type),
+        callback=callback,
+        misfire_tolerance_s=cmd.misfire_tolerance_s,
+        applied_offset=msg.offset,
+        last_code=str(Code.OK),
+    )
+    change = ScheduleChange(
+        row=row,
+        new_bucket=BucketRow.for_schedule(row, shards=shards),
+        old_bucket=None,
+        now_ms=msg.timestamp_ms,
+        event="created",
+    )
+    return Decision(Code.OK, "scheduled", change=change, hand_over=row)
+
+
+def _changeable(existing: ScheduleRow | None, schedule_id: str, firing: bool) -> ScheduleRow:
+    if existing is None:
+        raise CommandRejected(Code.NOT_FOUND, f"no schedule {schedule_id!r}")
+    if existing.state == ScheduleState.CANCELLED:
+        raise CommandRejected(
+            Code.ALREADY_CANCELLED, f"schedule {schedule_id!r} was already cancelled"
+        )
+    if existing.state in (ScheduleState.FIRED, ScheduleState.MISSED) or firing:
+        raise CommandRejected(Code.ALREADY_FIRED, f"schedule {schedule_id!r} has already fired")
+    return existing
+
+
+def repeated_create(
+    existing: ScheduleRow, cmd: CreateCommand, callback: str, *, same_timing: bool
+) -> str:
+    """A create naming an existing schedule: the ``duplicate`` message when its content is
+    identical (an idempotent retry), else raises ``conflict``. ``same_timing`` is the caller's
+    comparison of due time (one-shot) or recurrence (recurring); shared by both kinds."""
+    same = (
+        same_timing
+        and (existing.payload or b"") == cmd.payload
+        and existing.payload_type == str(cmd.payload_type)
+        and existing.callback == callback
+        and existing.order_key == cmd.order_key
+        and existing.misfire_tolerance_s == cmd.misfire_tolerance_s
+    )
+    if same:
+        return f"schedule {cmd.schedule_id!r} already exists unchanged"
+    raise CommandRejected(
+        Code.CONFLICT,
+        f"schedule {cmd.schedule_id!r} already exists (state {existing.state}) with "
+        "different content; use update, or a new schedule id",
+    )
+
+
+# -- a tenant's limits ----------------------------------------------------------------------
+
+
+def check_tenant_limits(
+    command: Command,
+    config: TenantConfig,
+    *,
+    now_ms: int,
+    default_retention_s: int,
+    internal_topics: frozenset[str],
+) -> None:
+    """The tenant's own limits on a create or update (raises CommandRejected): payload
+    size, horizon, storability, and where its callback may go."""
+    if not isinstance(command, CreateCommand | UpdateCommand):
+        return
+    limit = config.max_payload_bytes
+    if command.payload is not None and limit is not None and len(command.payload) > limit:
+        raise CommandRejected(
+            Code.PAYLOAD_TOO_LARGE,
+            f"payload is {len(command.payload)} bytes; tenant {command.tenant!r} "
+            f"allows at most {limit}",
+        )
+    horizon = config.max_horizon_s
+    due = command.due_ms
+    if due is not None and horizon is not None and due > now_ms + horizon * 1000:
+        raise CommandRejected(
+            Code.BEYOND_HORIZON, f"due is more than max_horizon_s={horizon} ahead of now"
+        )
+    if command.recurrence is not None and horizon is not None:
+        check_recurring_horizon(command.recurrence, horizon, now_ms)
+    retention = config.retention_s or default_retention_s
+    if command.recurrence is None:
+        check_storable(due, now_ms, retention)
+    elif (first := first_run(command.recurrence, now_ms)) < NEVER_MS:
+        # A rule without any run (NEVER_MS) is left to the decision: invalid_field.
+        check_storable(first, now_ms, retention)
+    if command.callback is not None:
+        check_callback(command.callback, config, internal_topics)
+
+
+def check_callback(
+    callback: HttpCallback | KafkaCallback, config: TenantConfig, internal_topics: frozenset[str]
+) -> None:
+    """The callback goes where the tenant allows, and never into Tocsin's own topics."""
+    if isinstance(callback, HttpCallback):
+        host = urlsplit(callback.url).hostname or ""
+        if not host_allowed(host, config.allowed_callback_hosts):
+            raise CommandRejected(
+                Code.CALLBACK_NOT_ALLOWED,
+                f"callback host {host!r} is not in the tenant's allowed_callback_hosts",
+            )
+        return
+    if callback.topic in internal_topics:
+        raise CommandRejected(
+            Code.CALLBACK_NOT_ALLOWED,
+            f"callback topic {callback.topic!r} is one of Tocsin's own topics",
+        )
+    if not topic_allowed(callback.topic, config.allowed_kafka_topics):
+        raise CommandRejected(
+            Code.CALLBACK_NOT_ALLOWED,
+            f"callback topic {callback.topic!r} is not in the tenant's allowed_kafka_topics",
+        )
+
+
+def own_topics(results_topic: str) -> frozenset[str]:
+    """Tocsin's own topics, from the name of its results topic: a Kafka callback may never
+    produce into them."""
+    suffix = "command-results"
+    prefix = results_topic[: -len(suffix)] if results_topic.endswith(suffix) else None
+    if prefix is None:
+        return frozenset({results_topic})
+    return frozenset(
+        prefix + n for n in ("commands", "command-results", "fires", "deliveries", "dead-letters")
+    )
+
+
+def check_storable(first_ms: int | None, now_ms: int, retention_s: int) -> None:
+    """Rows of a schedule first due at ``first_ms`` must be storable at all: kept until due
+    plus ``retention_s``, which Cassandra allows up to a 20-year TTL
+    (streams.buckets.max_due_ms); later is ``beyond_horizon``, whatever the tenant's own
+    horizon."""
+    if first_ms is None:
+        return
+    limit = max_due_ms(now_ms, retention_s)
+    if first_ms > limit:
+        raise CommandRejected(
+            Code.BEYOND_HORIZON,
+            f"{format_iso_ms(first_ms)} is later than Tocsin can store a schedule "
+            f"({format_iso_ms(limit)}: Cassandra's 20 years of TTL less {retention_s} s of "
+            "retention)",
+        )
+
+
+def check_recurring_horizon(rec: Recurrence, horizon_s: int, now_ms: int) -> None:
+    """A tenant's ``max_horizon_s`` for a recurring schedule: its first run, as of
+    ``now_ms``, must lie within the horizon, exactly like a one-shot's due time, so a sparse
+    rule or a far ``start`` cannot park a schedule beyond it (``beyond_horizon``). Later
+    runs are not checked: each is written at most TOCSIN_RECURRING_HORIZON_S ahead of its
+    time. A recurrence without any run is left to the decision (``invalid_field``)."""
+    first = first_run(rec, now_ms)
+    limit = now_ms + horizon_s * 1000
+    if limit < first < NEVER_MS:
+        raise CommandRejected(
+            Code.BEYOND_HORIZON,
+            f"the first run ({format_iso_ms(first)}) is more than max_horizon_s={horizon_s} "
+            "ahead of now; a recurring schedule must first run within the tenant's horizon",
+        )
+
+
+def with_default_retry(
+    command: Command, config: TenantConfig, existing: ScheduleRow | None
+) -> Command:
+    """``command`` with the tenant's default retry policy stamped into a callback that has
+    no ``retry`` of its own (see streams.tenants.stamp_retry).
+
+    A create naming an existing schedule is only compared (duplicate or conflict): it gets
+    the retry the schedule was stored with instead, so repeating a create after the tenant
+    changed its default is still a ``duplicate``."""
+    if not isinstance(command, CreateCommand | UpdateCommand):
+        return command
+    callback = command.callback
+    if callback is None or callback.retry is not None:
+        return command
+    if isinstance(command, CreateCommand) and existing is not None and existing.callback:
+        try:
+            stored = callback_from_json(existing.callback)
+        except CommandRejected:
+            stored = None
+        if stored is not None and type(stored) is type(callback):
+            return replace(command, callback=replace(callback, retry=stored.retry))
+    stamped = stamp_retry(callback, config.retry_policy)
+    return command if stamped is callback else replace(command, callback=stamped)
+
+
+def with_retention(change: ScheduleChange, config: TenantConfig | None) -> ScheduleChange:
+    """The change kept as long as its tenant's ``retention_s`` says. Recurring parents keep
+    the global retention: their materialiser refreshes their TTL with it."""
+    if config is None or config.retention_s is None or change.row.recurrence is not None:
+        return change
+    return replace(change, retention_s=config.retention_s)
+
+
+# -- the listing indexes --------------------------------------------------------------------
+
+# Entries of schedules_by_tenant_day: (tenant, schedule_id, due_ms).
+IndexEntry = tuple[str, str, int]
+
+
+def index_changes(
+    changes: Sequence[ScheduleChange],
+) -> tuple[list[IndexEntry], list[IndexEntry]]:
+    """Entries of schedules_by_tenant_day to add and to drop for these changes."""
+    put: list[IndexEntry] = []
+    drop: list[IndexEntry] = []
+    for change in changes:
+        row = change.row
+        if change.new_bucket is None:
+            continue  # a cancel keeps its entry (listed as cancelled)
+        old = change.old_bucket
+        if old is not None and old.due_ms == row.due_ms:
+            continue  # an update that kept the due time
+        put.append((row.tenant, row.schedule_id, row.due_ms))
+        if old is not None:
+            drop.append((row.tenant, row.schedule_id, old.due_ms))
+    return put, drop
+
+
+def index_writes(
+    changes: Sequence[ScheduleChange],
+) -> list[tuple[list[IndexEntry], list[IndexEntry], int | None]]:
+    """(put, drop, retention_s) per distinct retention of ``changes``: the listing index is
+    kept as long as the schedule rows, so one write per retention (usually one)."""
+    by_retention: dict[int | None, list[ScheduleChange]] = {}
+    for change in changes:
+        by_retention.setdefault(change.retention_s, []).append(change)
+    out = []
+    for retention, group in by_retention.items():
+        put, drop = index_changes(group)
+        if put or drop:
+            out.append((put, drop, retention))
+    return out
+
+
+def recurring_index_changes(
+    changes: Sequence[ScheduleChange],
+) -> list[tuple[str, str, int, bool]]:
+    """Entries of recurring_by_tenant for these changes: (tenant, schedule_id, created_ms,
+    finished) for each recurring parent created or cancelled."""
+    out = []
+    for change in changes:
+        row = change.row
+        if row.recurrence is not None and change.event in ("created", "cancelled"):
+            out.append((row.tenant, row.schedule_id, row.created_ms, change.event == "cancelled"))
+    return out
+
+
+# -- recurring schedules: the due queue -----------------------------------------------------
+
+# materialize_key = partition * KEY_SPAN + epoch ms (ms stay below 10^13 until 2286).
+KEY_SPAN = 10**13
+# Every active parent row is rewritten at least this often, which keeps its TTL (due_ms +
+# retention) from lapsing however sparse its expression is.
+REFRESH_MS = 30 * 24 * 3_600_000
+
+
+def key_time(key: int, partition: int) -> int:
+    """The epoch ms of a ``materialize_key`` (when its parent is due for extension)."""
+    return key - partition * KEY_SPAN
+
+
+def materialize_key(partition: int, at_ms: int) -> int:
+    """The indexed value saying "extend this schedule of ``partition`` at ``at_ms``"."""
+    return partition * KEY_SPAN + max(0, min(at_ms, KEY_SPAN - 1))
+
+
+def is_recurring(row: ScheduleRow | None) -> bool:
+    return row is not None and row.recurrence is not None
+
+
+def slot_of(at_ms: int) -> int:
+    """The due queue's partition (a minute, like the fire buckets) holding ``at_ms``."""
+    return at_ms - at_ms % MINUTE_MS
+
+
+@dataclass(frozen=True, slots=True)
+class DueEntry:
+    """One row of the due queue: parent (tenant, schedule_id) of ``partition`` is due for
+    extension at ``due_ms`` (its key time, or later if that was already read past)."""
+
+    partition: int
+    due_ms: int
+    tenant: str
+    schedule_id: str
+
+    @property
+    def slot_ms(self) -> int:
+        return slot_of(self.due_ms)
+
+
+class ReadPosition(Protocol):
+    """A partition's due-queue reader (``streams.materializer.PartitionMaterializer``)."""
+
+    def position(self, due_ms: int) -> int: ...
+
+
+def due_entries(
+    rows: Sequence[ScheduleRow], readers: Mapping[int, ReadPosition] | None, now_ms: int
+) -> list[DueEntry]:
+    """The due-queue entries for parent rows about to be written with a new key (none for
+    a key of NEVER). ``readers``: partition -> its reader in this process, if any; its
+    ``position`` keeps each entry ahead of what it has read (callers hold its lock)."""
+    out = []
+    for row in rows:
+        key = row.materialize_key
+        if row.recurrence is None or key is None:
+            continue
+        at = key_time(key, row.partition)
+        if at >= KEY_SPAN - 1 or at < 0:  # never (materialize_key clamps NEVER_MS to this)
+            continue
+        owner = readers.get(row.partition) if readers is not None else None
+        due = owner.position(at) if owner is not None else at
+        out.append(DueEntry(row.partition, due, row.tenant, row.schedule_id))
+    return out
+
+
+# -- recurring schedules: commands ----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RecurringDecision:
+    code: Code
+    text: str
+    change: ScheduleChange | None = None
+    # (tenant, run schedule id, version) to withdraw from the ticker before persisting.
+    withdraw: tuple[tuple[str, str, int], ...] = ()
+
+
+def decide_recurring(
+    command: Command,
+    existing: ScheduleRow | None,
+    *,
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    now_ms: int,
+    shards: int,
+    horizon_ms: int,
+) -> RecurringDecision:
+    """The outcome of a command on a recurring schedule (raises CommandRejected).
+
+    Called for a create carrying a recurrence and for any command on a recurring parent.
+    """
+    if isinstance(command, CreateCommand):
+        return _create(command, existing, partition, offset, timestamp_ms, now_ms, horizon_ms)
+    parent = _changeable_parent(existing, command.schedule_id)
+    assert parent.recurrence is not None
+    old_rec = recurrence_from_json(parent.recurrence)
+    stamped = replace(
+        parent,
+        version=parent.version + 1,
+        updated_ms=timestamp_ms,
+        applied_offset=offset,
+        last_code=str(Code.OK),
+    )
+    if isinstance(command, CancelCommand):
+        return _cancel(parent, stamped, old_rec, now_ms, timestamp_ms, shards)
+    assert isinstance(command, UpdateCommand)
+    return _update(command, parent, stamped, old_rec, now_ms, timestamp_ms, shards, horizon_ms)
+
+
+def _changeable_parent(existing: ScheduleRow | None, schedule_id: str) -> ScheduleRow:
+    if existing is None:
+        raise CommandRejected(Code.NOT_FOUND, f"no schedule {schedule_id!r}")
+    if existing.recurrence is None:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"schedule {schedule_id!r} is a one-shot schedule; change it with due",
+        )
+    if existing.state == ScheduleState.CANCELLED:
+        raise CommandRejected(
+            Code.ALREADY_CANCELLED, f"schedule {schedule_id!r} was already cancelled"
+        )
+    if existing.state in (ScheduleState.FIRED, ScheduleState.MISSED):
+        raise CommandRejected(Code.ALREADY_FIRED, f"schedule {schedule_id!r} has no runs left")
+    return existing
+
+
+def _cancel(
+    existing: ScheduleRow,
+    stamped: ScheduleRow,
+    old_rec: Recurrence,
+    now_ms: int,
+    timestamp_ms: int,
+    shards: int,
+) -> RecurringDecision:
+    # Every run not due yet, including one whose nominal time passed but that waits
+    # inside its jitter window.
+    pending = _pending_runs(
+        existing,
+        old_rec,
+        from_ms=now_ms - old_rec.jitter_s * 1000,
+        due_after_ms=now_ms,
+    )
+    row = replace(
+        stamped,
+        state=ScheduleState.CANCELLED,
+        materialize_key=materialize_key(existing.partition, NEVER_MS),
+    )
+    return RecurringDecision(
+        Code.OK,
+        f"cancelled; {len(pending)} pending runs removed",
+        change=_change(row, existing, pending, timestamp_ms, shards, "cancelled"),
+        withdraw=tuple((row.tenant, run_id(row.schedule_id, n), row.version) for n, _ in pending),
+    )
+
+
+def _update(
+    command: UpdateCommand,
+    existing: ScheduleRow,
+    stamped: ScheduleRow,
+    old_rec: Recurrence,
+    now_ms: int,
+    timestamp_ms: int,
+    shards: int,
+    horizon_ms: int,
+) -> RecurringDecision:
+    if command.due_ms is not None:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"schedule {command.schedule_id!r} is recurring: it has no due; send recurrence",
+        )
+    new_rec = command.recurrence or old_rec
+    changed = recurrence_to_json(new_rec) != existing.recurrence
+    until = existing.materialized_until_ms or 0
+    # Runs with a nominal time after now follow the update; those already materialised
+    # are removed here and written again by the materialiser. A run whose nominal time
+    # has come keeps its old content (it may be firing).
+    pending = _pending_runs(existing, old_rec, from_ms=now_ms + 1, due_after_ms=now_ms)
+    count = max(0, (existing.run_count or 0) - len(pending))
+    anchor = timestamp_ms if changed else (existing.anchor_ms or timestamp_ms)
+    if not changed and until < now_ms:
+        new_until = until  # a backlog (the materialiser lagged): keep working it off
+    else:
+        begin = max(now_ms + 1, series_start(new_rec, anchor))
+        new_until = next(occurrences(new_rec, begin, anchor_ms=anchor), NEVER_MS)
+        if changed and new_until >= NEVER_MS:
+            raise CommandRejected(
+                Code.INVALID_FIELD, "recurrence has no run after now (check start, end, cron)"
+            )
+    row = replace(
+        stamped,
+        payload=command.payload if command.payload is not None else existing.payload,
+        payload_type=str(command.payload_type)
+        if command.payload_type is not None
+        else existing.payload_type,
+        callback=callback_to_json(command.callback)
+        if command.callback is not None
+        else existing.callback,
+        recurrence=recurrence_to_json(new_rec),
+        anchor_ms=anchor,
+    )
+    row = _row_state(row, until_ms=new_until, run_count=count, now_ms=now_ms, horizon_ms=horizon_ms)
+    return RecurringDecision(
+        Code.OK,
+        f"updated; {len(pending)} pending runs will follow the update",
+        change=_change(row, existing, pending, timestamp_ms, shards, "updated"),
+        # The old version's rows are refused from now on, the new ones (version + 1) not.
+        withdraw=tuple(
+            (row.tenant, run_id(row.schedule_id, n), existing.version) for n, _ in pending
+        ),
+    )
+
+
+def _pending_runs(
+    row: ScheduleRow, rec: Recurrence, *, from_ms: int, due_after_ms: int
+) -> list[tuple[int, int]]:
+    """(nominal, due) of the runs of ``row`` materialised at or after ``from_ms`` whose due
+    time is after ``due_after_ms`` (i.e. not fired yet)."""
+    until = row.materialized_until_ms or 0
+    anchor = row.anchor_ms or 0
+    out = []
+    for nominal in occurrences(rec, from_ms, anchor_ms=anchor):
+        if nominal >= until:
+            break
+        due = nominal + jitter_ms(row.tenant, run_id(row.schedule_id, nominal), rec.jitter_s)
+        if due > due_after_ms:
+            out.append((nominal, due))
+    return out
+
+
+def _change(
+    row: ScheduleRow,
+    old: ScheduleRow,
+    pending: Sequence[tuple[int, int]],
+    now_ms: int,
+    shards: int,
+    event: str,
+) -> ScheduleChange:
+    deletes = tuple(
+        BucketKey.of(
+            partition=old.partition,
+            due_ms=due,
+            tenant=old.tenant,
+            schedule_id=run_id(old.schedule_id, nominal),
+            shards=shards,
+        )
+        for nominal, due in pending
+    )
+    history: tuple[tuple[str, list[Any]], ...] = tuple(
+        ("rec_delete_run", [old.tenant, old.schedule_id, nominal]) for nominal, _ in pending
+    )
+    return ScheduleChange(
+        row=row,
+        new_bucket=None,
+        old_bucket=None,
+        now_ms=now_ms,
+        event=event,
+        run_deletes=deletes,
+        commit_with=history,
+    )
+
+
+def _create(
+    cmd: CreateCommand,
+    existing: ScheduleRow | None,
+    partition: int,
+    offset: int,
+    timestamp_ms: int,
+    now_ms: int,
+    horizon_ms: int,
+) -> RecurringDecision:
+    assert cmd.recurrence is not None
+    text = recurrence_to_json(cmd.recurrence)
+    callback = callback_to_json(cmd.callback)
+    if existing is not None:
+        return RecurringDecision(
+            Code.DUPLICATE,
+            repeated_create(existing, cmd, callback, same_timing=existing.recurrence == text),
+        )
+    rec = cmd.recurrence
+    # Occurrences before the create are not runs that were missed: start from now.
+    begin = max(series_start(rec, timestamp_ms), timestamp_ms)
+    first = next(occurrences(rec, begin, anchor_ms=timestamp_ms), NEVER_MS)
+    if first >= NEVER_MS:
+        raise CommandRejected(
+            Code.INVALID_FIELD, "recurrence has no run after now (check start, end, cron)"
+        )
+    row = ScheduleRow(
+        tenant=cmd.tenant,
+        schedule_id=cmd.schedule_id,
+        partition=partition,
+        state=ScheduleState.SCHEDULED,
+        due_ms=first,
+        version=1,
+        created_ms=timestamp_ms,
+        updated_ms=timestamp_ms,
+        order_key=cmd.order_key,
+        payload=cmd.payload,
+        payload_type=str(cmd.payload_type),
+        callback=callback,
+        misfire_tolerance_s=cmd.misfire_tolerance_s,
+        applied_offset=offset,
+        last_code=str(Code.OK),
+        recurrence=text,
+        anchor_ms=timestamp_ms,
+    )
+    row = _row_state(row, until_ms=first, run_count=0, now_ms=now_ms, horizon_ms=horizon_ms)
+    change = ScheduleChange(
+        row=row, new_bucket=None, old_bucket=None, now_ms=timestamp_ms, event="created"
+    )
+    return RecurringDecision(Code.OK, f"scheduled; first run at epoch ms {first}", change=change)
+
+
+def _row_state(
+    row: ScheduleRow, *, until_ms: int, run_count: int, now_ms: int, horizon_ms: int
+) -> ScheduleRow:
+    """``row`` with its materialisation columns for a new ``until_ms``."""
+    refresh = now_ms + REFRESH_MS
+    due = until_ms if until_ms < NEVER_MS else now_ms
+    return replace(
+        row,
+        materialized_until_ms=until_ms,
+        run_count=run_count,
+        due_ms=min(due, refresh + horizon_ms),
+        materialize_key=materialize_key(
+            row.partition,
+            NEVER_MS
+            if until_ms >= NEVER_MS
+            else min(extend_at(until_ms, horizon_ms, row.schedule_id), refresh),
+        ),
+    )
+
+
+# -- recurring schedules: one step of materialisation ---------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ParentStep:
+    """One parent's share of a step: its plan and the bucket rows of its planned runs."""
+
+    parent: ScheduleRow
+    plan: Plan
+    runs: list[BucketRow]
+
+
+@dataclass(frozen=True, slots=True)
+class Extension:
+    """One step over a list of parents: ``steps`` to write, ``retired`` parents to take out
+    of the due queue (no longer scheduled or recurring), and ``done``, how many of the
+    parents it handled (fewer than all when the past-due budget cut it short)."""
+
+    steps: list[ParentStep]
+    retired: list[tuple[ScheduleRow, str | None]]
+    done: int
+
+
+def plan_extension(
+    parents: Sequence[ScheduleRow],
+    *,
+    now_ms: int,
+    horizon_ms: int,
+    shards: int,
+    max_runs: int,
+    late_budget: int,
+) -> Extension:
+    """Plan the runs of ``parents`` due at ``now_ms``. Planning stops before a parent whose
+    past-due runs would take the step beyond ``late_budget`` (the first parent always
+    goes), so the catch-up fired under the partition's lock stays bounded."""
+    steps: list[ParentStep] = []
+    retired: list[tuple[ScheduleRow, str | None]] = []
+    late_planned = 0
+    for index, parent in enumerate(parents):
+        if parent.recurrence is None or parent.state != ScheduleState.SCHEDULED:
+            # Nothing to extend any more: take it out of the index.
+            key = materialize_key(parent.partition, NEVER_MS)
+            retired.append((replace(parent, materialize_key=key), None))
+            continue
+        step = _plan_parent(parent, now_ms=now_ms, horizon_ms=horizon_ms, max_runs=max_runs)
+        late_here = sum(1 for r in step.runs if r.due_ms <= now_ms)
+        if steps and late_here and late_planned + late_here > late_budget:
+            return Extension(steps, retired, index)
+        late_planned += late_here
+        rows = [
+            run_bucket(parent, r.nominal_ms, r.due_ms, r.misfire_tolerance_s, shards)
+            for r in step.runs
+        ]
+        steps.append(ParentStep(parent, step, rows))
+    return Extension(steps, retired, len(parents))
+
+
+def _plan_parent(parent: ScheduleRow, *, now_ms: int, horizon_ms: int, max_runs: int) -> Plan:
+    assert parent.recurrence is not None
+    return plan(
+        recurrence_from_json(parent.recurrence),
+        tenant=parent.tenant,
+        schedule_id=parent.schedule_id,
+        anchor_ms=parent.anchor_ms or parent.created_ms,
+        tolerance_s=parent.misfire_tolerance_s or 0,
+        until_ms=parent.materialized_until_ms or 0,
+        run_count=parent.run_count or 0,
+        now_ms=now_ms,
+        horizon_ms=horizon_ms,
+        max_runs=max_runs,
+    )
+
+
+def run_bucket(
+    parent: ScheduleRow, nominal_ms: int, due_ms: int, tolerance_s: int, shards: int
+) -> BucketRow:
+    """The bucket row of one run of ``parent`` (a one-shot row the ticker fires)."""
+    rid = run_id(parent.schedule_id, nominal_ms)
+    return BucketRow(
+        partition=parent.partition,
+        minute_ms=minute_of(due_ms),
+        shard=shard_of(parent.tenant, rid, shards),
+        due_ms=due_ms,
+        tenant=parent.tenant,
+        schedule_id=rid,
+        version=parent.version,
+        order_key=parent.order_key or parent.schedule_id,
+        payload=parent.payload,
+        payload_type=parent.payload_type,
+        callback=parent.callback,
+        misfire_tolerance_s=tolerance_s,
+    )
+
+
+def parent_commits(
+    steps: Sequence[ParentStep], *, now_ms: int, horizon_ms: int
+) -> list[tuple[ScheduleRow, str | None]]:
+    """The parents' new state after ``steps`` (the step's commit point), each with the
+    note of the runs the misfire policy skipped, if any."""
+    commits = []
+    for s in steps:
+        new = _row_state(
+            s.parent,
+            until_ms=s.plan.until_ms,
+            run_count=s.plan.run_count,
+            now_ms=now_ms,
+            horizon_ms=horizon_ms,
+        )
+        note = None
+        if s.plan.skipped:
+            note = (
+                f"misfire policy skipped {len(s.plan.skipped)} runs from epoch ms "
+                f"{s.plan.skipped[0]} to {s.plan.skipped[-1]}"
+            )
+        commits.append((new, note))
+    return commits
+
+
+# -- recurring schedules: the runs to come --------------------------------------------------
+
+
+def upcoming_runs(
+    parent: ScheduleRow, rec: Recurrence, *, now_ms: int, upcoming: int
+) -> list[dict[str, Any]]:
+    """The next ``upcoming`` runs of a scheduled parent after ``now_ms``: ``run_id``,
+    ``nominal_ms``, ``due_ms`` (nominal + jitter) and ``trigger_id`` of each."""
+    anchor = parent.anchor_ms or parent.created_ms
+    until = parent.materialized_until_ms or 0
+    counted: int | None = parent.run_count or 0
+    if until >= NEVER_MS:
+        # Every run was written (max_runs or end reached): the expression may go on
+        # forever, so let next_runs count the runs before now from the series start
+        # (bounded by max_runs) instead of walking forward to ``until``.
+        counted = None
+    elif until > now_ms:
+        # Runs materialised after now were counted but have not happened yet.
+        counted = max(0, (counted or 0) - _count_between(rec, now_ms, until, anchor))
+    out = []
+    for nominal in next_runs(rec, now_ms, upcoming, anchor_ms=anchor, counted=counted):
+        rid = run_id(parent.schedule_id, nominal)
+        due = nominal + jitter_ms(parent.tenant, rid, rec.jitter_s)
+        out.append(
+            {
+                "run_id": rid,
+                "nominal_ms": nominal,
+                "due_ms": due,
+                "trigger_id": trigger_id(parent.tenant, rid, due),
+            }
+        )
+    return out
+
+
+def _count_between(rec: Recurrence, lo: int, hi: int, anchor: int) -> int:
+    count = 0
+    for at in occurrences(rec, lo, anchor_ms=anchor):
+        if at >= hi:
+            break
+        count += 1
+    return count
