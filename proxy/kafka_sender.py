@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from proxy.envelope import Envelope
+from proxy.outbox import Ack, Headers
 from proxy.retry import KafkaResult, KafkaVerdict
-
-Ack = Callable[[KafkaError | None, Message], None]
-Headers = Sequence[tuple[str, str | bytes | None]]
 
 # A Kafka callback that can never succeed as configured is dead-lettered at once (like a
 # 7xx); anything else (broker down, timeouts, throttling) is retried like a 5xx.

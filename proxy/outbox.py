@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from confluent_kafka import KafkaError as RdKafkaError
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException, Message, Producer
 
 from base.errors import KafkaError
 from proxy.metrics import ProxyMetrics
@@ -34,31 +34,39 @@ from proxy.metrics import ProxyMetrics
 log = logging.getLogger("tocsin.proxy")
 
 Headers = Sequence[tuple[str, str | bytes | None]]
-Ack = Callable[[Any, Any], None]
+# The delivery report: Kafka's error (None: acknowledged) and the record as written.
+Ack = Callable[[RdKafkaError | None, Message], None]
 
 PRODUCER_MAX_BYTES = 2_200_000
 
 # Producing these again can never succeed: the record, not the moment, is the problem.
-PERMANENT_PRODUCE_ERRORS = frozenset({
-    RdKafkaError.MSG_SIZE_TOO_LARGE, RdKafkaError.RECORD_LIST_TOO_LARGE,
-    RdKafkaError.INVALID_RECORD, RdKafkaError.TOPIC_AUTHORIZATION_FAILED,
-    RdKafkaError._INVALID_ARG,
-})
+PERMANENT_PRODUCE_ERRORS = frozenset(
+    {
+        RdKafkaError.MSG_SIZE_TOO_LARGE,
+        RdKafkaError.RECORD_LIST_TOO_LARGE,
+        RdKafkaError.INVALID_RECORD,
+        RdKafkaError.TOPIC_AUTHORIZATION_FAILED,
+        RdKafkaError._INVALID_ARG,
+    }
+)
 
 
-def refused_for_good(err: Any) -> bool:
+def refused_for_good(err: object) -> bool:
     """True when a produce error (a librdkafka KafkaError) is not worth retrying."""
     return isinstance(err, RdKafkaError) and err.code() in PERMANENT_PRODUCE_ERRORS
 
 
 # The topic, not the record, is the problem: no right to write it, or it does not exist.
-TOPIC_REFUSALS = frozenset({
-    RdKafkaError.TOPIC_AUTHORIZATION_FAILED, RdKafkaError._UNKNOWN_TOPIC,
-    RdKafkaError.UNKNOWN_TOPIC_OR_PART,
-})
+TOPIC_REFUSALS = frozenset(
+    {
+        RdKafkaError.TOPIC_AUTHORIZATION_FAILED,
+        RdKafkaError._UNKNOWN_TOPIC,
+        RdKafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
 
 
-def topic_refused(err: Any) -> bool:
+def topic_refused(err: object) -> bool:
     """True when a produce error refuses the record's topic rather than the record."""
     return isinstance(err, RdKafkaError) and err.code() in TOPIC_REFUSALS
 
@@ -78,7 +86,7 @@ class OutRecord:
     on_written: Callable[[int], None] | None = None
     # Called (instead of any fallback) when Kafka refuses the record's topic; the record
     # then never counts as written.
-    on_topic_refused: Callable[[Any], None] | None = None
+    on_topic_refused: Callable[[object], None] | None = None
     # The partition to write to; None: the producer's partitioner (by key).
     partition: int | None = None
 
@@ -86,37 +94,52 @@ class OutRecord:
 class Outbox:
     def __init__(self, kafka_conf: dict[str, Any], metrics: ProxyMetrics | None = None) -> None:
         conf = dict(kafka_conf)
-        conf.update({
-            "acks": "all",
-            "enable.idempotence": True,
-            "linger.ms": 5,
-            # Give up a single produce after 30 s and produce again ourselves, so a long
-            # Kafka outage shows up in the logs instead of silently piling up.
-            "message.timeout.ms": 30_000,
-            # A parked message is a whole source record plus its retry header: room for any
-            # record Kafka's default 1 MiB limit admits (the retries topic allows 2 MiB).
-            "message.max.bytes": PRODUCER_MAX_BYTES,
-        })
+        conf.update(
+            {
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                # Give up a single produce after 30 s and produce again ourselves, so a long
+                # Kafka outage shows up in the logs instead of silently piling up.
+                "message.timeout.ms": 30_000,
+                # A parked message is a whole source record plus its retry header: room for any
+                # record Kafka's default 1 MiB limit admits (the retries topic allows 2 MiB).
+                "message.max.bytes": PRODUCER_MAX_BYTES,
+            }
+        )
         try:
             self.producer = Producer(conf)
         except KafkaException as exc:
             raise KafkaError(f"cannot create the proxy producer: {exc}") from exc
-        self._lock = threading.Lock()
         self.closed = False
-        self._metrics = metrics
+        self.metrics = metrics
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, headers: Headers | None,
-                on_delivery: Ack, partition: int | None = None) -> None:
+    def produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Headers | None,
+        on_delivery: Ack,
+        partition: int | None = None,
+    ) -> None:
         """One produce attempt; ``on_delivery(err, msg)`` reports the outcome."""
         hdrs = list(headers) if headers else None
         while True:
             try:
                 if partition is None:
-                    self.producer.produce(topic, value=value, key=key, headers=hdrs,
-                                          on_delivery=on_delivery)
+                    self.producer.produce(
+                        topic, value=value, key=key, headers=hdrs, on_delivery=on_delivery
+                    )
                 else:
-                    self.producer.produce(topic, value=value, key=key, headers=hdrs,
-                                          on_delivery=on_delivery, partition=partition)
+                    self.producer.produce(
+                        topic,
+                        value=value,
+                        key=key,
+                        headers=hdrs,
+                        on_delivery=on_delivery,
+                        partition=partition,
+                    )
                 return
             except BufferError:
                 # The local queue is full: serve callbacks to make room, then try again.
@@ -125,65 +148,9 @@ class Outbox:
     def send_all(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None:
         """Produce every record (retrying transient failures for ever); call ``done`` once
         each is acknowledged or refused for good (see the module docstring)."""
-        left = [len(records)]
-
-        def finished_one() -> None:
-            with self._lock:
-                left[0] -= 1
-                finished = left[0] == 0
-            if finished:
-                done()
-
-        def send(rec: OutRecord) -> None:
-            def refused(err: Any) -> None:
-                if rec.fallback is not None:
-                    log.warning("proxy record refused for good; writing its fallback",
-                                extra={"topic": rec.topic, "error": str(err),
-                                       "bytes": len(rec.value),
-                                       "fallback_topic": rec.fallback.topic})
-                    if rec.on_fallback is not None:
-                        rec.on_fallback()
-                    send(rec.fallback)
-                    return
-                if self._metrics is not None:
-                    self._metrics.records_refused.labels(rec.topic).inc()
-                log.error("proxy record refused for good and dropped",
-                          extra={"topic": rec.topic, "error": str(err),
-                                 "bytes": len(rec.value)})
-                finished_one()
-
-            def ack(err: Any, msg: Any) -> None:
-                if err is None:
-                    if rec.on_written is not None:
-                        rec.on_written(msg.partition())
-                    finished_one()
-                elif rec.on_topic_refused is not None and topic_refused(err):
-                    rec.on_topic_refused(err)
-                elif refused_for_good(err):
-                    refused(err)
-                elif not self.closed:
-                    log.warning("proxy record not acknowledged, producing again",
-                                extra={"topic": rec.topic, "error": str(err)})
-                    try_produce()
-
-            def try_produce() -> None:
-                try:
-                    self.produce(rec.topic, rec.key, rec.value, rec.headers, ack,
-                                 rec.partition)
-                except KafkaException as exc:
-                    err = exc.args[0] if exc.args else None
-                    if rec.on_topic_refused is not None and topic_refused(err):
-                        rec.on_topic_refused(err)
-                        return
-                    if refused_for_good(err):
-                        refused(err)
-                        return
-                    raise
-
-            try_produce()
-
+        countdown = _Countdown(len(records), done)
         for rec in records:
-            send(rec)
+            _Sending(self, rec, countdown).produce()
 
     def poll(self, timeout_s: float) -> None:
         self.producer.poll(timeout_s)
@@ -196,5 +163,96 @@ class Outbox:
         left = self.flush(timeout_s)
         self.closed = True
         if left:
-            log.warning("proxy producer closed with unacknowledged records",
-                        extra={"records": left})
+            log.warning(
+                "proxy producer closed with unacknowledged records", extra={"records": left}
+            )
+
+
+class _Countdown:
+    """Calls ``done`` once ``left`` records are finished (on any producer thread)."""
+
+    def __init__(self, left: int, done: Callable[[], None]) -> None:
+        self._left = left
+        self._done = done
+        self._lock = threading.Lock()
+
+    def finished_one(self) -> None:
+        with self._lock:
+            self._left -= 1
+            finished = self._left == 0
+        if finished:
+            self._done()
+
+
+class _Sending:
+    """One record on its way: produced again after a transient failure, handed back on a
+    refusal of its topic, replaced by its fallback (or dropped) when refused for good."""
+
+    def __init__(self, outbox: Outbox, rec: OutRecord, countdown: _Countdown) -> None:
+        self._outbox = outbox
+        self._rec = rec
+        self._countdown = countdown
+
+    def produce(self) -> None:
+        rec = self._rec
+        try:
+            self._outbox.produce(
+                rec.topic, rec.key, rec.value, rec.headers, self._ack, rec.partition
+            )
+        except KafkaException as exc:
+            if not self._refusal(exc.args[0] if exc.args else None):
+                raise
+
+    def _ack(self, err: RdKafkaError | None, msg: Message) -> None:
+        rec = self._rec
+        if err is None:
+            if rec.on_written is not None:
+                partition = msg.partition()
+                if partition is not None:  # always set on an acknowledged record
+                    rec.on_written(partition)
+            self._countdown.finished_one()
+        elif self._refusal(err):
+            return
+        elif not self._outbox.closed:
+            log.warning(
+                "proxy record not acknowledged, producing again",
+                extra={"topic": rec.topic, "error": str(err)},
+            )
+            self.produce()
+
+    def _refusal(self, err: object) -> bool:
+        """Carry out a refusal of the record's topic or of the record itself; False: ``err``
+        is neither (worth producing again)."""
+        rec = self._rec
+        if rec.on_topic_refused is not None and topic_refused(err):
+            rec.on_topic_refused(err)
+            return True
+        if refused_for_good(err):
+            self._refused_for_good(err)
+            return True
+        return False
+
+    def _refused_for_good(self, err: object) -> None:
+        rec = self._rec
+        if rec.fallback is not None:
+            log.warning(
+                "proxy record refused for good; writing its fallback",
+                extra={
+                    "topic": rec.topic,
+                    "error": str(err),
+                    "bytes": len(rec.value),
+                    "fallback_topic": rec.fallback.topic,
+                },
+            )
+            if rec.on_fallback is not None:
+                rec.on_fallback()
+            _Sending(self._outbox, rec.fallback, self._countdown).produce()
+            return
+        metrics = self._outbox.metrics
+        if metrics is not None:
+            metrics.records_refused.labels(rec.topic).inc()
+        log.error(
+            "proxy record refused for good and dropped",
+            extra={"topic": rec.topic, "error": str(err), "bytes": len(rec.value)},
+        )
+        self._countdown.finished_one()

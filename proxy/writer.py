@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import logging
 import random
 import threading
@@ -50,6 +51,7 @@ from proxy.parking import (
 )
 from proxy.retry import (
     AttemptResult,
+    AttemptState,
     ConnectFailure,
     DeadLetter,
     Decision,
@@ -109,6 +111,22 @@ def _tenant_of(env: Envelope) -> str | None:
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _parked_size(env: Envelope) -> int:
+    """The bytes a parked record of ``env`` carries before its retry header."""
+    return (
+        len(env.key or b"")
+        + len(env.value or b"")
+        + sum(len(k) + len(v or b"") for k, v in env.headers)
+    )
+
+
+def _failure_times_ms(st: AttemptState, now_s: float, now_ms: int) -> tuple[int, int]:
+    """The first and last failure (monotonic, ``now_s`` if none yet) as wall-clock ms."""
+    first = st.first_failure_s if st.first_failure_s is not None else now_s
+    last = st.last_failure_s if st.last_failure_s is not None else now_s
+    return now_ms - int((now_s - first) * 1000), now_ms - int((now_s - last) * 1000)
 
 
 class Writer:
@@ -484,75 +502,13 @@ class Writer:
         acknowledges. False (nothing done) when it is too large to park."""
         lot = self._lot
         assert lot is not None
-        size = (
-            len(env.key or b"")
-            + len(env.value or b"")
-            + sum(len(k) + len(v or b"") for k, v in env.headers)
-        )
-        if size > MAX_PARKED_BYTES or lot.refused is not None:
+        if _parked_size(env) > MAX_PARKED_BYTES or lot.refused is not None:
             return False
-        key = env.line_key
         park_id = uuid.uuid4().hex
-        evicted = 0
-        with lot.lock:
-            if key is not None:
-                if env.park_id is not None and lot.lines.holds(key, env.park_id):
-                    lot.lines.replace(key, env.park_id, park_id)  # keeps its place
-                else:
-                    evicted = lot.lines.append(key, park_id)
-        if evicted:
-            self._metrics.lines_evicted.inc(evicted)
-        now, now_ms = time.monotonic(), _now_ms()
-        header = encode_header(
-            Parked(
-                park_id=park_id,
-                origin=env.source,
-                state=env.attempt_state,
-                not_before_ms=now_ms + max(0, int((not_before_s - now) * 1000)),
-            ),
-            now_s=now,
-            now_ms=now_ms,
-        )
-        st = env.attempt_state
-        first = st.first_failure_s if st.first_failure_s is not None else now
-        last = st.last_failure_s if st.last_failure_s is not None else now
-        dead_letter = dead_letter_record(
-            env,
-            reason=f"could not be parked in {lot.topic} (refused for good); last: "
-            f"{st.last_error or 'no attempt yet'}",
-            status=st.last_status,
-            now_ms=now_ms,
-            group_id=self._s.group_id,
-            first_failure_ms=now_ms - int((now - first) * 1000),
-            last_failure_ms=now_ms - int((now - last) * 1000),
-            coordinates_only=True,
-        )
+        self._join_line(lot, env, park_id)
 
         def unpark() -> None:
-            if key is not None:
-                with lot.lock:
-                    lot.lines.finish(key, park_id)
-
-        def placed(retry_partition: int) -> None:
-            if key is None:
-                return
-            with lot.lock:
-                owned = retry_partition in lot.retry_owned or not lot.retry_known
-                if owned:
-                    lot.lines.placed(key, retry_partition)
-                elif lot.lines.has_line(key):
-                    lot.lines.forget(key)
-                else:
-                    return
-            if not owned:
-                # Another proxy's retry lane finishes it: its key's later messages cannot
-                # wait for an outcome this proxy never sees.
-                self._metrics.lines_evicted.inc()
-                log.info(
-                    "parked on a retry partition another proxy owns; its key's order "
-                    "across parking is not kept",
-                    extra={"record": repr(env), "retry_partition": retry_partition},
-                )
+            self._leave_line(lot, env, park_id)
 
         def refused(err: object) -> None:
             # The retry topic refused, not this record: the message is still pending here
@@ -566,19 +522,8 @@ class Writer:
             self._state.offset_done(env)
             self.notify()  # (the producer's thread) its key's next message may go now
 
-        origin = env.source
-        record = OutRecord(
-            lot.topic,
-            env.key,
-            env.value or b"",
-            headers=park_headers(env.headers, header),
-            fallback=OutRecord(self._dlq_topic, env.key, dead_letter),
-            on_fallback=unpark,
-            on_written=placed,
-            on_topic_refused=refused,
-            partition=None
-            if lot.layout is None
-            else lot.layout.retry_partition(origin.topic, origin.partition),
+        record = self._parked_record(
+            lot, env, park_id, not_before_s, on_fallback=unpark, on_topic_refused=refused
         )
         self._metrics.parked.labels(reason.value).inc()
         log.debug("message parked", extra={"record": repr(env), "reason": reason.value})
@@ -590,6 +535,100 @@ class Writer:
         # next message of the key is parked behind it once it is released.
         self._outbox.send_all([record], parked)
         return True
+
+    def _join_line(self, lot: ParkingLot, env: Envelope, park_id: str) -> None:
+        """Put ``park_id`` in its key's line: in its old place if it was parked before."""
+        key = env.line_key
+        if key is None:
+            return
+        with lot.lock:
+            if env.park_id is not None and lot.lines.holds(key, env.park_id):
+                lot.lines.replace(key, env.park_id, park_id)
+                evicted = 0
+            else:
+                evicted = lot.lines.append(key, park_id)
+        if evicted:
+            self._metrics.lines_evicted.inc(evicted)
+
+    def _leave_line(self, lot: ParkingLot, env: Envelope, park_id: str) -> None:
+        key = env.line_key
+        if key is not None:
+            with lot.lock:
+                lot.lines.finish(key, park_id)
+
+    def _parked_record(
+        self,
+        lot: ParkingLot,
+        env: Envelope,
+        park_id: str,
+        not_before_s: float,
+        *,
+        on_fallback: Callable[[], None],
+        on_topic_refused: Callable[[object], None],
+    ) -> OutRecord:
+        """The retry-topic record of ``env``, with its dead letter as the fallback should
+        Kafka refuse the record itself for good."""
+        now, now_ms = time.monotonic(), _now_ms()
+        header = encode_header(
+            Parked(
+                park_id=park_id,
+                origin=env.source,
+                state=env.attempt_state,
+                not_before_ms=now_ms + max(0, int((not_before_s - now) * 1000)),
+            ),
+            now_s=now,
+            now_ms=now_ms,
+        )
+        st = env.attempt_state
+        first_ms, last_ms = _failure_times_ms(st, now, now_ms)
+        dead_letter = dead_letter_record(
+            env,
+            reason=f"could not be parked in {lot.topic} (refused for good); last: "
+            f"{st.last_error or 'no attempt yet'}",
+            status=st.last_status,
+            now_ms=now_ms,
+            group_id=self._s.group_id,
+            first_failure_ms=first_ms,
+            last_failure_ms=last_ms,
+            coordinates_only=True,
+        )
+        origin = env.source
+        return OutRecord(
+            lot.topic,
+            env.key,
+            env.value or b"",
+            headers=park_headers(env.headers, header),
+            fallback=OutRecord(self._dlq_topic, env.key, dead_letter),
+            on_fallback=on_fallback,
+            on_written=functools.partial(self._placed, lot, env),
+            on_topic_refused=on_topic_refused,
+            partition=None
+            if lot.layout is None
+            else lot.layout.retry_partition(origin.topic, origin.partition),
+        )
+
+    def _placed(self, lot: ParkingLot, env: Envelope, retry_partition: int) -> None:
+        """Kafka has the parked record on ``retry_partition`` (on the producer's thread)."""
+        key = env.line_key
+        if key is None:
+            return
+        with lot.lock:
+            owned = retry_partition in lot.retry_owned or not lot.retry_known
+            if owned:
+                lot.lines.placed(key, retry_partition)
+            elif lot.lines.has_line(key):
+                lot.lines.forget(key)
+            else:
+                return
+        if not owned:
+            # Another proxy's retry lane finishes it: its key's later messages cannot
+            # wait for an outcome this proxy never sees.
+            self._metrics.lines_evicted.inc()
+            log.info(
+                "parked on a retry partition another proxy owns; its key's order "
+                "across parking is not kept",
+                extra={"record": repr(env), "retry_partition": retry_partition},
+            )
 
     def _parking_refused(self, lot: ParkingLot, reason: str) -> None:
         """Kafka refused the retry topic itself (on the producer's thread): parking is off."""
@@ -704,86 +743,58 @@ class Writer:
 
     def _carry_out(self, env: Envelope, decision: Decision, sclass: str, now: float) -> None:
         if isinstance(decision, Retry):
-            self._metrics.retries.labels(sclass).inc()
-            if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
-                self._abandon(env)
-                return
-            if (
-                self._lot is not None
-                and self._should_park(env, now)
-                and self._park(env, ParkReason.RETRYING, now + decision.after_s)
-            ):
-                return
-            self._wait(env, decision.after_s)
-            log.debug(
-                "retry scheduled",
-                extra={"record": repr(env), "after_s": decision.after_s, "reason": decision.reason},
-            )
+            self._retry(env, decision, sclass, now)
             return
         if env.cancelled:
             self._state.release(env)  # revoked meanwhile: the new owner decides again
             return
         self._state.release(env)  # unblocks the key before the records are acknowledged
         self._finish_line(env)
+        self._publish_outcome(env, decision, sclass, now)
+
+    def _retry(self, env: Envelope, decision: Retry, sclass: str, now: float) -> None:
+        """Wait for the next attempt in memory, or park it in the retry topic."""
+        self._metrics.retries.labels(sclass).inc()
+        if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
+            self._abandon(env)
+            return
+        if (
+            self._lot is not None
+            and self._should_park(env, now)
+            and self._park(env, ParkReason.RETRYING, now + decision.after_s)
+        ):
+            return
+        self._wait(env, decision.after_s)
+        log.debug(
+            "retry scheduled",
+            extra={"record": repr(env), "after_s": decision.after_s, "reason": decision.reason},
+        )
+
+    def _publish_outcome(
+        self, env: Envelope, decision: Done | DeadLetter, sclass: str, now: float
+    ) -> None:
+        """The final outcome's records (dead letter, delivery outcome); the offset is done
+        once Kafka has them all."""
         latency_s = now - env.read_s
         self._metrics.latency.observe(latency_s)
         now_ms = _now_ms()
         records: list[OutRecord] = []
-        outcome: tuple[DeliveryOutcome, int | None, str | None]
+        outcome: DeliveryOutcome
+        reason: str | None = None
         if isinstance(decision, Done):
             self._metrics.deliveries.labels("delivered", sclass).inc()
-            outcome = ("delivered", decision.status, None)
+            outcome = "delivered"
         else:
-            assert isinstance(decision, DeadLetter)
-            kind = sclass if sclass != "timeout" else "poison"
             self._metrics.deliveries.labels("dead_lettered", sclass).inc()
-            self._metrics.dead_letters.labels(kind).inc()
-            st = env.attempt_state
-            first = st.first_failure_s if st.first_failure_s is not None else now
-            last = st.last_failure_s if st.last_failure_s is not None else now
-            # Failure times are monotonic; translate them to wall clock for the record.
-            first_ms = now_ms - int((now - first) * 1000)
-            last_ms = now_ms - int((now - last) * 1000)
-
-            def dead_letter(*, coordinates_only: bool) -> bytes:
-                return dead_letter_record(
-                    env,
-                    reason=decision.reason,
-                    status=decision.status,
-                    first_failure_ms=first_ms,
-                    last_failure_ms=last_ms,
-                    now_ms=now_ms,
-                    group_id=self._s.group_id,
-                    coordinates_only=coordinates_only,
-                )
-
-            records.append(
-                OutRecord(
-                    self._dlq_topic,
-                    env.key,
-                    dead_letter(coordinates_only=False),
-                    fallback=OutRecord(
-                        self._dlq_topic, env.key, dead_letter(coordinates_only=True)
-                    ),
-                )
-            )
-            log.warning(
-                "message dead-lettered",
-                extra={
-                    "topic": env.topic,
-                    "partition": env.partition,
-                    "offset": env.offset,
-                    "reason": decision.reason,
-                    "attempts": st.attempts,
-                },
-            )
-            outcome = ("dead_lettered", decision.status, decision.reason)
+            self._metrics.dead_letters.labels(sclass if sclass != "timeout" else "poison").inc()
+            records.append(self._dead_letter(env, decision, now, now_ms))
+            outcome, reason = "dead_lettered", decision.reason
         if self._deliveries_topic is not None:
             rec = delivery_outcome(
                 env,
-                outcome=outcome[0],
-                status=outcome[1],
-                reason=outcome[2],
+                outcome=outcome,
+                status=decision.status,
+                reason=reason,
                 latency_ms=int(latency_s * 1000),
                 now_ms=now_ms,
             )
@@ -793,3 +804,40 @@ class Writer:
             self._outbox.send_all(records, lambda: self._state.offset_done(env))
         else:
             self._state.offset_done(env)
+
+    def _dead_letter(
+        self, env: Envelope, decision: DeadLetter, now: float, now_ms: int
+    ) -> OutRecord:
+        """The dead-letter record, with its coordinates-only form as the fallback should
+        Kafka refuse the whole record for good."""
+        st = env.attempt_state
+        first_ms, last_ms = _failure_times_ms(st, now, now_ms)
+
+        def dead_letter(*, coordinates_only: bool) -> bytes:
+            return dead_letter_record(
+                env,
+                reason=decision.reason,
+                status=decision.status,
+                first_failure_ms=first_ms,
+                last_failure_ms=last_ms,
+                now_ms=now_ms,
+                group_id=self._s.group_id,
+                coordinates_only=coordinates_only,
+            )
+
+        log.warning(
+            "message dead-lettered",
+            extra={
+                "topic": env.topic,
+                "partition": env.partition,
+                "offset": env.offset,
+                "reason": decision.reason,
+                "attempts": st.attempts,
+            },
+        )
+        return OutRecord(
+            self._dlq_topic,
+            env.key,
+            dead_letter(coordinates_only=False),
+            fallback=OutRecord(self._dlq_topic, env.key, dead_letter(coordinates_only=True)),
+        )

@@ -11,7 +11,8 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, Message
 
 from proxy.envelope import Envelope, prepare_fire
-from proxy.kafka_sender import Ack, Headers, KafkaSender
+from proxy.kafka_sender import KafkaSender
+from proxy.outbox import Ack, Headers
 from proxy.retry import KafkaResult, KafkaVerdict
 from topics.codec import decode_trigger
 
