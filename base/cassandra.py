@@ -6,6 +6,10 @@ import socket
 import ssl
 from typing import Any
 
+from cassandra.auth import PlainTextAuthProvider
+from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
+from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+
 from base.settings import CassandraSettings
 
 
@@ -22,10 +26,6 @@ def make_cluster(
     say why; 0 there lets the driver negotiate). ``profile``: more options of the default
     execution profile (consistency, row factory...). ``overrides``: other Cluster
     arguments (e.g. ``connect_timeout``)."""
-    from cassandra.auth import PlainTextAuthProvider
-    from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-    from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
-
     profile_options: dict[str, Any] = {
         # Token-aware routing sends each prepared statement straight to a replica.
         "load_balancing_policy": TokenAwarePolicy(

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 from typing import Any
 
 from base.settings import Settings
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
-    from dataclasses import replace
-
-    from api.server import run
+    from api.server import run  # loads aiohttp, which only the API needs
 
     if args.port is not None:
         settings = replace(settings, api=replace(settings.api, port=args.port))

@@ -14,19 +14,24 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+import uvloop
+
 from base.errors import TocsinError
 from base.logs import setup_logging
 from base.settings import REPO_ROOT, Settings
+from proxy.settings import ProxySettings
+from tocsin import api_cli, proxy_cli, scheduler_cli
 from tocsin import settings_doc as sd
+from tocsin.infra import Stack
 from tocsin.output import EXIT_FAIL, EXIT_OK, emit
 from tocsin.settings_doc import Process
+from tocsin.topic_admin import ensure_topics
+from topics.catalog import catalog
 
 # ----------------------------------------------------------------------------- infra
 
 
 def cmd_infra(args: argparse.Namespace, settings: Settings) -> int:
-    from tocsin.infra import Stack
-
     stack = Stack(settings)
     if args.action == "up":
         started = time.monotonic()
@@ -63,9 +68,6 @@ def cmd_infra(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
-    from tocsin.topic_admin import ensure_topics
-    from topics.catalog import catalog
-
     specs = catalog(settings.topics).all()
     outcome = ensure_topics(settings.kafka, specs)
     emit(
@@ -80,7 +82,7 @@ def cmd_topics(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
-    from schema.migrate import migrate
+    from schema.migrate import migrate  # loads the Cassandra driver, which most commands skip
 
     applied = migrate(settings.cassandra)
     print(
@@ -91,7 +93,7 @@ def cmd_db(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_setup(args: argparse.Namespace, settings: Settings) -> int:
-    from streams.binding import check_keyspace
+    from streams.binding import check_keyspace  # loads the Cassandra driver (see cmd_db)
 
     cmd_topics(args, settings)
     code = cmd_db(args, settings)
@@ -138,11 +140,8 @@ def replace_block(text: str, process: Process) -> str:
 def cmd_status(args: argparse.Namespace, settings: Settings) -> int:
     """``tocsin status`` (tocsin.scheduler_cli.cmd_status), with the proxy's consumer group read
     from the proxy's own settings unless ``--proxy-group`` names it."""
-    from proxy.settings import ProxySettings
-    from tocsin.scheduler_cli import cmd_status as run_status
-
     group = args.proxy_group or ProxySettings.from_env(os.environ).group_id
-    return run_status(args, settings, proxy_group=group)
+    return scheduler_cli.cmd_status(args, settings, proxy_group=group)
 
 
 # ----------------------------------------------------------------------------- main
@@ -180,17 +179,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     settings_cmd.set_defaults(func=cmd_settings)
 
-    from tocsin.proxy_cli import register as register_proxy
-    from tocsin.scheduler_cli import register as register_streams
-    from tocsin.scheduler_cli import register_status
-
-    register_streams(sub)
+    scheduler_cli.register(sub)
     # The schedules' view; the local Kafka and Cassandra servers are `tocsin infra status`.
-    register_status(sub, cmd_status)
-    from tocsin.api_cli import register as register_api
-
-    register_api(sub)
-    register_proxy(sub)
+    scheduler_cli.register_status(sub, cmd_status)
+    api_cli.register(sub)
+    proxy_cli.register(sub)
     return parser
 
 
@@ -201,8 +194,6 @@ def use_event_loop(name: str) -> None:
     ``event_loop`` says why). (cassandra-driver runs its own libev loop, librdkafka its own
     threads: neither is affected.)"""
     if name == "uvloop":
-        import uvloop
-
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     else:
         asyncio.set_event_loop_policy(asyncio.DefaultEventLoopPolicy())

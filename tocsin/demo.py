@@ -23,6 +23,7 @@ from aiohttp import web
 
 from base.settings import REPO_ROOT, Settings
 from streams.client import CommandClient, FireWatcher, ResultWatcher
+from streams.store import Store
 from topics.ids import trigger_id
 from topics.models import CreateCommand, HttpCallback, PayloadType
 from topics.signing import new_signing_key
@@ -81,8 +82,6 @@ _ECHO_BYTES = 500
 
 
 def _register_tenant(settings: Settings, tenant: str) -> None:
-    from streams.store import Store
-
     async def go() -> None:
         store = Store(settings.cassandra)
         await store.connect()

@@ -15,6 +15,7 @@ It must never touch a server it did not start (it only signals pids from its own
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import logging
@@ -33,8 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
+from confluent_kafka.admin import AdminClient
+
 from base.errors import InfraError
-from base.settings import REPO_ROOT, Settings, StackSettings
+from base.settings import REPO_ROOT, CassandraSettings, Settings, StackSettings
 
 log = logging.getLogger("tocsin.infra")
 
@@ -95,8 +98,11 @@ def _proc_start_ticks(pid: int) -> int | None:
 
 def _proc_cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(
-            "utf-8", "replace"
+        return (
+            Path(f"/proc/{pid}/cmdline")
+            .read_bytes()
+            .replace(b"\0", b" ")
+            .decode("utf-8", "replace")
         )
     except OSError:
         return ""
@@ -502,8 +508,6 @@ class KafkaServer(_Server):
     def ready(self) -> bool:
         if not _port_open(self.port):
             return False
-        from confluent_kafka.admin import AdminClient
-
         admin = AdminClient(
             {
                 "bootstrap.servers": f"127.0.0.1:{self.port}",
@@ -519,8 +523,6 @@ class KafkaServer(_Server):
 
 def _kafka_cluster_id() -> str:
     # Kafka wants a base64url-encoded 16-byte uuid (what `kafka-storage random-uuid` prints).
-    import base64
-
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
 
@@ -598,8 +600,9 @@ class CassandraServer(_Server):
     def ready(self) -> bool:
         if not _port_open(self.port):
             return False
+        # Imported here: tocsin.cli imports this module for every command, and this one loads
+        # the Cassandra driver.
         from base.cassandra import make_cluster
-        from base.settings import CassandraSettings
 
         cluster = make_cluster(
             CassandraSettings(contact_points=("127.0.0.1",), port=self.port, request_timeout_s=5),

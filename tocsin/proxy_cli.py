@@ -7,11 +7,11 @@ import os
 from typing import Any
 
 from base.settings import Settings
+from proxy.settings import ProxySettings
 
 
 def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
-    from proxy.app import run
-    from proxy.settings import ProxySettings
+    from proxy.app import run  # loads aiokafka and aiohttp, which only the proxy needs
 
     # The process edge hands the environment to the settings readers, like Settings.from_env.
     run(settings, ProxySettings.from_env(os.environ))

@@ -5,12 +5,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
+import time
 import uuid
 from typing import Any
 
 import orjson
 
+from api.views import ApiError, matches, parse_statuses, parse_window, schedule_view
+from base.errors import CommandRejected, KafkaError
 from base.settings import Settings
+from streams.client import CommandClient, ResultWatcher
+from streams.status import HOUR_MS, Report, Window, render
+from streams.status_io import collect, consumer_lags, lag_pairs
+from streams.tenant_admin import (
+    RotationConflict,
+    TenantExists,
+    TenantNotFound,
+    register_tenant,
+    retire_previous_signing_key,
+    rotate_signing_key,
+)
+from streams.tenants import TenantConfig
 from tocsin.output import (
     EXIT_FAIL,
     EXIT_NOT_FOUND,
@@ -20,10 +35,15 @@ from tocsin.output import (
     EXIT_USAGE,
     emit,
 )
+from tocsin.topic_admin import ensure_topics
+from topics.catalog import catalog
+from topics.ids import format_iso_ms
+from topics.models import CancelCommand
+from topics.validation import Limits, decode_command
 
 
 async def _with_store(settings: Settings, fn: Any) -> Any:
-    from streams.store import Store
+    from streams.store import Store  # loads the Cassandra driver, which --help never needs
 
     store = Store(settings.cassandra)
     await store.connect()
@@ -34,21 +54,17 @@ async def _with_store(settings: Settings, fn: Any) -> Any:
 
 
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
-    from streams.app import run_worker
+    from streams.app import run_worker  # loads Faust, which only the worker needs
 
     run_worker(settings)
     return 0
 
 
 def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
-    from streams.tenants import TenantConfig
-
     if args.action != "list" and not args.name:
         print(f"tocsin tenant {args.action} needs a tenant name", file=sys.stderr)
         return EXIT_USAGE
     if args.action == "register":
-        from streams.tenant_admin import TenantExists, register_tenant
-
         try:
             config = TenantConfig.from_dict(
                 {
@@ -119,13 +135,6 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _rotate_key(args: argparse.Namespace, settings: Settings) -> int:
-    from streams.tenant_admin import (
-        RotationConflict,
-        TenantNotFound,
-        retire_previous_signing_key,
-        rotate_signing_key,
-    )
-
     if args.retire_previous and args.previous_valid_s is not None:
         print("error: --retire-previous and --previous-valid-s exclude each other", file=sys.stderr)
         return EXIT_USAGE
@@ -169,8 +178,6 @@ def _rotate_key(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
-    from topics.ids import format_iso_ms
-
     if args.action == "list":
         return _schedule_list(args, settings)
     if not args.schedule_id:
@@ -210,10 +217,6 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
             for e in events:
                 print(f"  {format_iso_ms(e['at_ms'])}  {e['event']:14s} {e.get('detail') or ''}")
         return EXIT_OK
-
-    from base.errors import CommandRejected
-    from streams.client import CommandClient, ResultWatcher
-    from topics.models import CancelCommand
 
     rid = uuid.uuid4().hex
     command: Any
@@ -277,10 +280,6 @@ class _Usage(Exception):
 def _create_command(args: argparse.Namespace, settings: Settings, request_id: str) -> Any:
     """The create command of ``tocsin schedule create``, decoded by the wire contract's own
     decoder (so a bad cron or zone gets the code a worker would answer)."""
-    import time
-
-    from topics.validation import Limits, decode_command
-
     timings = [name for name in ("due", "cron", "every_s") if getattr(args, name, None)]
     if len(timings) != 1:
         raise _Usage("give exactly one of --due (one-shot), --cron or --every-s (recurring)")
@@ -345,10 +344,7 @@ def _recurring_get(
     args: argparse.Namespace, settings: Settings, row: dict[str, Any], events: list[Any]
 ) -> int:
     """``tocsin schedule get`` of a recurring schedule (or of one of its runs)."""
-    import time
-
-    from api.recurring_io import schedule_json
-    from api.views import ApiError
+    from api.recurring_io import schedule_json  # loads the Cassandra driver (see _with_store)
 
     async def view(store: Any) -> dict[str, Any]:
         return await schedule_json(
@@ -379,8 +375,6 @@ def _recurring_get(
 
 
 def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
-    from api.views import ApiError, matches, parse_statuses, parse_window, schedule_view
-
     try:
         lo, hi = parse_window({"from": args.from_, "to": args.to})
         statuses = parse_statuses(args.status)
@@ -388,9 +382,7 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
 
-    import time
-
-    from api.recurring_io import parents_in_window
+    from api.recurring_io import parents_in_window  # loads the Cassandra driver
 
     one_statuses = None if statuses is None else statuses - {"completed"}
 
@@ -434,10 +426,7 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
 def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
     """``tocsin schedule runs TENANT ID [--next N] [--past N]``: a recurring schedule's
     past runs (newest first, with fire and delivery state) and its next runs."""
-    import time
-
-    from api.recurring_io import runs
-    from topics.ids import format_iso_ms
+    from api.recurring_io import runs  # loads the Cassandra driver
 
     view = asyncio.run(
         _with_store(
@@ -476,27 +465,25 @@ def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK
 
 
-def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
-    from schema.migrate import migrate
-    from tocsin.demo import run_demo
-    from tocsin.topic_admin import ensure_topics
-    from topics.catalog import catalog
+def _prerequisites(settings: Settings) -> None:
+    """The demo and dev commands bring their own topics and schema up to date (idempotent)."""
+    from schema.migrate import migrate  # loads the Cassandra driver
 
-    # The demo brings its own prerequisites up to date (idempotent).
     ensure_topics(settings.kafka, catalog(settings.topics).all())
     migrate(settings.cassandra)
 
+
+def cmd_demo(args: argparse.Namespace, settings: Settings) -> int:
+    from tocsin.demo import run_demo  # loads aiohttp, which only demo and dev need
+
+    _prerequisites(settings)
     return run_demo(settings, count=args.count, spread_s=args.spread_s)
 
 
 def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
-    from schema.migrate import migrate
-    from tocsin.demo import run_dev
-    from tocsin.topic_admin import ensure_topics
-    from topics.catalog import catalog
+    from tocsin.demo import run_dev  # loads aiohttp, which only demo and dev need
 
-    ensure_topics(settings.kafka, catalog(settings.topics).all())
-    migrate(settings.cassandra)
+    _prerequisites(settings)
     return run_dev(settings, receiver_port=args.receiver_port)
 
 
@@ -631,12 +618,6 @@ def register(sub: Any) -> None:
 def cmd_status(args: argparse.Namespace, settings: Settings, *, proxy_group: str) -> int:
     """``tocsin status``: per tenant, what is scheduled, due in the next hour, fired and
     delivered in the last hour, lateness; and the consumers' lag (streams.status)."""
-    import time
-
-    from base.errors import KafkaError
-    from streams.status import HOUR_MS, Report, Window, render
-    from streams.status_io import collect, consumer_lags, lag_pairs
-
     lookback_s = (
         args.lookback_s
         if args.lookback_s is not None

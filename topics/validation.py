@@ -22,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
+from importlib import resources
 from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
@@ -766,8 +767,6 @@ _ZONE_PART = re.compile(r"[A-Za-z0-9_+-]+", re.ASCII)
 
 
 def _zone_exists(name: str) -> bool:
-    from importlib import resources
-
     try:
         node = resources.files("tzdata").joinpath("zoneinfo")
         for part in name.split("/"):
