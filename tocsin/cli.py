@@ -22,6 +22,7 @@ from base.settings import REPO_ROOT, Settings
 from proxy.settings import ProxySettings
 from tocsin import api_cli, proxy_cli, scheduler_cli
 from tocsin import settings_doc as sd
+from tocsin.cluster import cmd_cluster
 from tocsin.infra import Stack
 from tocsin.output import EXIT_FAIL, EXIT_OK, emit
 from tocsin.settings_doc import Process
@@ -32,6 +33,8 @@ from topics.catalog import catalog
 
 
 def cmd_infra(args: argparse.Namespace, settings: Settings) -> int:
+    if args.nodes > 1:
+        return cmd_cluster(args.action, settings.stack, nodes=args.nodes)
     stack = Stack(settings)
     if args.action == "up":
         started = time.monotonic()
@@ -154,6 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     infra = sub.add_parser("infra", help="the local single-node Kafka + Cassandra stack")
     infra.add_argument("action", choices=["up", "down", "status"])
+    infra.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        help="3: a three-node Kafka and Cassandra cluster beside the single-node stack "
+        "(its own addresses, ports and state folder; docs/operations.md)",
+    )
     infra.set_defaults(func=cmd_infra)
 
     topics = sub.add_parser("topics", help="create missing topics and verify existing ones")
