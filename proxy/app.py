@@ -21,9 +21,9 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from types import FrameType
-from typing import Any
 
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import KafkaError as RdKafkaError
@@ -43,6 +43,9 @@ from proxy.settings import ProxySettings
 from proxy.state import SharedState
 from proxy.writer import Lane, ParkingLot, Writer
 from topics.codec import decode_trigger
+
+# Fills an envelope read from Kafka with its request (or marks it invalid).
+Prepare = Callable[[Envelope], None]
 
 log = logging.getLogger("tocsin.proxy")
 
@@ -146,7 +149,7 @@ class ProxyApp:
         self._started = False
         self._stopped = False
 
-    def _preparer(self) -> Any:
+    def _preparer(self) -> Prepare:
         p = self.proxy
         if p.mode == "generic":
 
@@ -154,15 +157,14 @@ class ProxyApp:
                 prepare_generic(env, url=p.endpoint_url, timeout_s=p.request_timeout_s)
 
             return generic
-        decode = decode_trigger
 
         def fire(env: Envelope) -> None:
-            prepare_fire(env, decode)
+            prepare_fire(env, decode_trigger)
 
         return fire
 
     @staticmethod
-    def _retry_preparer(base: Any) -> Any:
+    def _retry_preparer(base: Prepare) -> Prepare:
         def parked(env: Envelope) -> None:
             try:
                 info, own = decode_headers(
@@ -259,8 +261,8 @@ class ProxyApp:
             # produce, and its partition's commit position, until someone creates it.
             log.error(
                 "retry topic missing: parking is off, failing messages stay in memory "
-                "as before; run 'tocsin setup' (it creates every catalog topic) or set "
-                "TOCSIN_PROXY_RETRY_TOPIC",
+                "until the proxy restarts; run 'tocsin setup' (it creates every catalog "
+                "topic) or set TOCSIN_PROXY_RETRY_TOPIC",
                 extra={"topic": self.retry_topic},
             )
             self.writer.disable_parking()

@@ -28,7 +28,6 @@ Pure: builds bytes from values; callers pass the wall-clock times.
 from __future__ import annotations
 
 import base64
-from typing import Any
 
 import orjson
 
@@ -64,7 +63,7 @@ def dead_letter_record(
     """
     trig = env.trigger
     src = env.source
-    original: dict[str, Any] = {
+    original: dict[str, object] = {
         "topic": src.topic,
         "partition": src.partition,
         "offset": src.offset,
@@ -73,7 +72,7 @@ def dead_letter_record(
         "value_b64": _b64(env.value),
         "headers": [[k, _b64(v)] for k, v in env.headers],
     }
-    doc: dict[str, Any] = {
+    doc: dict[str, object] = {
         "original": original,
         "reason": reason[:_MAX_REASON_CHARS],
         "status_code": status,
@@ -106,13 +105,15 @@ def dead_letter_record(
     return data
 
 
-def _omit(original: dict[str, Any], field: str) -> None:
+def _omit(original: dict[str, object], field: str) -> None:
     original[field] = [] if field == "headers" else None
 
 
 def _omitted_reason(max_bytes: int) -> str:
-    return (f"the dead letter would exceed {max_bytes} bytes; the source record is at its "
-            "topic/partition/offset until retention")
+    return (
+        f"the dead letter would exceed {max_bytes} bytes; the source record is at its "
+        "topic/partition/offset until retention"
+    )
 
 
 def delivery_outcome(
@@ -128,7 +129,7 @@ def delivery_outcome(
     trig = env.trigger
     if trig is None:
         return None
-    doc: dict[str, Any] = {
+    doc: dict[str, object] = {
         "trigger_id": trig.trigger_id,
         "schedule_id": trig.schedule_id,
         "tenant": trig.tenant,
@@ -140,7 +141,10 @@ def delivery_outcome(
         "attempts": env.attempt_state.attempts,
         "latency_ms": latency_ms,
         f"{outcome}_ms": now_ms,
-        "fire": {"topic": env.source.topic, "partition": env.source.partition,
-                 "offset": env.source.offset},
+        "fire": {
+            "topic": env.source.topic,
+            "partition": env.source.partition,
+            "offset": env.source.offset,
+        },
     }
     return trig.schedule_id.encode(), orjson.dumps(doc)

@@ -19,13 +19,16 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import quote, urlsplit
 
 from base.errors import TocsinError
 from proxy.parking import Origin
 from proxy.retry import AttemptState
 from topics.models import HttpCallback, KafkaCallback, PayloadType, Trigger
+
+if TYPE_CHECKING:
+    import asyncio
 
 KafkaHeaders = Sequence[tuple[str, bytes | None]]
 TopicPartition = tuple[str, int]
@@ -139,7 +142,7 @@ class Envelope:
         self.attempt_state = AttemptState()
         self.attempting = False
         self.cancelled = False
-        self.timer: Any = None  # the asyncio handle of a scheduled retry
+        self.timer: asyncio.TimerHandle | None = None  # a scheduled retry
         self.first_attempt_s: float | None = None
         # Set when the record came from the retry topic (proxy.parking): where it was first
         # read, its id in its key's line, and when it may be attempted (monotonic).

@@ -16,58 +16,99 @@ class ProxyMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         r = self.registry
-        self.pending = Gauge("tocsin_proxy_pending_messages",
-                             "Messages read and waiting to be handed to a writer", registry=r)
-        self.pending_bytes = Gauge("tocsin_proxy_held_bytes",
-                                   "Bytes held (waiting + in flight) against the bound",
-                                   registry=r)
-        self.in_flight = Gauge("tocsin_proxy_in_flight",
-                               "Messages handed out and not finished (incl. retry backoff)",
-                               registry=r)
-        self.paused = Gauge("tocsin_proxy_paused_partitions",
-                            "Partitions paused by backpressure", registry=r)
-        self.oldest_in_flight = Gauge("tocsin_proxy_oldest_in_flight_seconds",
-                                      "Age of the oldest unfinished message since it was read",
-                                      registry=r)
-        self.commit_lag = Gauge("tocsin_proxy_commit_lag_messages",
-                                "Messages read but not covered by a committed offset",
-                                ["topic", "partition"], registry=r)
-        self.deliveries = Counter("tocsin_proxy_deliveries",
-                                  "Final outcomes by outcome and last status class",
-                                  ["outcome", "status_class"], registry=r)
-        self.attempts = Counter("tocsin_proxy_attempts",
-                                "Delivery attempts by status class", ["status_class"],
-                                registry=r)
-        self.retries = Counter("tocsin_proxy_retries", "Retries scheduled, by status class",
-                               ["status_class"], registry=r)
-        self.dead_letters = Counter("tocsin_proxy_dead_letters",
-                                    "Messages dead-lettered, by kind of reason", ["kind"],
-                                    registry=r)
-        self.latency = Histogram("tocsin_proxy_delivery_seconds",
-                                 "From read to final outcome", buckets=_LATENCY_BUCKETS,
-                                 registry=r)
-        self.request_latency = Histogram("tocsin_proxy_request_seconds",
-                                         "One HTTP attempt, request to response",
-                                         buckets=_LATENCY_BUCKETS, registry=r)
-        self.parking = Gauge("tocsin_proxy_parking",
-                             "1 if failing messages are parked in the retry topic, 0 if it is "
-                             "missing and they stay in memory", registry=r)
-        self.parked = Counter("tocsin_proxy_parked",
-                              "Messages parked in the retry topic, by reason", ["reason"],
-                              registry=r)
+        self.pending = Gauge(
+            "tocsin_proxy_pending_messages",
+            "Messages read and waiting to be handed to a writer",
+            registry=r,
+        )
+        self.pending_bytes = Gauge(
+            "tocsin_proxy_held_bytes",
+            "Bytes held (waiting + in flight) against the bound",
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "tocsin_proxy_in_flight",
+            "Messages handed out and not finished (incl. retry backoff)",
+            registry=r,
+        )
+        self.paused = Gauge(
+            "tocsin_proxy_paused_partitions", "Partitions paused by backpressure", registry=r
+        )
+        self.oldest_in_flight = Gauge(
+            "tocsin_proxy_oldest_in_flight_seconds",
+            "Age of the oldest unfinished message since it was read",
+            registry=r,
+        )
+        self.commit_lag = Gauge(
+            "tocsin_proxy_commit_lag_messages",
+            "Messages read but not covered by a committed offset",
+            ["topic", "partition"],
+            registry=r,
+        )
+        self.deliveries = Counter(
+            "tocsin_proxy_deliveries",
+            "Final outcomes by outcome and last status class",
+            ["outcome", "status_class"],
+            registry=r,
+        )
+        self.attempts = Counter(
+            "tocsin_proxy_attempts",
+            "Delivery attempts by status class",
+            ["status_class"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "tocsin_proxy_retries",
+            "Retries scheduled, by status class",
+            ["status_class"],
+            registry=r,
+        )
+        self.dead_letters = Counter(
+            "tocsin_proxy_dead_letters",
+            "Messages dead-lettered, by kind of reason",
+            ["kind"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "tocsin_proxy_delivery_seconds",
+            "From read to final outcome",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.request_latency = Histogram(
+            "tocsin_proxy_request_seconds",
+            "One HTTP attempt, request to response",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.parking = Gauge(
+            "tocsin_proxy_parking",
+            "1 if failing messages are parked in the retry topic, 0 if it is "
+            "missing and they stay in memory",
+            registry=r,
+        )
+        self.parked = Counter(
+            "tocsin_proxy_parked",
+            "Messages parked in the retry topic, by reason",
+            ["reason"],
+            registry=r,
+        )
         self.lines_evicted = Counter(
             "tocsin_proxy_park_lines_evicted",
             "Keys whose parked-message line was forgotten (its bound, or its records sit on "
             "a retry partition another proxy owns): their order across parking is lost",
-            registry=r)
+            registry=r,
+        )
         self.records_refused = Counter(
             "tocsin_proxy_records_refused",
             "Dead letters/outcomes Kafka refused for good even in their smallest form, dropped",
-            ["topic"], registry=r)
-        self.commits = Counter("tocsin_proxy_commits", "Offset commits", ["result"],
-                               registry=r)
-        self.rebalances = Counter("tocsin_proxy_rebalances", "Partitions assigned or revoked",
-                                  ["event"], registry=r)
+            ["topic"],
+            registry=r,
+        )
+        self.commits = Counter("tocsin_proxy_commits", "Offset commits", ["result"], registry=r)
+        self.rebalances = Counter(
+            "tocsin_proxy_rebalances", "Partitions assigned or revoked", ["event"], registry=r
+        )
 
         self._attempt_children: dict[str, Counter] = {}
 

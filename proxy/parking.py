@@ -78,21 +78,27 @@ def encode_header(parked: Parked, *, now_s: float, now_ms: int) -> bytes:
         return None if mono is None else now_ms - int((now_s - mono) * 1000)
 
     o = parked.origin
-    return orjson.dumps({
-        "v": 1,
-        "id": parked.park_id,
-        "origin": {"topic": o.topic, "partition": o.partition, "offset": o.offset,
-                   "timestamp_ms": o.timestamp_ms},
-        "not_before_ms": parked.not_before_ms,
-        "attempts": st.attempts,
-        "failures": st.failures,
-        "consecutive_timeouts": st.consecutive_timeouts,
-        "failures_6xx": st.failures_6xx,
-        "first_failure_ms": wall(st.first_failure_s),
-        "last_failure_ms": wall(st.last_failure_s),
-        "last_status": st.last_status,
-        "last_error": None if st.last_error is None else st.last_error[:1024],
-    })
+    return orjson.dumps(
+        {
+            "v": 1,
+            "id": parked.park_id,
+            "origin": {
+                "topic": o.topic,
+                "partition": o.partition,
+                "offset": o.offset,
+                "timestamp_ms": o.timestamp_ms,
+            },
+            "not_before_ms": parked.not_before_ms,
+            "attempts": st.attempts,
+            "failures": st.failures,
+            "consecutive_timeouts": st.consecutive_timeouts,
+            "failures_6xx": st.failures_6xx,
+            "first_failure_ms": wall(st.first_failure_s),
+            "last_failure_ms": wall(st.last_failure_s),
+            "last_status": st.last_status,
+            "last_error": None if st.last_error is None else st.last_error[:1024],
+        }
+    )
 
 
 def park_headers(headers: KafkaHeaders, header: bytes) -> list[tuple[str, bytes | None]]:
@@ -119,10 +125,12 @@ def decode_headers(
         last_error = doc.get("last_error")
         parked = Parked(
             park_id=str(doc["id"]),
-            origin=Origin(topic=str(o["topic"]), partition=int(o["partition"]),
-                          offset=int(o["offset"]),
-                          timestamp_ms=None if o.get("timestamp_ms") is None
-                          else int(o["timestamp_ms"])),
+            origin=Origin(
+                topic=str(o["topic"]),
+                partition=int(o["partition"]),
+                offset=int(o["offset"]),
+                timestamp_ms=None if o.get("timestamp_ms") is None else int(o["timestamp_ms"]),
+            ),
             not_before_ms=int(doc["not_before_ms"]),
             state=AttemptState(
                 attempts=int(doc["attempts"]),
@@ -178,8 +186,7 @@ class RetryLayout:
         return {r for r in range(self.retry_partitions) if r % total in owned}
 
 
-def retry_layout(source_partitions: Mapping[str, int],
-                 retry_partitions: int) -> RetryLayout | None:
+def retry_layout(source_partitions: Mapping[str, int], retry_partitions: int) -> RetryLayout | None:
     """The layout of these source topics ({topic: partitions}) on a retries topic of
     ``retry_partitions``; None when it has fewer partitions than the sources together (no
     co-partitioning is possible) or a count is unknown (< 1)."""

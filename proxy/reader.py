@@ -33,13 +33,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka import KafkaError as RdKafkaError
 
 from base.errors import KafkaError
-from proxy.envelope import Envelope
+from proxy.envelope import Envelope, KafkaHeaders
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
 from proxy.settings import ProxySettings
@@ -273,7 +273,7 @@ class Reader:
             for change in changes:
                 change.applied.set()
 
-    def _ingest(self, msgs: list[Any]) -> None:
+    def _ingest(self, msgs: list[Message]) -> None:
         now = time.monotonic()
         envs: list[Envelope] = []
         for m in msgs:
@@ -282,14 +282,18 @@ class Reader:
                 if err.code() != RdKafkaError._PARTITION_EOF:
                     log.warning("consume error", extra={"error": str(err)})
                 continue
+            topic, partition, offset = m.topic(), m.partition(), m.offset()
+            if topic is None or partition is None or offset is None:
+                continue  # a consumed record without an error always has all three
             ts_type, ts = m.timestamp()
             env = Envelope(
-                topic=m.topic(),
-                partition=m.partition(),
-                offset=m.offset(),
+                topic=topic,
+                partition=partition,
+                offset=offset,
                 key=m.key(),
                 value=m.value(),
-                headers=m.headers() or (),
+                # A consumed record's headers are (name, bytes) pairs, never a dict.
+                headers=cast(KafkaHeaders, m.headers() or ()),
                 read_s=now,
                 timestamp_ms=ts if ts_type else None,
             )
@@ -310,7 +314,7 @@ class Reader:
             self._metrics.commits.labels("failed").inc()
             log.warning("offset commit failed; will retry", extra={"error": str(exc)})
 
-    def _on_commit(self, err: Any, partitions: list[TopicPartition]) -> None:
+    def _on_commit(self, err: RdKafkaError | None, partitions: list[TopicPartition]) -> None:
         """Result of an asynchronous commit (served on this thread by ``consume``)."""
         if err is not None:
             self._metrics.commits.labels("failed").inc()

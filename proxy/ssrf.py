@@ -16,7 +16,6 @@ A refused target is undeliverable: it is dead-lettered at once with the reason.
 from __future__ import annotations
 
 import socket
-from typing import Any
 
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
@@ -66,7 +65,7 @@ class GuardedResolver(AbstractResolver):
 def blocked_reason(exc: BaseException) -> str | None:
     """The refusal message if ``exc`` (an aiohttp connector error) came from the guard."""
     seen: set[int] = set()
-    cur: Any = exc
+    cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         if isinstance(cur, BlockedAddress):

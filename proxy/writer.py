@@ -515,7 +515,7 @@ class Writer:
             # (released only on the acknowledgement), so it goes back to waiting in memory.
             self._parking_refused(lot, str(err))
             unpark()
-            self._from_outbox(self._unparked, env, not_before_s)
+            self._unpark_later(env, not_before_s)
 
         def parked() -> None:
             self._state.release(env)
@@ -645,13 +645,13 @@ class Writer:
                 extra={"topic": lot.topic, "error": reason},
             )
 
-    def _from_outbox(self, fn: Callable[..., None], *args: Any) -> None:
-        """Run ``fn`` on the writer's loop (from a producer callback thread)."""
+    def _unpark_later(self, env: Envelope, not_before_s: float) -> None:
+        """``_unparked`` on the writer's loop (called on a producer callback thread)."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return  # shutting down: the message's offset is not done, so it is read again
         with contextlib.suppress(RuntimeError):
-            loop.call_soon_threadsafe(fn, *args)
+            loop.call_soon_threadsafe(self._unparked, env, not_before_s)
 
     def _unparked(self, env: Envelope, not_before_s: float) -> None:
         """A message whose park was refused waits in memory instead (on the loop)."""

@@ -148,9 +148,12 @@ def create_topics(settings: Settings, names: list[str], partitions: int = 1) -> 
     raise AssertionError(f"topics {names} did not appear")
 
 
-def produce(settings: Settings, topic: str,
-            records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]] | None]],
-            partition: int | None = None) -> None:
+def produce(
+    settings: Settings,
+    topic: str,
+    records: list[tuple[bytes | None, bytes, list[tuple[str, bytes]] | None]],
+    partition: int | None = None,
+) -> None:
     p = Producer({**settings.kafka.librdkafka(), "linger.ms": 5})
     for key, value, headers in records:
         kw: dict[str, Any] = {"key": key, "value": value, "headers": headers}
@@ -165,11 +168,18 @@ def produce(settings: Settings, topic: str,
     assert p.flush(30) == 0
 
 
-def read_topic(settings: Settings, topic: str, expect: int, timeout_s: float = 30.0,
-               idle_s: float = 1.0) -> list[Any]:
+def read_topic(
+    settings: Settings, topic: str, expect: int, timeout_s: float = 30.0, idle_s: float = 1.0
+) -> list[Any]:
     """Every record of ``topic`` (at least ``expect``, or what came before the deadline)."""
-    c = Consumer({**settings.kafka.librdkafka(), "group.id": f"reader-{uid()}",
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c = Consumer(
+        {
+            **settings.kafka.librdkafka(),
+            "group.id": f"reader-{uid()}",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([topic])
     out: list[Any] = []
     deadline = time.monotonic() + timeout_s
@@ -201,10 +211,19 @@ def wait_for(cond: Callable[[], bool], timeout_s: float = 60.0, what: str = "") 
 
 def fast_settings(**kw: Any) -> ProxySettings:
     base = ProxySettings(
-        mode="generic", source_topic="unset", endpoint_url="http://127.0.0.1:1/unset",
-        group_id=f"proxy-{uid()}", concurrency=16, per_host_concurrency=16,
-        retry_base_delay_s=0.02, retry_max_delay_s=0.2, commit_interval_s=0.3,
-        shutdown_timeout_s=5, revoke_timeout_s=3, session_timeout_s=6, metrics_port=0,
+        mode="generic",
+        source_topic="unset",
+        endpoint_url="http://127.0.0.1:1/unset",
+        group_id=f"proxy-{uid()}",
+        concurrency=16,
+        per_host_concurrency=16,
+        retry_base_delay_s=0.02,
+        retry_max_delay_s=0.2,
+        commit_interval_s=0.3,
+        shutdown_timeout_s=5,
+        revoke_timeout_s=3,
+        session_timeout_s=6,
+        metrics_port=0,
         request_timeout_s=5,
         # The receivers listen on 127.0.0.1, which the fires-mode SSRF guard refuses.
         allow_private_targets=True,
@@ -258,8 +277,11 @@ def test_generic_mode_contract_and_per_key_order_under_retries(
         return 200, {}, 0.002 * (seq % 3)
 
     receiver.behave = behave
-    records = [(k.encode(), seq_body(k, s), [("trace", f"t-{k}-{s}".encode())])
-               for s in range(per_key) for k in keys]
+    records = [
+        (k.encode(), seq_body(k, s), [("trace", f"t-{k}-{s}".encode())])
+        for s in range(per_key)
+        for k in keys
+    ]
     produce(stack, topic, records)
     ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq)
     app = start_proxy(stack, ps, proxies)
@@ -308,11 +330,15 @@ def test_return_code_classes_and_dead_letter_records(
     receiver.behave = behave
     # One key, so the 7xx is also shown not to block its successor once dead-lettered.
     produce(stack, topic, [(b"same-key", body, [("h1", b"v1")]) for body in plan])
-    ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
-                       retries_6xx=2)
+    ps = fast_settings(
+        source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq, retries_6xx=2
+    )
     start_proxy(stack, ps, proxies)
-    wait_for(lambda: any(h.body == b"after-7xx" and h.status == 200 for h in receiver.hits),
-             60, "the last message")
+    wait_for(
+        lambda: any(h.body == b"after-7xx" and h.status == 200 for h in receiver.hits),
+        60,
+        "the last message",
+    )
 
     by_body: dict[bytes, list[int]] = defaultdict(list)
     for h in receiver.hits:
@@ -325,13 +351,22 @@ def test_return_code_classes_and_dead_letter_records(
     assert by_body[b"7xx"] == [700]
     # Per-key order held across all of it.
     assert [h.body for h in receiver.hits if h.status < 300] == [
-        b"ok", b"4xx-then-ok", b"5xx-then-ok", b"6xx-then-ok", b"after-7xx"
+        b"ok",
+        b"4xx-then-ok",
+        b"5xx-then-ok",
+        b"6xx-then-ok",
+        b"after-7xx",
     ]
 
     dead = read_topic(stack, dlq, expect=2)
     assert len(dead) == 2
-    docs = {base64.b64decode(orjson.loads(m.value())["original"]["value_b64"]):
-            (m, orjson.loads(m.value())) for m in dead}
+    docs = {
+        base64.b64decode(orjson.loads(m.value())["original"]["value_b64"]): (
+            m,
+            orjson.loads(m.value()),
+        )
+        for m in dead
+    }
     m6, d6 = docs[b"6xx-always"]
     assert m6.key() == b"same-key"
     assert d6["status_code"] == 600 and d6["attempts"] == 3
@@ -362,11 +397,19 @@ def test_retry_after_is_honoured(
 
     receiver.behave = behave
     produce(stack, topic, [(b"a", b"secs", None), (b"b", b"date", None), (b"c", b"zero", None)])
-    ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
-                       retry_base_delay_s=0.05, retry_max_delay_s=0.05)
+    ps = fast_settings(
+        source_topic=topic,
+        endpoint_url=receiver.url,
+        dead_letter_topic=dlq,
+        retry_base_delay_s=0.05,
+        retry_max_delay_s=0.05,
+    )
     start_proxy(stack, ps, proxies)
-    wait_for(lambda: {h.body for h in receiver.delivered()} == {b"secs", b"date", b"zero"}, 30,
-             "all three retried")
+    wait_for(
+        lambda: {h.body for h in receiver.delivered()} == {b"secs", b"date", b"zero"},
+        30,
+        "all three retried",
+    )
     gaps = {}
     for body in (b"secs", b"date", b"zero"):
         first, second = sorted(h.at for h in receiver.hits if h.body == body)[:2]
@@ -388,15 +431,25 @@ def test_poison_pill_is_dead_lettered_and_others_flow(
         return 200
 
     receiver.behave = behave
-    records: list[tuple[bytes | None, bytes, Any]] = [(b"p", b"poison", None),
-                                                      (b"p", b"after-poison", None)]
+    records: list[tuple[bytes | None, bytes, Any]] = [
+        (b"p", b"poison", None),
+        (b"p", b"after-poison", None),
+    ]
     records += [(f"k{i}".encode(), f"other-{i}".encode(), None) for i in range(50)]
     produce(stack, topic, records)
-    ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
-                       request_timeout_s=0.3, poison_timeouts=3)
+    ps = fast_settings(
+        source_topic=topic,
+        endpoint_url=receiver.url,
+        dead_letter_topic=dlq,
+        request_timeout_s=0.3,
+        poison_timeouts=3,
+    )
     start_proxy(stack, ps, proxies)
-    wait_for(lambda: any(h.body == b"after-poison" for h in receiver.delivered()), 60,
-             "the poison pill's successor")
+    wait_for(
+        lambda: any(h.body == b"after-poison" for h in receiver.delivered()),
+        60,
+        "the poison pill's successor",
+    )
     assert sum(1 for h in receiver.delivered() if h.body.startswith(b"other-")) == 50
     (dead,) = read_topic(stack, dlq, expect=1)
     doc = orjson.loads(dead.value())
@@ -420,8 +473,14 @@ def test_backpressure_pauses_and_resumes(
     receiver.behave = behave
     n = 600
     produce(stack, topic, [(f"k{i % 40}".encode(), f"m{i}".encode(), None) for i in range(n)])
-    ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
-                       max_pending_messages=50, concurrency=8, per_host_concurrency=8)
+    ps = fast_settings(
+        source_topic=topic,
+        endpoint_url=receiver.url,
+        dead_letter_topic=dlq,
+        max_pending_messages=50,
+        concurrency=8,
+        per_host_concurrency=8,
+    )
     app = start_proxy(stack, ps, proxies)
     wait_for(lambda: app.reader.paused_partitions > 0, 30, "the reader to pause")
     held = app.state.queue.held_messages
@@ -451,11 +510,23 @@ def test_fires_mode_delivers_each_callback_and_reports_outcomes(
     base = f"http://127.0.0.1:{receiver.port}"
 
     def trigger(sid: str, path: str, **extra: Any) -> bytes:
-        doc = {"trigger_id": f"t-{sid}", "schedule_id": sid, "tenant": "acme",
-               "due_ms": 1_700_000_000_000, "emitted_ms": 1_700_000_000_005, "attempt": 1,
-               "order_key": sid, "payload": {"n": sid},
-               "callback": {"type": "http", "url": base + path, "method": "PUT",
-                            "headers": {"X-Auth": "s3cret"}, "timeout_s": 5}}
+        doc = {
+            "trigger_id": f"t-{sid}",
+            "schedule_id": sid,
+            "tenant": "acme",
+            "due_ms": 1_700_000_000_000,
+            "emitted_ms": 1_700_000_000_005,
+            "attempt": 1,
+            "order_key": sid,
+            "payload": {"n": sid},
+            "callback": {
+                "type": "http",
+                "url": base + path,
+                "method": "PUT",
+                "headers": {"X-Auth": "s3cret"},
+                "timeout_s": 5,
+            },
+        }
         doc.update(extra)
         if "payload_b64" in doc:
             del doc["payload"]  # at most one of the two
@@ -465,14 +536,17 @@ def test_fires_mode_delivers_each_callback_and_reports_outcomes(
         (b"s1", trigger("s1", "/hook/a"), None),
         (b"s2", trigger("s2", "/reject"), None),
         (b"s3", b"{not json", None),
-        (b"s4", trigger("s4", "/", callback={"type": "kafka", "topic": sink, "key": "kk"}),
-         None),
-        (b"s5", trigger("s5", "/hook/b", payload_b64=base64.b64encode(b"\x00raw").decode()),
-         None),
+        (b"s4", trigger("s4", "/", callback={"type": "kafka", "topic": sink, "key": "kk"}), None),
+        (b"s5", trigger("s5", "/hook/b", payload_b64=base64.b64encode(b"\x00raw").decode()), None),
     ]
     produce(stack, fires, records)
-    ps = fast_settings(mode="fires", source_topic=fires, endpoint_url="",
-                       dead_letter_topic=dlq, deliveries_topic=deliveries)
+    ps = fast_settings(
+        mode="fires",
+        source_topic=fires,
+        endpoint_url="",
+        dead_letter_topic=dlq,
+        deliveries_topic=deliveries,
+    )
     start_proxy(stack, ps, proxies)
     outcomes = read_topic(stack, deliveries, expect=4, timeout_s=60)
     docs = {orjson.loads(m.value())["schedule_id"]: orjson.loads(m.value()) for m in outcomes}

@@ -91,15 +91,26 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(stack: Settings) -> None:
     create_topics(stack, [topic], partitions=4)
     create_topics(stack, [dlq])
     keys, per_key = [f"k{i}" for i in range(40)], 50
-    receiver = Receiver(behave=lambda hit, n: (500 if n == 1 and hit.body.endswith(b"!")
-                                               else (200, {}, 0.003))).start()
+    receiver = Receiver(
+        behave=lambda hit, n: 500 if n == 1 and hit.body.endswith(b"!") else (200, {}, 0.003)
+    ).start()
     try:
         # Every 10th message fails once, so retries are in flight when the kill lands.
-        produce(stack, topic, [(k.encode(), seq_body(k, s, "!" if s % 10 == 0 else ""), None)
-                               for s in range(per_key) for k in keys])
-        env = {"TOCSIN_PROXY_SOURCE_TOPIC": topic, "TOCSIN_PROXY_ENDPOINT_URL": receiver.url,
-               "TOCSIN_PROXY_GROUP_ID": f"proxy-{uid()}",
-               "TOCSIN_PROXY_DEAD_LETTER_TOPIC": dlq}
+        produce(
+            stack,
+            topic,
+            [
+                (k.encode(), seq_body(k, s, "!" if s % 10 == 0 else ""), None)
+                for s in range(per_key)
+                for k in keys
+            ],
+        )
+        env = {
+            "TOCSIN_PROXY_SOURCE_TOPIC": topic,
+            "TOCSIN_PROXY_ENDPOINT_URL": receiver.url,
+            "TOCSIN_PROXY_GROUP_ID": f"proxy-{uid()}",
+            "TOCSIN_PROXY_DEAD_LETTER_TOPIC": dlq,
+        }
         first = spawn_proxy(stack, env)
         try:
             wait_for(lambda: len(receiver.delivered()) >= 600, 60, "some deliveries")
@@ -111,8 +122,11 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(stack: Settings) -> None:
         second = spawn_proxy(stack, env)
         try:
             total = len(keys) * per_key
-            wait_for(lambda: len({h.body for h in receiver.delivered()}) >= total, 120,
-                     "every message after the restart")
+            wait_for(
+                lambda: len({h.body for h in receiver.delivered()}) >= total,
+                120,
+                "every message after the restart",
+            )
         finally:
             second.send_signal(signal.SIGTERM)
             assert second.wait(30) == 0
@@ -120,8 +134,7 @@ def test_sigkill_mid_stream_then_restart_loses_nothing(stack: Settings) -> None:
         dups = first_seen_in_order(hits, keys, per_key)
         strictly_increasing_per_key([h for h in hits if h.at < restart_at])
         strictly_increasing_per_key([h for h in hits if h.at >= restart_at])
-        print(f"\nsigkill: delivered={len(hits)} unique={total} "
-              f"duplicates={sum(dups.values())}")
+        print(f"\nsigkill: delivered={len(hits)} unique={total} duplicates={sum(dups.values())}")
     finally:
         receiver.stop()
 
@@ -135,10 +148,16 @@ def test_two_proxies_rebalance_keeps_order_and_loses_nothing(stack: Settings) ->
     receiver = Receiver(behave=lambda hit, n: (200, {}, 0.004)).start()
     apps: list[ProxyApp] = []
     try:
-        produce(stack, topic, [(k.encode(), seq_body(k, s), None)
-                               for s in range(per_key) for k in keys])
-        ps = fast_settings(source_topic=topic, endpoint_url=receiver.url,
-                           dead_letter_topic=dlq, concurrency=8, per_host_concurrency=8)
+        produce(
+            stack, topic, [(k.encode(), seq_body(k, s), None) for s in range(per_key) for k in keys]
+        )
+        ps = fast_settings(
+            source_topic=topic,
+            endpoint_url=receiver.url,
+            dead_letter_topic=dlq,
+            concurrency=8,
+            per_host_concurrency=8,
+        )
         a = start_proxy(stack, ps, apps)
         wait_for(lambda: len(receiver.delivered()) >= 300, 60, "A delivering")
         b = start_proxy(stack, ps, apps)
@@ -146,11 +165,12 @@ def test_two_proxies_rebalance_keeps_order_and_loses_nothing(stack: Settings) ->
         wait_for(lambda: len(receiver.delivered()) >= 1000, 60, "A and B delivering")
         a.stop()  # graceful leave: a second rebalance hands everything to B
         total = len(keys) * per_key
-        wait_for(lambda: len({h.body for h in receiver.delivered()}) >= total, 120,
-                 "every message")
+        wait_for(lambda: len({h.body for h in receiver.delivered()}) >= total, 120, "every message")
         dups = first_seen_in_order(receiver.delivered(), keys, per_key)
-        print(f"\nrebalance: delivered={len(receiver.delivered())} unique={total} "
-              f"duplicates={sum(dups.values())}")
+        print(
+            f"\nrebalance: delivered={len(receiver.delivered())} unique={total} "
+            f"duplicates={sum(dups.values())}"
+        )
         assert a.metrics.rebalances.labels("revoked")._value.get() > 0
     finally:
         for app in apps:
@@ -159,8 +179,7 @@ def test_two_proxies_rebalance_keeps_order_and_loses_nothing(stack: Settings) ->
 
 
 def committed_offsets(stack: Settings, group: str, topic: str, partitions: int) -> list[int]:
-    c = Consumer({**stack.kafka.librdkafka(), "group.id": group,
-                  "enable.auto.commit": False})
+    c = Consumer({**stack.kafka.librdkafka(), "group.id": group, "enable.auto.commit": False})
     try:
         got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
         return [tp.offset for tp in got]
@@ -185,39 +204,62 @@ def test_a_failing_tenant_neither_pauses_another_nor_pins_the_commit_position(
     base = f"http://127.0.0.1:{receiver.port}"
 
     def trigger(tenant: str, sid: str, path: str, payload: object) -> bytes:
-        return orjson.dumps({
-            "trigger_id": f"t-{sid}", "schedule_id": sid, "tenant": tenant,
-            "due_ms": 1_700_000_000_000, "emitted_ms": 1_700_000_000_005, "attempt": 1,
-            "order_key": sid, "payload": payload,
-            "callback": {"type": "http", "url": base + path, "timeout_s": 5},
-        })
+        return orjson.dumps(
+            {
+                "trigger_id": f"t-{sid}",
+                "schedule_id": sid,
+                "tenant": tenant,
+                "due_ms": 1_700_000_000_000,
+                "emitted_ms": 1_700_000_000_005,
+                "attempt": 1,
+                "order_key": sid,
+                "payload": payload,
+                "callback": {"type": "http", "url": base + path, "timeout_s": 5},
+            }
+        )
 
     pad = "x" * 48 * 1024
     a_ids = [f"a{i}" for i in range(200)]
     b_ids = [f"b{i}" for i in range(300)]
     try:
-        produce(stack, fires, [(sid.encode(), trigger("tenant-a", sid, "/a", {"pad": pad}), None)
-                               for sid in a_ids])
-        ps = fast_settings(mode="fires", source_topic=fires, endpoint_url="",
-                           dead_letter_topic=dlq, deliveries_topic=deliveries,
-                           retry_topic=retries, max_pending_bytes=4 * 1024 * 1024,
-                           retry_base_delay_s=0.05, retry_max_delay_s=0.5, park_after_s=1.0)
+        produce(
+            stack,
+            fires,
+            [(sid.encode(), trigger("tenant-a", sid, "/a", {"pad": pad}), None) for sid in a_ids],
+        )
+        ps = fast_settings(
+            mode="fires",
+            source_topic=fires,
+            endpoint_url="",
+            dead_letter_topic=dlq,
+            deliveries_topic=deliveries,
+            retry_topic=retries,
+            max_pending_bytes=4 * 1024 * 1024,
+            retry_base_delay_s=0.05,
+            retry_max_delay_s=0.5,
+            park_after_s=1.0,
+        )
         app = start_proxy(stack, ps, apps)
 
         def attempted(path: str) -> set[str]:
             with receiver._lock:
-                return {h.headers["Tocsin-Schedule-Id"] for h in receiver.hits
-                        if h.path == path}
+                return {h.headers["Tocsin-Schedule-Id"] for h in receiver.hits if h.path == path}
 
         # The reader takes in a whole batch before it pauses, so B comes once A is read.
         wait_for(lambda: attempted("/a") == set(a_ids), 90, "every trigger of A attempted")
-        produce(stack, fires, [(sid.encode(), trigger("tenant-b", sid, "/b", {"n": sid}), None)
-                               for sid in b_ids])
+        produce(
+            stack,
+            fires,
+            [(sid.encode(), trigger("tenant-b", sid, "/b", {"n": sid}), None) for sid in b_ids],
+        )
         wait_for(lambda: attempted("/b") >= set(b_ids), 90, "every trigger of tenant B")
         assert {h.headers["Tocsin-Schedule-Id"] for h in receiver.delivered()} == set(b_ids)
         ends = end_offsets(stack, fires, 2)
-        wait_for(lambda: committed_offsets(stack, ps.group_id, fires, 2) == ends, 60,
-                 f"the fires topic committed to its end {ends} while A fails")
+        wait_for(
+            lambda: committed_offsets(stack, ps.group_id, fires, 2) == ends,
+            60,
+            f"the fires topic committed to its end {ends} while A fails",
+        )
         assert not any(h.status == 200 for h in receiver.hits if h.path == "/a")
         assert app.metrics.parked.labels("retrying")._value.get() > 0
         assert app.failure() is None
@@ -230,8 +272,10 @@ def test_a_failing_tenant_neither_pauses_another_nor_pins_the_commit_position(
 def end_offsets(stack: Settings, topic: str, partitions: int) -> list[int]:
     c = Consumer({**stack.kafka.librdkafka(), "group.id": f"ends-{uid()}"})
     try:
-        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in range(partitions)]
+        return [
+            c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+            for p in range(partitions)
+        ]
     finally:
         c.close()
 
@@ -251,18 +295,34 @@ def test_a_long_failing_message_is_parked_and_its_key_stays_in_order(stack: Sett
     receiver = Receiver(behave=behave).start()
     apps: list[ProxyApp] = []
     try:
-        produce(stack, topic, [(b"k", seq_body("k", s), None) for s in range(20)]
-                + [(b"other", seq_body("other", s), None) for s in range(5)])
-        ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
-                           retry_topic=retries, retry_base_delay_s=0.05, retry_max_delay_s=0.2,
-                           park_after_s=0.5)
+        produce(
+            stack,
+            topic,
+            [(b"k", seq_body("k", s), None) for s in range(20)]
+            + [(b"other", seq_body("other", s), None) for s in range(5)],
+        )
+        ps = fast_settings(
+            source_topic=topic,
+            endpoint_url=receiver.url,
+            dead_letter_topic=dlq,
+            retry_topic=retries,
+            retry_base_delay_s=0.05,
+            retry_max_delay_s=0.2,
+            park_after_s=0.5,
+        )
         start_proxy(stack, ps, apps)
-        wait_for(lambda: committed_offsets(stack, ps.group_id, topic, 1) == [25], 60,
-                 "the source committed past the failing message")
+        wait_for(
+            lambda: committed_offsets(stack, ps.group_id, topic, 1) == [25],
+            60,
+            "the source committed past the failing message",
+        )
         assert not any(h.key == "k" and h.status == 200 for h in receiver.hits)
         recovered.set()
-        wait_for(lambda: len({h.body for h in receiver.delivered()}) == 25, 60,
-                 "every message once the receiver recovered")
+        wait_for(
+            lambda: len({h.body for h in receiver.delivered()}) == 25,
+            60,
+            "every message once the receiver recovered",
+        )
         firsts: list[int] = []
         for h in receiver.delivered():
             key, seq, _ = parse_body(h.body)
@@ -295,21 +355,37 @@ def test_two_proxies_keep_each_parked_keys_order(stack: Settings) -> None:
     ).start()
     apps: list[ProxyApp] = []
     try:
-        ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
-                           retry_topic=retries, retry_base_delay_s=0.05,
-                           retry_max_delay_s=0.2, park_after_s=0.3)
+        ps = fast_settings(
+            source_topic=topic,
+            endpoint_url=receiver.url,
+            dead_letter_topic=dlq,
+            retry_topic=retries,
+            retry_base_delay_s=0.05,
+            retry_max_delay_s=0.2,
+            park_after_s=0.3,
+        )
         one, two = start_proxy(stack, ps, apps), start_proxy(stack, ps, apps)
-        wait_for(lambda: all(len(a.reader.assignment) == 1 for a in (one, two))
-                 and sum(len(a.retry_reader.assignment) for a in (one, two)) == 3
-                 and all(a.retry_reader.assignment for a in (one, two)), 60,
-                 "both proxies holding a source and a retries partition")
-        produce(stack, topic, [(k.encode(), seq_body(k, s), None)
-                               for s in range(5) for k in keys])
-        wait_for(lambda: sum(committed_offsets(stack, ps.group_id, topic, 2)) == 60, 90,
-                 "the source committed past every failing message")
+        wait_for(
+            lambda: (
+                all(len(a.reader.assignment) == 1 for a in (one, two))
+                and sum(len(a.retry_reader.assignment) for a in (one, two)) == 3
+                and all(a.retry_reader.assignment for a in (one, two))
+            ),
+            60,
+            "both proxies holding a source and a retries partition",
+        )
+        produce(stack, topic, [(k.encode(), seq_body(k, s), None) for s in range(5) for k in keys])
+        wait_for(
+            lambda: sum(committed_offsets(stack, ps.group_id, topic, 2)) == 60,
+            90,
+            "the source committed past every failing message",
+        )
         recovered.set()
-        wait_for(lambda: len({h.body for h in receiver.delivered()}) == 60, 90,
-                 "every message once the receiver recovered")
+        wait_for(
+            lambda: len({h.body for h in receiver.delivered()}) == 60,
+            90,
+            "every message once the receiver recovered",
+        )
         firsts: dict[str, list[int]] = defaultdict(list)
         for h in receiver.delivered():
             key, seq, _ = parse_body(h.body)
@@ -331,8 +407,13 @@ def test_without_a_retry_topic_parking_is_off_and_delivery_goes_on(stack: Settin
     apps: list[ProxyApp] = []
     try:
         produce(stack, topic, [(b"k", seq_body("k", s), None) for s in range(5)])
-        ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
-                           retry_topic=f"{stack.topics.prefix}missing-{uid()}", park_after_s=0)
+        ps = fast_settings(
+            source_topic=topic,
+            endpoint_url=receiver.url,
+            dead_letter_topic=dlq,
+            retry_topic=f"{stack.topics.prefix}missing-{uid()}",
+            park_after_s=0,
+        )
         app = start_proxy(stack, ps, apps)
         assert not app.retry_lane and app.metrics.parking._value.get() == 0
         wait_for(lambda: len({h.body for h in receiver.delivered()}) == 5, 60, "every message")
@@ -357,14 +438,25 @@ def test_a_failing_record_near_kafkas_default_limit_is_parked_too(stack: Setting
     apps: list[ProxyApp] = []
     try:
         produce(stack, topic, [(b"big", big, None), (b"small", b"s", None)])
-        ps = fast_settings(source_topic=topic, endpoint_url=receiver.url, dead_letter_topic=dlq,
-                           retry_topic=retries, park_after_s=0.3)
+        ps = fast_settings(
+            source_topic=topic,
+            endpoint_url=receiver.url,
+            dead_letter_topic=dlq,
+            retry_topic=retries,
+            park_after_s=0.3,
+        )
         start_proxy(stack, ps, apps)
-        wait_for(lambda: committed_offsets(stack, ps.group_id, topic, 1) == [2], 60,
-                 "the source committed past the failing 950 KB record")
+        wait_for(
+            lambda: committed_offsets(stack, ps.group_id, topic, 1) == [2],
+            60,
+            "the source committed past the failing 950 KB record",
+        )
         recovered.set()
-        wait_for(lambda: any(h.body == big for h in receiver.delivered()), 60,
-                 "the big record delivered from the retry topic")
+        wait_for(
+            lambda: any(h.body == big for h in receiver.delivered()),
+            60,
+            "the big record delivered from the retry topic",
+        )
     finally:
         for a in apps:
             a.stop(timeout_s=5)
@@ -381,37 +473,55 @@ def test_a_slow_tenant_does_not_hold_back_another(stack: Settings) -> None:
     dlq, deliveries = f"{stack.topics.prefix}dlq-{uid()}", f"{stack.topics.prefix}dl-{uid()}"
     create_topics(stack, [fires, retries], partitions=2)
     create_topics(stack, [dlq, deliveries])
-    receiver = Receiver(
-        behave=lambda hit, n: (200, {}, 2.0) if hit.path == "/a" else 200
-    ).start()
+    receiver = Receiver(behave=lambda hit, n: (200, {}, 2.0) if hit.path == "/a" else 200).start()
     apps: list[ProxyApp] = []
     base = f"http://127.0.0.1:{receiver.port}"
 
     def trigger(tenant: str, sid: str, path: str, payload: object) -> bytes:
-        return orjson.dumps({
-            "trigger_id": f"t-{sid}", "schedule_id": sid, "tenant": tenant,
-            "due_ms": 1_700_000_000_000, "emitted_ms": 1_700_000_000_005, "attempt": 1,
-            "order_key": sid, "payload": payload,
-            "callback": {"type": "http", "url": base + path, "timeout_s": 10},
-        })
+        return orjson.dumps(
+            {
+                "trigger_id": f"t-{sid}",
+                "schedule_id": sid,
+                "tenant": tenant,
+                "due_ms": 1_700_000_000_000,
+                "emitted_ms": 1_700_000_000_005,
+                "attempt": 1,
+                "order_key": sid,
+                "payload": payload,
+                "callback": {"type": "http", "url": base + path, "timeout_s": 10},
+            }
+        )
 
     pad = "x" * 48 * 1024
     b_ids = [f"b{i}" for i in range(200)]
     try:
-        produce(stack, fires, [(f"a{i}".encode(), trigger("tenant-a", f"a{i}", "/a",
-                                                          {"pad": pad}), None)
-                               for i in range(300)])
-        ps = fast_settings(mode="fires", source_topic=fires, endpoint_url="",
-                           dead_letter_topic=dlq, deliveries_topic=deliveries,
-                           retry_topic=retries, max_pending_bytes=4 * 1024 * 1024)
+        produce(
+            stack,
+            fires,
+            [
+                (f"a{i}".encode(), trigger("tenant-a", f"a{i}", "/a", {"pad": pad}), None)
+                for i in range(300)
+            ],
+        )
+        ps = fast_settings(
+            mode="fires",
+            source_topic=fires,
+            endpoint_url="",
+            dead_letter_topic=dlq,
+            deliveries_topic=deliveries,
+            retry_topic=retries,
+            max_pending_bytes=4 * 1024 * 1024,
+        )
         start_proxy(stack, ps, apps)
         wait_for(lambda: len(receiver.delivered()) >= 1, 30, "A under way")
-        produce(stack, fires, [(sid.encode(), trigger("tenant-b", sid, "/b", {"n": sid}), None)
-                               for sid in b_ids])
+        produce(
+            stack,
+            fires,
+            [(sid.encode(), trigger("tenant-b", sid, "/b", {"n": sid}), None) for sid in b_ids],
+        )
 
         def b_delivered() -> set[str]:
-            return {h.headers["Tocsin-Schedule-Id"] for h in receiver.delivered()
-                    if h.path == "/b"}
+            return {h.headers["Tocsin-Schedule-Id"] for h in receiver.delivered() if h.path == "/b"}
 
         wait_for(lambda: b_delivered() == set(b_ids), 60, "every trigger of tenant B")
         a_done = sum(1 for h in receiver.delivered() if h.path == "/a")

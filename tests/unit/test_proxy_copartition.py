@@ -106,10 +106,19 @@ def following_reader() -> Iterator[tuple[Reader, SharedState, FollowingConsumer,
     def commit(_c: Any, positions: dict[tuple[str, int], int]) -> None:
         consumer.committed.extend((t, p, o) for (t, p), o in positions.items())
 
-    reader = Reader(kafka_conf={}, settings=settings(revoke_timeout_s=0.1), topics=[RETRIES],
-                    state=state, writer=retry, outbox=FlushingOutbox(),  # type: ignore[arg-type]
-                    metrics=ProxyMetrics(), prepare=lambda env: None, commit=commit,
-                    name="proxy-retry-reader", subscribe=False)
+    reader = Reader(
+        kafka_conf={},
+        settings=settings(revoke_timeout_s=0.1),
+        topics=[RETRIES],
+        state=state,
+        writer=retry,
+        outbox=FlushingOutbox(),  # type: ignore[arg-type]
+        metrics=ProxyMetrics(),
+        prepare=lambda env: None,
+        commit=commit,
+        name="proxy-retry-reader",
+        subscribe=False,
+    )
     yield reader, state, consumer, lot
     retry.drain(1)
 
@@ -136,8 +145,16 @@ def test_a_following_reader_reads_what_it_is_given_and_commits_what_it_lets_go(
     assert lot.retry_known and lot.retry_owned == {1, 3}
     # A parked record read from partition 3 and finished: its offset is committed when the
     # partition goes (its source partition was revoked from the main lane).
-    env = Envelope(topic=RETRIES, partition=3, offset=7, key=b"K", value=b"v", headers=[],
-                   timestamp_ms=None, read_s=time.monotonic())
+    env = Envelope(
+        topic=RETRIES,
+        partition=3,
+        offset=7,
+        key=b"K",
+        value=b"v",
+        headers=[],
+        timestamp_ms=None,
+        read_s=time.monotonic(),
+    )
     prepare_generic(env, url="http://127.0.0.1:9/", timeout_s=1.0)
     state.push([env])
     assert state.take() is env

@@ -7,6 +7,7 @@ from typing import Any
 
 import orjson
 from confluent_kafka import KafkaError as RdKafkaError
+from confluent_kafka import KafkaException
 
 from proxy.deadletter import MAX_RECORD_BYTES, dead_letter_record
 from proxy.envelope import Envelope, prepare_generic
@@ -15,15 +16,31 @@ from proxy.outbox import Outbox, OutRecord
 
 
 def big_env(value_bytes: int, header_bytes: int = 10) -> Envelope:
-    e = Envelope(topic="src", partition=3, offset=42, key=b"k", value=b"v" * value_bytes,
-                 headers=[("h", b"x" * header_bytes)], timestamp_ms=1, read_s=0.0)
+    e = Envelope(
+        topic="src",
+        partition=3,
+        offset=42,
+        key=b"k",
+        value=b"v" * value_bytes,
+        headers=[("h", b"x" * header_bytes)],
+        timestamp_ms=1,
+        read_s=0.0,
+    )
     prepare_generic(e, url="http://h/p", timeout_s=1)
     return e
 
 
 def record(e: Envelope, **kw: Any) -> bytes:
-    return dead_letter_record(e, reason="HTTP 700: no", status=700, first_failure_ms=1,
-                              last_failure_ms=2, now_ms=3, group_id="g", **kw)
+    return dead_letter_record(
+        e,
+        reason="HTTP 700: no",
+        status=700,
+        first_failure_ms=1,
+        last_failure_ms=2,
+        now_ms=3,
+        group_id="g",
+        **kw,
+    )
 
 
 def test_a_730_kb_record_makes_a_dead_letter_under_the_limit_with_its_coordinates() -> None:
@@ -59,11 +76,11 @@ class FakeProducer:
         self.calls: list[tuple[str, bytes, Any]] = []
         self.refuse_over = refuse_over
 
-    def produce(self, topic: str, *, value: bytes, key: Any, headers: Any,
-                on_delivery: Any) -> None:
+    def produce(
+        self, topic: str, *, value: bytes, key: Any, headers: Any, on_delivery: Any
+    ) -> None:
         if self.refuse_over is not None and len(value) > self.refuse_over:
             # what librdkafka raises for a record over message.max.bytes
-            from confluent_kafka import KafkaException
             raise KafkaException(RdKafkaError(RdKafkaError.MSG_SIZE_TOO_LARGE))
         self.calls.append((topic, value, on_delivery))
 
@@ -78,8 +95,7 @@ def test_a_record_the_broker_refuses_as_too_large_is_replaced_by_its_fallback() 
     fake = FakeProducer()
     done: list[int] = []
     small = OutRecord("dlq", b"k", b"SMALL")
-    outbox(fake).send_all([OutRecord("dlq", b"k", b"FULL", fallback=small)],
-                          lambda: done.append(1))
+    outbox(fake).send_all([OutRecord("dlq", b"k", b"FULL", fallback=small)], lambda: done.append(1))
     _, value, ack = fake.calls[0]
     assert value == b"FULL"
     ack(RdKafkaError(RdKafkaError.MSG_SIZE_TOO_LARGE), None)
@@ -93,20 +109,21 @@ def test_a_record_refused_for_good_without_fallback_is_dropped_counted_and_done(
     fake, metrics = FakeProducer(refuse_over=100), ProxyMetrics()
     done: list[int] = []
     outbox(fake, metrics).send_all(
-        [OutRecord("dlq", None, b"x" * 200), OutRecord("out", None, b"ok")],
-        lambda: done.append(1))
+        [OutRecord("dlq", None, b"x" * 200), OutRecord("out", None, b"ok")], lambda: done.append(1)
+    )
     assert [t for t, _, _ in fake.calls] == ["out"]  # the refused one raised, did not stall
     fake.calls[0][2](None, None)
     assert done == [1]
-    assert metrics.registry.get_sample_value(
-        "tocsin_proxy_records_refused_total", {"topic": "dlq"}) == 1
+    assert (
+        metrics.registry.get_sample_value("tocsin_proxy_records_refused_total", {"topic": "dlq"})
+        == 1
+    )
 
 
 def test_transient_failures_are_still_produced_again() -> None:
     fake = FakeProducer()
     done: list[int] = []
     small = OutRecord("dlq", None, b"s")
-    outbox(fake).send_all([OutRecord("dlq", None, b"v", fallback=small)],
-                          lambda: done.append(1))
+    outbox(fake).send_all([OutRecord("dlq", None, b"v", fallback=small)], lambda: done.append(1))
     fake.calls[0][2](RdKafkaError(RdKafkaError._MSG_TIMED_OUT), None)
     assert [v for _, v, _ in fake.calls] == [b"v", b"v"] and not done

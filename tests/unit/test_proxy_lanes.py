@@ -48,26 +48,48 @@ class AckingOutbox:
 
 
 def settings(**kw: Any) -> ProxySettings:
-    return ProxySettings(mode="generic", source_topic="t", endpoint_url="http://127.0.0.1:9/",
-                         metrics_port=0, retry_base_delay_s=0.01, retry_max_delay_s=0.01, **kw)
+    return ProxySettings(
+        mode="generic",
+        source_topic="t",
+        endpoint_url="http://127.0.0.1:9/",
+        metrics_port=0,
+        retry_base_delay_s=0.01,
+        retry_max_delay_s=0.01,
+        **kw,
+    )
 
 
-def writers(outbox: Any, s: ProxySettings | None = None,
-            bounds: Bounds | None = None) -> tuple[Writer, Writer, SharedState, ParkingLot]:
+def writers(
+    outbox: Any, s: ProxySettings | None = None, bounds: Bounds | None = None
+) -> tuple[Writer, Writer, SharedState, ParkingLot]:
     s = s or settings()
     lot = ParkingLot(topic=RETRIES)
     state = SharedState(bounds or Bounds())
     state.assign([("t", 0)])
-    common: dict[str, Any] = dict(settings=s, metrics=ProxyMetrics(), outbox=outbox,
-                                  dead_letter_topic="dlq", deliveries_topic=None, lot=lot)
+    common: dict[str, Any] = dict(
+        settings=s,
+        metrics=ProxyMetrics(),
+        outbox=outbox,
+        dead_letter_topic="dlq",
+        deliveries_topic=None,
+        lot=lot,
+    )
     main = Writer(state=state, **common)
     retry = Writer(state=SharedState(Bounds()), lane=Lane.RETRY, **common)
     return main, retry, state, lot
 
 
 def envelope(state: SharedState, offset: int, key: bytes = b"K") -> Envelope:
-    e = Envelope(topic="t", partition=0, offset=offset, key=key, value=b"v", headers=[],
-                 timestamp_ms=None, read_s=time.monotonic())
+    e = Envelope(
+        topic="t",
+        partition=0,
+        offset=offset,
+        key=key,
+        value=b"v",
+        headers=[],
+        timestamp_ms=None,
+        read_s=time.monotonic(),
+    )
     prepare_generic(e, url="http://127.0.0.1:9/", timeout_s=1.0)
     state.push([e])
     return e
@@ -130,8 +152,9 @@ class RefusingProducer:
     def __init__(self) -> None:
         self.written: list[str] = []
 
-    def produce(self, topic: str, *, value: bytes, key: bytes | None, headers: Any,
-                on_delivery: Any) -> None:
+    def produce(
+        self, topic: str, *, value: bytes, key: bytes | None, headers: Any, on_delivery: Any
+    ) -> None:
         if topic == RETRIES:
             on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), None)
         else:
@@ -167,11 +190,20 @@ def test_a_refused_retry_topic_switches_parking_off_and_dead_letters_nothing() -
 def tenant_envelopes(state: SharedState, n: int, tenant: str = "A") -> list[Envelope]:
     envs = []
     for i in range(n):
-        e = Envelope(topic="t", partition=0, offset=i, key=f"k{i}".encode(), value=b"v",
-                     headers=[], timestamp_ms=None, read_s=time.monotonic())
+        e = Envelope(
+            topic="t",
+            partition=0,
+            offset=i,
+            key=f"k{i}".encode(),
+            value=b"v",
+            headers=[],
+            timestamp_ms=None,
+            read_s=time.monotonic(),
+        )
         prepare_generic(e, url="http://127.0.0.1:9/", timeout_s=1.0)
         e.trigger = SimpleNamespace(  # type: ignore[assignment]
-            tenant=tenant, trigger_id=f"t{i}", schedule_id=f"s{i}")
+            tenant=tenant, trigger_id=f"t{i}", schedule_id=f"s{i}"
+        )
         envs.append(e)
     state.push(envs)
     return envs
@@ -184,8 +216,7 @@ def test_a_lone_tenant_over_its_share_is_not_parked_while_the_bounds_have_room()
     first = state.take()
     assert first is not None
     assert not main._hold_back(first)  # a healthy first attempt goes out
-    first.attempt_state = replace(first.attempt_state, failures=1,
-                                  first_failure_s=time.monotonic())
+    first.attempt_state = replace(first.attempt_state, failures=1, first_failure_s=time.monotonic())
     assert not main._should_park(first, time.monotonic())  # a retry stays in memory too
     assert outbox.records == []
 
@@ -197,8 +228,7 @@ def test_a_tenant_over_its_share_is_parked_once_the_bounds_are_pressed() -> None
     fresh = state.take()
     assert fresh is not None
     assert not main._hold_back(fresh)  # its tenant has writers free: attempt it
-    fresh.attempt_state = replace(fresh.attempt_state, failures=1,
-                                  first_failure_s=time.monotonic())
+    fresh.attempt_state = replace(fresh.attempt_state, failures=1, first_failure_s=time.monotonic())
     assert main._should_park(fresh, time.monotonic())  # failing: it leaves memory
     main._tenant_active["A"] = main._tenant_cap  # every writer A may use is busy
     waiting = state.take()
