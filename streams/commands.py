@@ -53,9 +53,9 @@ from streams.decisions import (
     with_default_retry,
     with_retention,
 )
-from streams.materializer import RecurringStore
 from streams.model import DEFAULT_RETENTION_S, BucketRow, ScheduleChange, ScheduleRow
 from streams.partitioner import partition_for
+from streams.recurring_store import RecurringStore
 from streams.store import load_schedule_rows
 from streams.tenants import QuotaBook, TenantConfig
 from streams.ticker import PartitionTicker, TriggerSink

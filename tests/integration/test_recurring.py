@@ -17,8 +17,8 @@ import orjson
 
 from base.settings import Settings
 from streams.client import CommandClient, FireWatcher, ResultWatcher
-from streams.materializer import schedule_runs
 from streams.recurring import parse_run_id
+from streams.recurring_store import schedule_runs
 from tests.integration.conftest import wait_worker_ready
 from topics.ids import trigger_id
 from topics.models import (

@@ -676,8 +676,9 @@ async def test_recurring_due_queue_on_real_cassandra(store: Store) -> None:
     """The materialiser's due queue (migration 007): range reads within a minute partition,
     deleting read minutes, the reader's saved position, the first-start scan of keyed
     parents (a filtering scan, no index) and reading parents back by id."""
-    from streams.materializer import DueEntry, RecurringStore, materialize_key
+    from streams.decisions import DueEntry, materialize_key
     from streams.recurring import NEVER_MS
+    from streams.recurring_store import RecurringStore
 
     rs = RecurringStore(store)
     part = 5

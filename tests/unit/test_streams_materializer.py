@@ -323,7 +323,7 @@ async def test_catch_up_under_the_lock_is_bounded_per_step() -> None:
 async def test_runs_of_a_schedule_whose_max_runs_are_all_written_answer_at_once() -> None:
     # Rate 2 s, max_runs 3, all three written (until = NEVER): the next-runs view must not
     # walk the (endless) expression to find what was counted but not run yet.
-    from streams.materializer import schedule_runs
+    from streams.recurring_store import schedule_runs
     from topics.codec import recurrence_to_json
 
     rec = Recurrence(every_s=2, max_runs=3)
