@@ -98,22 +98,24 @@ class CommandBridge:
         # The default partitioner for send_record (fires keep the worker's partitioning);
         # commands get their murmur2 partition explicitly (streams.partitioner).
         self.producer = Emitter(
-            settings.kafka, client_id=f"tocsin-api-{os.getpid()}",
+            settings.kafka,
+            client_id=f"tocsin-api-{os.getpid()}",
             linger_ms=settings.api.produce_linger_ms,
             compression="none",  # one small command per request: compressing costs CPU only
         )
-        self.consumer = Consumer({
-            **settings.kafka.librdkafka(),
-            "group.id": f"tocsin-api-{self.instance}",  # never commits; assign() only
-            "enable.auto.commit": False,
-            "auto.offset.reset": "latest",
-            # The broker answers a fetch as soon as one result is there (min bytes 1); the
-            # wait only bounds empty fetches, which at 5 ms were 200 requests/s per idle API.
-            "fetch.wait.max.ms": 100,
-            "fetch.min.bytes": 1,
-        })
-        self._reader = threading.Thread(target=self._read_results, name="api-results",
-                                        daemon=True)
+        self.consumer = Consumer(
+            {
+                **settings.kafka.librdkafka(),
+                "group.id": f"tocsin-api-{self.instance}",  # never commits; assign() only
+                "enable.auto.commit": False,
+                "auto.offset.reset": "latest",
+                # The broker answers a fetch as soon as one result is there (min bytes 1); the
+                # wait only bounds empty fetches, which at 5 ms were 200 requests/s per idle API.
+                "fetch.wait.max.ms": 100,
+                "fetch.min.bytes": 1,
+            }
+        )
+        self._reader = threading.Thread(target=self._read_results, name="api-results", daemon=True)
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -134,15 +136,15 @@ class CommandBridge:
                 tps = []
                 for p in partitions:
                     _, high = self.consumer.get_watermark_offsets(
-                        TopicPartition(topic, p), timeout=10)
+                        TopicPartition(topic, p), timeout=10
+                    )
                     tps.append(TopicPartition(topic, p, max(high, 0)))
                 break
             except KafkaException as exc:
                 # A just created topic answers "not leader" for a moment (not flagged as
                 # retriable by the client): try again for a while before giving up.
                 if time.monotonic() > deadline:
-                    raise KafkaError(f"cannot read topic {topic}: {exc}",
-                                     retriable=True) from exc
+                    raise KafkaError(f"cannot read topic {topic}: {exc}", retriable=True) from exc
                 time.sleep(0.5)
             except KeyError as exc:
                 raise KafkaError(f"cannot read topic {topic}: {exc}", retriable=True) from exc
@@ -183,7 +185,10 @@ class CommandBridge:
             self._pending[request_id] = (result, expected)
         try:
             acked = self.producer.send(
-                self.catalog.commands.name, key=key, value=value, headers=headers,
+                self.catalog.commands.name,
+                key=key,
+                value=value,
+                headers=headers,
                 partition=partition_for(key, self.partitions),
             )
             async with asyncio.timeout(timeout_s):
@@ -201,8 +206,13 @@ class CommandBridge:
                 del self._pending[request_id]
 
     async def send_record(
-        self, topic: str, key: bytes | None, value: bytes, headers: list[tuple[str, bytes]],
-        *, timeout_s: float = 30.0,
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        *,
+        timeout_s: float = 30.0,
     ) -> None:
         """Produce one record (any topic, default partitioner) and wait for the ack."""
         async with asyncio.timeout(timeout_s):

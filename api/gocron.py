@@ -164,9 +164,7 @@ def translate(expression: object) -> Translated:
             "month day-of-week)"
         )
     values = [_field(text, spec) for text, spec in zip(fields, _FIELDS, strict=True)]
-    day_match = (
-        DayMatch.ALL if values[2] is not None and values[4] is not None else DayMatch.ANY
-    )
+    day_match = DayMatch.ALL if values[2] is not None and values[4] is not None else DayMatch.ANY
     cron = " ".join(_render(v, spec) for v, spec in zip(values, _FIELDS, strict=True))
     return Translated(cron=cron, day_match=day_match)
 

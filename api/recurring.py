@@ -120,8 +120,9 @@ def _counted_before(row: Mapping[str, Any], rec: Recurrence, at_ms: int) -> int:
                 break
             count -= 1
     elif until < at_ms:
-        for nominal in itertools.islice(occurrences(rec, until, anchor_ms=anchor),
-                                        MAX_COUNTED_RUNS):
+        for nominal in itertools.islice(
+            occurrences(rec, until, anchor_ms=anchor), MAX_COUNTED_RUNS
+        ):
             if nominal >= at_ms:
                 break
             count += 1
@@ -159,8 +160,14 @@ def upcoming(
     for nominal in nominals:
         rid = run_id(sid, nominal)
         due = nominal + jitter_ms(tenant, rid, rec.jitter_s)
-        out.append({"run_id": rid, "nominal_ms": nominal, "due_ms": due,
-                    "trigger_id": trigger_id(tenant, rid, due)})
+        out.append(
+            {
+                "run_id": rid,
+                "nominal_ms": nominal,
+                "due_ms": due,
+                "trigger_id": trigger_id(tenant, rid, due),
+            }
+        )
     return out
 
 

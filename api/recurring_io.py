@@ -44,24 +44,31 @@ async def parent_state(
     store: Any, row: dict[str, Any], *, now_ms: int
 ) -> tuple[str, int | None, int | None]:
     """(status, next run ms, newest written run's nominal ms once none is left to write)."""
-    last = await newest_run(store, row["tenant"], row["schedule_id"]) if recurring.runs_out(
-        row) else None
+    last = (
+        await newest_run(store, row["tenant"], row["schedule_id"])
+        if recurring.runs_out(row)
+        else None
+    )
     return _state(row, last, now_ms)
 
 
-def _state(row: dict[str, Any], last: tuple[int, int] | None, now_ms: int
-           ) -> tuple[str, int | None, int | None]:
-    status = recurring.parent_status(row, now_ms=now_ms,
-                                     last_due_ms=None if last is None else last[1])
+def _state(
+    row: dict[str, Any], last: tuple[int, int] | None, now_ms: int
+) -> tuple[str, int | None, int | None]:
+    status = recurring.parent_status(
+        row, now_ms=now_ms, last_due_ms=None if last is None else last[1]
+    )
     rec = recurring.recurrence_of(row)
     last_nominal = None if last is None else last[0]
-    nxt = (recurring.next_run(row, rec, now_ms=now_ms, last_nominal_ms=last_nominal)
-           if status == recurring.SCHEDULED else None)
+    nxt = (
+        recurring.next_run(row, rec, now_ms=now_ms, last_nominal_ms=last_nominal)
+        if status == recurring.SCHEDULED
+        else None
+    )
     return status, nxt, last_nominal
 
 
-async def _newest_runs(store: Any, rows: list[dict[str, Any]]
-                       ) -> list[tuple[int, int] | None]:
+async def _newest_runs(store: Any, rows: list[dict[str, Any]]) -> list[tuple[int, int] | None]:
     """The newest written run of each parent that has none left to write (None for the
     others), at most ``_CONCURRENCY`` reads at once."""
     sem = asyncio.Semaphore(_CONCURRENCY)
@@ -75,9 +82,9 @@ async def _newest_runs(store: Any, rows: list[dict[str, Any]]
     return list(await asyncio.gather(*(one(r) for r in rows)))
 
 
-async def _states(store: Any, rows: list[dict[str, Any]], *, now_ms: int,
-                  window: tuple[int, int] | None = None
-                  ) -> list[tuple[str, int | None, int | None, int | None]]:
+async def _states(
+    store: Any, rows: list[dict[str, Any]], *, now_ms: int, window: tuple[int, int] | None = None
+) -> list[tuple[str, int | None, int | None, int | None]]:
     """(status, next run, newest written nominal, first run in ``window``) of each parent.
     Evaluating thousands of rules (croniter) is CPU work: it runs in a thread, so one
     tenant's large listing does not hold the API's event loop from everyone else's
@@ -90,8 +97,13 @@ async def _states(store: Any, rows: list[dict[str, Any]], *, now_ms: int,
             status, nxt, last_nominal = _state(row, last, now_ms)
             at = None
             if window is not None:
-                at = recurring.window_run(row, recurring.recurrence_of(row), from_ms=window[0],
-                                          to_ms=window[1], last_nominal_ms=last_nominal)
+                at = recurring.window_run(
+                    row,
+                    recurring.recurrence_of(row),
+                    from_ms=window[0],
+                    to_ms=window[1],
+                    last_nominal_ms=last_nominal,
+                )
             out.append((status, nxt, last_nominal, at))
         return out
 
@@ -99,8 +111,15 @@ async def _states(store: Any, rows: list[dict[str, Any]], *, now_ms: int,
 
 
 async def runs(
-    store: Any, tenant: str, schedule_id: str, *, now_ms: int, past: int, upcoming: int,
-    before_ms: int | None = None, after_ms: int | None = None,
+    store: Any,
+    tenant: str,
+    schedule_id: str,
+    *,
+    now_ms: int,
+    past: int,
+    upcoming: int,
+    before_ms: int | None = None,
+    after_ms: int | None = None,
 ) -> dict[str, Any] | None:
     """Past runs (newest first; nominal time before ``before_ms``, default now) with their
     state, and the next ``upcoming`` runs (after ``after_ms`` when later than now); None if
@@ -115,23 +134,36 @@ async def runs(
     if got is None:
         return None
     last = await newest_run(store, tenant, schedule_id) if recurring.runs_out(row) else None
-    got["next"] = recurring.upcoming(row, recurring.recurrence_of(row), now_ms=now_ms,
-                                     n=upcoming, after_ms=after_ms,
-                                     last_nominal_ms=None if last is None else last[0])
+    got["next"] = recurring.upcoming(
+        row,
+        recurring.recurrence_of(row),
+        now_ms=now_ms,
+        n=upcoming,
+        after_ms=after_ms,
+        last_nominal_ms=None if last is None else last[0],
+    )
     return got
 
 
 ParentView = Callable[..., dict[str, Any]]
 
 
-def _brief(row: dict[str, Any], *, status: str, position_ms: int, next_ms: int | None
-           ) -> dict[str, Any]:
+def _brief(
+    row: dict[str, Any], *, status: str, position_ms: int, next_ms: int | None
+) -> dict[str, Any]:
     return recurring.parent_brief(row, status=status, position_ms=position_ms, next_ms=next_ms)
 
 
 async def parents_in_window(
-    store: Any, tenant: str, *, from_ms: int, to_ms: int, statuses: frozenset[str] | None,
-    after: Key | None, now_ms: int, view: ParentView = _brief,
+    store: Any,
+    tenant: str,
+    *,
+    from_ms: int,
+    to_ms: int,
+    statuses: frozenset[str] | None,
+    after: Key | None,
+    now_ms: int,
+    view: ParentView = _brief,
 ) -> list[tuple[Key, dict[str, Any]]]:
     """The tenant's recurring schedules with a run in ``[from_ms, to_ms)`` (and a status in
     ``statuses``), keyed by (first run in the window, id), after ``after``, in key order;
@@ -142,21 +174,22 @@ async def parents_in_window(
     ids = await store.list_recurring(tenant)
     if not ids:
         return []
-    rows = [r for r in (await store.get_schedules(tenant, ids)).values()
-            if recurring.is_parent(r)]
+    rows = [r for r in (await store.get_schedules(tenant, ids)).values() if recurring.is_parent(r)]
     states = await _states(store, rows, now_ms=now_ms, window=(from_ms, to_ms))
     sem = asyncio.Semaphore(_CONCURRENCY)
 
-    async def one(row: dict[str, Any], status: str, nxt: int | None, at: int | None
-                  ) -> tuple[Key, dict[str, Any]] | None:
+    async def one(
+        row: dict[str, Any], status: str, nxt: int | None, at: int | None
+    ) -> tuple[Key, dict[str, Any]] | None:
         if statuses is not None and status not in statuses:
             return None
         changed = recurring.rule_changed_ms(row)
         if changed is not None and from_ms < changed:
             # Runs of an earlier rule (before the update that changed it): the history.
             async with sem:
-                old = await first_written_run(store, row["tenant"], row["schedule_id"],
-                                              from_ms, min(to_ms, changed))
+                old = await first_written_run(
+                    store, row["tenant"], row["schedule_id"], from_ms, min(to_ms, changed)
+                )
             at = old if at is None or (old is not None and old < at) else at
         if at is None:
             return None
@@ -165,9 +198,9 @@ async def parents_in_window(
             return None
         return key, view(row, status=status, position_ms=at, next_ms=nxt)
 
-    found = await asyncio.gather(*(one(row, status, nxt, at)
-                                   for row, (status, nxt, _, at) in zip(rows, states,
-                                                                         strict=True)))
+    found = await asyncio.gather(
+        *(one(row, status, nxt, at) for row, (status, nxt, _, at) in zip(rows, states, strict=True))
+    )
     return sorted((f for f in found if f is not None), key=lambda item: item[0])
 
 
@@ -175,9 +208,18 @@ OneShotLister = Callable[..., Awaitable[tuple[list[dict[str, Any]], Key | None]]
 
 
 async def list_page(
-    store: Any, list_one_shots: OneShotLister, brief: Callable[[dict[str, Any]], dict[str, Any]],
-    tenant: str, *, from_ms: int, to_ms: int, statuses: frozenset[str] | None, limit: int,
-    after: Key | None, now_ms: int, parent_view: ParentView = _brief,
+    store: Any,
+    list_one_shots: OneShotLister,
+    brief: Callable[[dict[str, Any]], dict[str, Any]],
+    tenant: str,
+    *,
+    from_ms: int,
+    to_ms: int,
+    statuses: frozenset[str] | None,
+    limit: int,
+    after: Key | None,
+    now_ms: int,
+    parent_view: ParentView = _brief,
 ) -> tuple[list[dict[str, Any]], Key | None]:
     """A listing page of one-shot schedules (``list_one_shots``, e.g.
     ``Service.list_schedules``; ``brief`` turns its rows into views) and recurring parents,
@@ -189,17 +231,25 @@ async def list_page(
         cursor: Key | None = None
     else:
         rows, cursor = await list_one_shots(
-            tenant, from_ms=from_ms, to_ms=to_ms, statuses=one_statuses, limit=limit,
-            after=after)
-    parents = await parents_in_window(store, tenant, from_ms=from_ms, to_ms=to_ms,
-                                      statuses=statuses, after=after, now_ms=now_ms,
-                                      view=parent_view)
+            tenant, from_ms=from_ms, to_ms=to_ms, statuses=one_statuses, limit=limit, after=after
+        )
+    parents = await parents_in_window(
+        store,
+        tenant,
+        from_ms=from_ms,
+        to_ms=to_ms,
+        statuses=statuses,
+        after=after,
+        now_ms=now_ms,
+        view=parent_view,
+    )
     one_shots = [((int(r["due_ms"]), str(r["schedule_id"])), brief(r)) for r in rows]
     return recurring.merge_page(one_shots, cursor, parents, limit)
 
 
-async def tenant_parents(store: Any, tenant: str, *, now_ms: int
-                         ) -> list[tuple[dict[str, Any], str, int | None]]:
+async def tenant_parents(
+    store: Any, tenant: str, *, now_ms: int
+) -> list[tuple[dict[str, Any], str, int | None]]:
     """Every recurring schedule of the tenant still stored: (row, status, next run ms)."""
     ids = await store.list_recurring(tenant)
     rows = await store.get_schedules(tenant, ids) if ids else {}
@@ -209,7 +259,12 @@ async def tenant_parents(store: Any, tenant: str, *, now_ms: int
 
 
 async def schedule_json(
-    store: Any, row: dict[str, Any], events: list[dict[str, Any]], *, now_ms: int, past: int,
+    store: Any,
+    row: dict[str, Any],
+    events: list[dict[str, Any]],
+    *,
+    now_ms: int,
+    past: int,
     upcoming: int,
 ) -> dict[str, Any]:
     """``GET /v1/schedules/{id}`` of a recurring parent (with its newest ``past`` and next
@@ -218,8 +273,9 @@ async def schedule_json(
 
     if recurring.is_parent(row):
         status, nxt, _ = await parent_state(store, row, now_ms=now_ms)
-        got = await runs(store, row["tenant"], row["schedule_id"], now_ms=now_ms, past=past,
-                         upcoming=upcoming)
+        got = await runs(
+            store, row["tenant"], row["schedule_id"], now_ms=now_ms, past=past, upcoming=upcoming
+        )
         return recurring.parent_view(row, events, status=status, next_ms=nxt, runs=got)
     parsed = parse_run_id(str(row["schedule_id"]))
     if parsed is None:

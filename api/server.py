@@ -12,10 +12,10 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from api import goscheduler, recurring, recurring_io, views
+from api.context import caller, json_response, read_json
 from api.openapi import openapi_document
 from api.service import Principal, Service, now_ms
 from api.views import ApiError
@@ -28,12 +28,6 @@ log = logging.getLogger("tocsin.api")
 
 SERVICE: web.AppKey[Service] = web.AppKey("service", Service)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-
-
-def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None
-                  ) -> web.Response:
-    return web.Response(body=orjson.dumps(body), status=status,
-                        content_type="application/json", headers=headers)
 
 
 @web.middleware
@@ -62,28 +56,12 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         return json_response(ApiError(500, "internal", "internal error").body(), 500)
 
 
-def bearer(request: web.Request) -> str | None:
-    auth = request.headers.get("Authorization", "")
-    if auth[:7].lower() == "bearer ":
-        return auth[7:].strip()
-    return request.headers.get("X-Api-Key")
-
-
 async def principal(request: web.Request) -> Principal:
-    return await request.app[SERVICE].authenticate(bearer(request))
+    return await caller(request.app[SERVICE], request)
 
 
-async def read_json(request: web.Request) -> dict[str, Any]:
-    limit = request.app[SERVICE].settings.api.max_body_bytes
-    if request.content_length is not None and request.content_length > limit:
-        raise ApiError(413, "body_too_large",
-                       f"body is {request.content_length} bytes; at most {limit} are accepted")
-    try:
-        raw = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        raise ApiError(413, "body_too_large",
-                       f"body exceeds {limit} bytes; at most {limit} are accepted") from None
-    return views.parse_body(raw)
+async def _body(request: web.Request) -> dict[str, Any]:
+    return await read_json(request.app[SERVICE], request)
 
 
 def _timeout(request: web.Request, default: float) -> float:
@@ -107,8 +85,16 @@ def _async(request: web.Request) -> bool:
 
 
 def result_body(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("schedule_id", "request_id", "command", "status", "code", "message",
-            "partition", "offset")
+    keys = (
+        "schedule_id",
+        "request_id",
+        "command",
+        "status",
+        "code",
+        "message",
+        "partition",
+        "offset",
+    )
     return {k: result.get(k) for k in keys}
 
 
@@ -123,8 +109,9 @@ async def readyz(request: web.Request) -> web.Response:
     service = request.app[SERVICE]
     checks = await service.ready() if service.started else {"kafka": False, "cassandra": False}
     ok = all(checks.values())
-    return json_response({"status": "ready" if ok else "not_ready", "checks": checks},
-                         200 if ok else 503)
+    return json_response(
+        {"status": "ready" if ok else "not_ready", "checks": checks}, 200 if ok else 503
+    )
 
 
 async def openapi(request: web.Request) -> web.Response:
@@ -135,7 +122,10 @@ async def openapi(request: web.Request) -> web.Response:
 
 
 async def _command(
-    request: web.Request, command: dict[str, Any], *, created: bool = False,
+    request: web.Request,
+    command: dict[str, Any],
+    *,
+    created: bool = False,
     cancel: bool = False,
 ) -> web.Response:
     service = request.app[SERVICE]
@@ -143,16 +133,22 @@ async def _command(
     if _async(request):
         await service.send(command, wait=False)
         return json_response(
-            {"schedule_id": sid, "request_id": command["request_id"], "status": "pending",
-             "location": f"/v1/schedules/{sid}"},
-            202, {"Location": f"/v1/schedules/{sid}"},
+            {
+                "schedule_id": sid,
+                "request_id": command["request_id"],
+                "status": "pending",
+                "location": f"/v1/schedules/{sid}",
+            },
+            202,
+            {"Location": f"/v1/schedules/{sid}"},
         )
-    result = await service.send(command, wait=True,
-                                timeout_s=_timeout(request, service.timeout_s))
-    assert result is not None
+    result = await service.send(command, wait=True, timeout_s=_timeout(request, service.timeout_s))
     code = result["code"]
-    status = 200 if (cancel and code == "already_cancelled") else views.http_status(
-        code, created=created)
+    status = (
+        200
+        if (cancel and code == "already_cancelled")
+        else views.http_status(code, created=created)
+    )
     headers = {"Retry-After": "1"} if status == 429 else None
     return json_response(result_body(result), status, headers)
 
@@ -160,12 +156,16 @@ async def _command(
 async def create_schedule(request: web.Request) -> web.Response:
     who = await principal(request)
     tenant = who.require_tenant()
-    body = await read_json(request)
+    body = await _body(request)
     service = request.app[SERVICE]
-    sid = (service.check_schedule_id(body["schedule_id"]) if "schedule_id" in body
-           else service.new_schedule_id())
-    cmd = views.create_command(body, tenant=tenant, schedule_id=sid,
-                               request_id=service.bridge.new_request_id())
+    sid = (
+        service.check_schedule_id(body["schedule_id"])
+        if "schedule_id" in body
+        else service.new_schedule_id()
+    )
+    cmd = views.create_command(
+        body, tenant=tenant, schedule_id=sid, request_id=service.bridge.new_request_id()
+    )
     return await _command(request, cmd, created=True)
 
 
@@ -174,9 +174,10 @@ async def update_schedule(request: web.Request) -> web.Response:
     tenant = who.require_tenant()
     service = request.app[SERVICE]
     sid = service.check_schedule_id(request.match_info["schedule_id"])
-    body = await read_json(request)
-    cmd = views.update_command(body, tenant=tenant, schedule_id=sid,
-                               request_id=service.bridge.new_request_id())
+    body = await _body(request)
+    cmd = views.update_command(
+        body, tenant=tenant, schedule_id=sid, request_id=service.bridge.new_request_id()
+    )
     return await _command(request, cmd)
 
 
@@ -185,11 +186,12 @@ async def reschedule(request: web.Request) -> web.Response:
     tenant = who.require_tenant()
     service = request.app[SERVICE]
     sid = service.check_schedule_id(request.match_info["schedule_id"])
-    body = await read_json(request)
+    body = await _body(request)
     if set(body) != {"due"}:
-        raise ApiError(400, "invalid_field", "reschedule takes exactly {\"due\": ...}")
-    cmd = views.update_command(body, tenant=tenant, schedule_id=sid,
-                               request_id=service.bridge.new_request_id())
+        raise ApiError(400, "invalid_field", 'reschedule takes exactly {"due": ...}')
+    cmd = views.update_command(
+        body, tenant=tenant, schedule_id=sid, request_id=service.bridge.new_request_id()
+    )
     return await _command(request, cmd)
 
 
@@ -198,8 +200,9 @@ async def cancel_schedule(request: web.Request) -> web.Response:
     tenant = who.require_tenant()
     service = request.app[SERVICE]
     sid = service.check_schedule_id(request.match_info["schedule_id"])
-    cmd = views.cancel_command(tenant=tenant, schedule_id=sid,
-                               request_id=service.bridge.new_request_id())
+    cmd = views.cancel_command(
+        tenant=tenant, schedule_id=sid, request_id=service.bridge.new_request_id()
+    )
     return await _command(request, cmd, cancel=True)
 
 
@@ -211,9 +214,16 @@ async def get_schedule(request: web.Request) -> web.Response:
     row, events = await service.get_schedule(tenant, sid)
     if recurring.is_parent(row) or row.get("due_ms") is None:
         # A recurring schedule, or one of its runs (api/recurring_io.py).
-        return json_response(await recurring_io.schedule_json(
-            service.store, row, events, now_ms=now_ms(), past=_count(request, "past", 5),
-            upcoming=_count(request, "next", 5)))
+        return json_response(
+            await recurring_io.schedule_json(
+                service.store,
+                row,
+                events,
+                now_ms=now_ms(),
+                past=_count(request, "past", 5),
+                upcoming=_count(request, "next", 5),
+            )
+        )
     return json_response(views.schedule_view(row, events))
 
 
@@ -229,13 +239,22 @@ async def schedule_runs(request: web.Request) -> web.Response:
     sid = service.check_schedule_id(request.match_info["schedule_id"])
     before = request.query.get("before")
     got = await recurring_io.runs(
-        service.store, tenant, sid, now_ms=now_ms(), past=_count(request, "past", 10),
+        service.store,
+        tenant,
+        sid,
+        now_ms=now_ms(),
+        past=_count(request, "past", 10),
         upcoming=_count(request, "next", 10),
-        before_ms=views.parse_time(before, "before") if before else None)
+        before_ms=views.parse_time(before, "before") if before else None,
+    )
     if got is None:
         await service.get_schedule(tenant, sid)  # 404 when there is no such schedule at all
-        raise ApiError(404, "not_recurring", f"schedule {sid!r} is not a recurring schedule; "
-                                             "its fire history is in GET /v1/schedules/{id}")
+        raise ApiError(
+            404,
+            "not_recurring",
+            f"schedule {sid!r} is not a recurring schedule; "
+            "its fire history is in GET /v1/schedules/{id}",
+        )
     return json_response(recurring_io.runs_json(got))
 
 
@@ -246,21 +265,29 @@ async def list_schedules(request: web.Request) -> web.Response:
     lo, hi = views.parse_window(q)
     service = request.app[SERVICE]
     page, cursor = await recurring_io.list_page(
-        service.store, service.list_schedules, lambda r: views.schedule_view(r, brief=True),
-        tenant, from_ms=lo, to_ms=hi, statuses=views.parse_statuses(q.get("status")),
-        limit=views.parse_limit(q.get("limit")), after=views.decode_cursor(q.get("cursor")),
+        service.store,
+        service.list_schedules,
+        lambda r: views.schedule_view(r, brief=True),
+        tenant,
+        from_ms=lo,
+        to_ms=hi,
+        statuses=views.parse_statuses(q.get("status")),
+        limit=views.parse_limit(q.get("limit")),
+        after=views.decode_cursor(q.get("cursor")),
         now_ms=now_ms(),
     )
-    return json_response({
-        "schedules": page,
-        "next_cursor": views.encode_cursor(*cursor) if cursor else None,
-    })
+    return json_response(
+        {
+            "schedules": page,
+            "next_cursor": views.encode_cursor(*cursor) if cursor else None,
+        }
+    )
 
 
 async def bulk_cancel(request: web.Request) -> web.Response:
     who = await principal(request)
     tenant = who.require_tenant()
-    body = await read_json(request)
+    body = await _body(request)
     lo, hi = views.parse_window({k: str(v) for k, v in body.items()})
     return json_response(await request.app[SERVICE].bulk_cancel(tenant, lo, hi))
 
@@ -268,7 +295,7 @@ async def bulk_cancel(request: web.Request) -> web.Response:
 async def bulk_refire(request: web.Request) -> web.Response:
     who = await principal(request)
     tenant = who.require_tenant()
-    body = await read_json(request)
+    body = await _body(request)
     statuses = body.pop("status", None) or ["dead_lettered", "missed"]
     if not isinstance(statuses, list) or not all(isinstance(s, str) for s in statuses):
         raise ApiError(400, "invalid_field", "status must be a list of statuses")
@@ -282,13 +309,16 @@ async def bulk_refire(request: web.Request) -> web.Response:
 
 
 def _tenant_json(row: dict[str, Any]) -> dict[str, Any]:
-    return views.tenant_view(row, TenantConfig.from_json(row.get("config")).to_dict(),
-                             tenant_admin.signing_status(row, time.time_ns() // 1_000_000))
+    return views.tenant_view(
+        row,
+        TenantConfig.from_json(row.get("config")).to_dict(),
+        tenant_admin.signing_status(row, time.time_ns() // 1_000_000),
+    )
 
 
 async def register_tenant(request: web.Request) -> web.Response:
     (await principal(request)).require_admin()
-    body = await read_json(request)
+    body = await _body(request)
     unknown = sorted(set(body) - {"tenant", "config", "active"})
     if unknown:
         raise ApiError(400, "invalid_field", f"unknown field {unknown[0]!r}")
@@ -296,7 +326,8 @@ async def register_tenant(request: web.Request) -> web.Response:
     if not isinstance(active, bool):
         raise ApiError(400, "invalid_field", "active must be a boolean")
     created = await request.app[SERVICE].register_tenant(
-        body.get("tenant"), body.get("config"), active=active)
+        body.get("tenant"), body.get("config"), active=active
+    )
     return json_response(created, 201)
 
 
@@ -321,7 +352,7 @@ async def get_tenant(request: web.Request) -> web.Response:
 
 async def update_tenant(request: web.Request) -> web.Response:
     (await principal(request)).require_admin()
-    body = await read_json(request)
+    body = await _body(request)
     unknown = sorted(set(body) - {"config", "active"})
     if unknown:
         raise ApiError(400, "invalid_field", f"unknown field {unknown[0]!r}")
@@ -332,7 +363,8 @@ async def update_tenant(request: web.Request) -> web.Response:
     if config is not None and not isinstance(config, dict):
         raise ApiError(400, "invalid_config", "config must be an object")
     row = await request.app[SERVICE].update_tenant(
-        request.match_info["tenant"], config=config, active=active)
+        request.match_info["tenant"], config=config, active=active
+    )
     return json_response(_tenant_json(row))
 
 
@@ -354,8 +386,9 @@ async def list_keys(request: web.Request) -> web.Response:
 
 async def revoke_key(request: web.Request) -> web.Response:
     (await principal(request)).require_admin()
-    await request.app[SERVICE].revoke_key(request.match_info["tenant"],
-                                          request.match_info["key_id"])
+    await request.app[SERVICE].revoke_key(
+        request.match_info["tenant"], request.match_info["key_id"]
+    )
     return json_response({"revoked": request.match_info["key_id"]})
 
 
@@ -363,7 +396,7 @@ async def rotate_signing_key(request: web.Request) -> web.Response:
     """A new current signing key (returned once); the previous one stays valid until it is
     retired, or for ``previous_valid_s`` seconds."""
     (await principal(request)).require_admin()
-    body = await read_json(request) if request.can_read_body else {}
+    body = await _body(request) if request.can_read_body else {}
     unknown = sorted(set(body) - {"previous_valid_s"})
     if unknown:
         raise ApiError(400, "invalid_field", f"unknown field {unknown[0]!r}")
@@ -374,8 +407,7 @@ async def rotate_signing_key(request: web.Request) -> web.Response:
         raise ApiError(400, "invalid_field", "previous_valid_s must be an integer >= 0")
     service, name = request.app[SERVICE], request.match_info["tenant"]
     try:
-        done = await tenant_admin.rotate_signing_key(
-            service.store, name, previous_valid_s=valid_s)
+        done = await tenant_admin.rotate_signing_key(service.store, name, previous_valid_s=valid_s)
     except tenant_admin.TenantNotFound as exc:
         raise ApiError(404, "not_found", str(exc)) from None
     except tenant_admin.RotationConflict as exc:
@@ -442,7 +474,12 @@ def build_app(settings: Settings, service: Service | None = None) -> web.Applica
 def run(settings: Settings) -> None:
     """Serve until SIGTERM/SIGINT (blocking)."""
     app = build_app(settings)
-    log.info("api listening", extra={"host": settings.api.host, "port": settings.api.port,
-                                     "admin": settings.api.admin_key is not None})
-    web.run_app(app, host=settings.api.host, port=settings.api.port, access_log=None,
-                print=None)
+    log.info(
+        "api listening",
+        extra={
+            "host": settings.api.host,
+            "port": settings.api.port,
+            "admin": settings.api.admin_key is not None,
+        },
+    )
+    web.run_app(app, host=settings.api.host, port=settings.api.port, access_log=None, print=None)

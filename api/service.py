@@ -10,7 +10,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import orjson
 
@@ -56,8 +56,11 @@ class Principal:
 
     def require_tenant(self) -> str:
         if self.tenant is None:
-            raise ApiError(403, "tenant_key_required",
-                           "schedule endpoints need a tenant API key, not the admin key")
+            raise ApiError(
+                403,
+                "tenant_key_required",
+                "schedule endpoints need a tenant API key, not the admin key",
+            )
         return self.tenant
 
     def require_admin(self) -> None:
@@ -104,8 +107,11 @@ class Service:
 
     async def authenticate(self, token: str | None) -> Principal:
         if not token:
-            raise ApiError(401, "unauthenticated",
-                           "send an API key: 'Authorization: Bearer <key>' or 'X-Api-Key'")
+            raise ApiError(
+                401,
+                "unauthenticated",
+                "send an API key: 'Authorization: Bearer <key>' or 'X-Api-Key'",
+            )
         admin = self.settings.api.admin_key
         if admin and hmac.compare_digest(token.encode(), admin.encode()):
             return Principal(tenant=None, admin=True)
@@ -114,8 +120,10 @@ class Service:
             raise ApiError(401, "unauthenticated", "the API key is malformed or unknown")
         key_id, secret = parts
         row = await self._key_row(key_id)
-        if row is None or row.get("revoked") or not check_api_key(
-            secret, salt=row["salt"], expected=row["hash"]
+        if (
+            row is None
+            or row.get("revoked")
+            or not check_api_key(secret, salt=row["salt"], expected=row["hash"])
         ):
             raise ApiError(401, "unauthenticated", "the API key is malformed or unknown")
         tenant = row["tenant"]
@@ -189,6 +197,16 @@ class Service:
 
     # -- commands --------------------------------------------------------------------------
 
+    @overload
+    async def send(
+        self, command: dict[str, Any], *, wait: Literal[True], timeout_s: float | None = None
+    ) -> dict[str, Any]: ...
+
+    @overload
+    async def send(
+        self, command: dict[str, Any], *, wait: Literal[False], timeout_s: float | None = None
+    ) -> None: ...
+
     async def send(
         self, command: dict[str, Any], *, wait: bool, timeout_s: float | None = None
     ) -> dict[str, Any] | None:
@@ -207,8 +225,7 @@ class Service:
         try:
             decode_command(value, key=key, now_ms=now_ms(), limits=self.limits)
         except CommandRejected as exc:
-            raise ApiError(http_status(exc.code), exc.code, exc.message,
-                           schedule_id=sid) from None
+            raise ApiError(http_status(exc.code), exc.code, exc.message, schedule_id=sid) from None
         trow = await self.tenants.get(tenant)
         headers: list[tuple[str, bytes]] = []
         secret = trow.get("signing_secret") if trow else None
@@ -216,15 +233,21 @@ class Service:
             headers = sign_headers(secret, signed_at_ms=now_ms(), key=key, value=value)
         timeout = self.timeout_s if timeout_s is None else timeout_s
         result = await self.bridge.send_command(
-            key, value, headers, request_id=command["request_id"], expected=expected,
+            key,
+            value,
+            headers,
+            request_id=command["request_id"],
+            expected=expected,
             timeout_s=timeout,
         )
         if wait and result is None:
             raise ApiError(
-                504, "timeout",
+                504,
+                "timeout",
                 f"no result within {timeout:g}s; the command may still be applied: "
                 f"GET /v1/schedules/{sid} to see",
-                schedule_id=sid, request_id=command["request_id"],
+                schedule_id=sid,
+                request_id=command["request_id"],
             )
         return result
 
@@ -264,7 +287,10 @@ class Service:
         cursor = after
         while len(out) < limit and scanned < max_scan:
             page = await self.store.read_index(
-                tenant, from_ms=from_ms, to_ms=to_ms, after=cursor,
+                tenant,
+                from_ms=from_ms,
+                to_ms=to_ms,
+                after=cursor,
                 limit=min(500, max(limit - len(out), 100)),
             )
             if not page:
@@ -291,8 +317,12 @@ class Service:
         cursor: tuple[int, str] | None = None
         while len(rows) < MAX_BULK:
             page, cursor = await self.list_schedules(
-                tenant, from_ms=from_ms, to_ms=to_ms, statuses=statuses,
-                limit=min(1000, MAX_BULK - len(rows)), after=cursor,
+                tenant,
+                from_ms=from_ms,
+                to_ms=to_ms,
+                statuses=statuses,
+                limit=min(1000, MAX_BULK - len(rows)),
+                after=cursor,
             )
             rows.extend(page)
             if cursor is None:
@@ -312,19 +342,26 @@ class Service:
         async def one(row: dict[str, Any]) -> None:
             nonlocal missing
             async with sem:
-                cmd = cancel_command(tenant=tenant, schedule_id=row["schedule_id"],
-                                     request_id=self.bridge.new_request_id())
+                cmd = cancel_command(
+                    tenant=tenant,
+                    schedule_id=row["schedule_id"],
+                    request_id=self.bridge.new_request_id(),
+                )
                 try:
                     res = await self.send(cmd, wait=True)
                 except ApiError:
                     missing += 1
                     return
-                assert res is not None
                 codes[res["code"]] = codes.get(res["code"], 0) + 1
 
         await asyncio.gather(*(one(r) for r in rows))
-        return {"matched": len(rows), "cancelled": codes.get(Code.OK, 0), "codes": codes,
-                "no_result": missing, "truncated": truncated}
+        return {
+            "matched": len(rows),
+            "cancelled": codes.get(Code.OK, 0),
+            "codes": codes,
+            "no_result": missing,
+            "truncated": truncated,
+        }
 
     async def bulk_refire(
         self, tenant: str, from_ms: int, to_ms: int, statuses: frozenset[str]
@@ -334,8 +371,11 @@ class Service:
         The trigger keeps its trigger_id (it is the same trigger), with the next emission
         attempt number; a 'refired' event is added to the schedule's history."""
         rows, truncated = await self.collect(tenant, from_ms, to_ms, statuses)
-        rows = [r for r in rows if effective_state(r) != ScheduleState.SCHEDULED
-                and r.get("state") != "cancelled"]
+        rows = [
+            r
+            for r in rows
+            if effective_state(r) != ScheduleState.SCHEDULED and r.get("state") != "cancelled"
+        ]
         fires = self.bridge.catalog.fires.name
         sem = asyncio.Semaphore(200)
         done = 0
@@ -349,8 +389,11 @@ class Service:
                 at = now_ms()
                 trig = Trigger(
                     trigger_id=trigger_id(tenant, sid, int(row["due_ms"])),
-                    schedule_id=sid, tenant=tenant, due_ms=int(row["due_ms"]),
-                    emitted_ms=at, attempt=attempt,
+                    schedule_id=sid,
+                    tenant=tenant,
+                    due_ms=int(row["due_ms"]),
+                    emitted_ms=at,
+                    attempt=attempt,
                     order_key=row.get("order_key") or sid,
                     payload=row.get("payload") or b"",
                     payload_type=PayloadType(row.get("payload_type") or "bytes"),
@@ -360,7 +403,11 @@ class Service:
                     fires, trig.order_key.encode(), encode_trigger(trig), trigger_headers(trig)
                 )
                 await self.store.record_event(
-                    tenant, sid, "refired", at_ms=at, trigger_id=trig.trigger_id,
+                    tenant,
+                    sid,
+                    "refired",
+                    at_ms=at,
+                    trigger_id=trig.trigger_id,
                     due_ms=trig.due_ms,
                     detail="re-fired by bulk reconcile"
                     + (" (was missed)" if row.get("state") == ScheduleState.MISSED else ""),

@@ -17,13 +17,20 @@ from topics.ids import MAX_EPOCH_MS, format_iso_ms, parse_iso_ms, trigger_id
 # Fields the API sets itself; a body carrying them is refused with a clear message.
 RESERVED_BODY_FIELDS = ("type", "tenant", "request_id", "reply_nonce")
 CREATE_BODY_FIELDS = frozenset(
-    {"schedule_id", "due", "recurrence", "payload", "payload_b64", "callback", "order_key",
-     "misfire_tolerance_s"}
+    {
+        "schedule_id",
+        "due",
+        "recurrence",
+        "payload",
+        "payload_b64",
+        "callback",
+        "order_key",
+        "misfire_tolerance_s",
+    }
 )
 UPDATE_BODY_FIELDS = frozenset({"due", "recurrence", "payload", "payload_b64", "callback"})
 # "completed": a recurring schedule with no runs left (api.recurring).
-STATUSES = ("scheduled", "fired", "missed", "cancelled", "delivered", "dead_lettered",
-            "completed")
+STATUSES = ("scheduled", "fired", "missed", "cancelled", "delivered", "dead_lettered", "completed")
 MAX_WINDOW_MS = 366 * 86_400_000
 
 
@@ -91,13 +98,15 @@ def _check_body(body: dict[str, Any], allowed: frozenset[str], what: str) -> Non
     for name in RESERVED_BODY_FIELDS:
         if name in body:
             raise ApiError(
-                400, "invalid_field",
+                400,
+                "invalid_field",
                 f"{name!r} is set by the API (the tenant comes from the API key); remove it",
             )
     unknown = sorted(set(body) - allowed)
     if unknown:
         raise ApiError(
-            400, "invalid_field",
+            400,
+            "invalid_field",
             f"{what}: unknown field {unknown[0]!r}; allowed: {', '.join(sorted(allowed))}",
         )
 
@@ -108,21 +117,35 @@ def create_command(
     """The create command (wire JSON) for a POST /v1/schedules body."""
     _check_body(body, CREATE_BODY_FIELDS, "create")
     cmd = {k: v for k, v in body.items() if k != "schedule_id"}
-    return {"type": "create", "tenant": tenant, "schedule_id": schedule_id,
-            "request_id": request_id, **cmd}
+    return {
+        "type": "create",
+        "tenant": tenant,
+        "schedule_id": schedule_id,
+        "request_id": request_id,
+        **cmd,
+    }
 
 
 def update_command(
     body: dict[str, Any], *, tenant: str, schedule_id: str, request_id: str
 ) -> dict[str, Any]:
     _check_body(body, UPDATE_BODY_FIELDS, "update")
-    return {"type": "update", "tenant": tenant, "schedule_id": schedule_id,
-            "request_id": request_id, **body}
+    return {
+        "type": "update",
+        "tenant": tenant,
+        "schedule_id": schedule_id,
+        "request_id": request_id,
+        **body,
+    }
 
 
 def cancel_command(*, tenant: str, schedule_id: str, request_id: str) -> dict[str, Any]:
-    return {"type": "cancel", "tenant": tenant, "schedule_id": schedule_id,
-            "request_id": request_id}
+    return {
+        "type": "cancel",
+        "tenant": tenant,
+        "schedule_id": schedule_id,
+        "request_id": request_id,
+    }
 
 
 def parse_time(value: str | None, name: str) -> int:
@@ -157,18 +180,26 @@ def parse_statuses(value: str | None) -> frozenset[str] | None:
     wanted = frozenset(s.strip() for s in value.split(",") if s.strip())
     bad = sorted(wanted - set(STATUSES))
     if bad:
-        raise ApiError(400, "invalid_parameter",
-                       f"status {bad[0]!r} is not one of {', '.join(STATUSES)}")
+        raise ApiError(
+            400, "invalid_parameter", f"status {bad[0]!r} is not one of {', '.join(STATUSES)}"
+        )
     return wanted
 
 
-def parse_limit(value: str | None, *, default: int = 100, maximum: int = 1000,
-                name: str = "limit", minimum: int = 1) -> int:
+def parse_limit(
+    value: str | None,
+    *,
+    default: int = 100,
+    maximum: int = 1000,
+    name: str = "limit",
+    minimum: int = 1,
+) -> int:
     if value is None or value == "":
         return default
     if not value.isdigit() or not minimum <= int(value) <= maximum:
-        raise ApiError(400, "invalid_parameter",
-                       f"{name} must be an integer in {minimum}..{maximum}")
+        raise ApiError(
+            400, "invalid_parameter", f"{name} must be an integer in {minimum}..{maximum}"
+        )
     return int(value)
 
 
@@ -190,12 +221,13 @@ def decode_cursor(value: str | None) -> tuple[int, str] | None:
     raise ApiError(400, "invalid_parameter", "cursor is not one this API returned")
 
 
-def effective_state(row: dict[str, Any]) -> str:
+def effective_state(row: Mapping[str, Any]) -> str:
     """The schedule's state; a 'fired' row whose trigger is of an older due time (a
     reschedule raced the fire, see Store.mark_fired) is still scheduled."""
     state = str(row.get("state") or ScheduleState.SCHEDULED)
     if state == ScheduleState.FIRED and row.get("trigger_id") not in (
-        None, trigger_id(row["tenant"], row["schedule_id"], int(row["due_ms"]))
+        None,
+        trigger_id(row["tenant"], row["schedule_id"], int(row["due_ms"])),
     ):
         return ScheduleState.SCHEDULED
     return state
@@ -233,15 +265,17 @@ def schedule_view(
         view["fired_ms"] = row["fired_ms"]
     if brief:
         return view
-    view.update({
-        "version": row.get("version"),
-        "created_ms": row.get("created_ms"),
-        "updated_ms": row.get("updated_ms"),
-        "order_key": row.get("order_key"),
-        "misfire_tolerance_s": row.get("misfire_tolerance_s"),
-        "trigger_id": row.get("trigger_id"),
-        "callback": orjson.loads(row["callback"]) if row.get("callback") else None,
-    })
+    view.update(
+        {
+            "version": row.get("version"),
+            "created_ms": row.get("created_ms"),
+            "updated_ms": row.get("updated_ms"),
+            "order_key": row.get("order_key"),
+            "misfire_tolerance_s": row.get("misfire_tolerance_s"),
+            "trigger_id": row.get("trigger_id"),
+            "callback": orjson.loads(row["callback"]) if row.get("callback") else None,
+        }
+    )
     view.update(payload_view(row))
     view["history"] = [event_view(e) for e in (events or [])]
     return view
