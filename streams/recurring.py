@@ -185,8 +185,29 @@ def _cron_chunk(key: Recurrence, lo: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-def _cron_occurrences(rec: Recurrence, lo: int, end: int) -> Iterator[int]:
-    tz = zone(rec.time_zone)
+@dataclass(frozen=True, slots=True)
+class _CronSpec:
+    """A cron expression as croniter reads it, with the zone it is evaluated in."""
+
+    tz: ZoneInfo
+    expr: str
+    day_or: bool
+    fixed: bool  # UTC: wall time is the instant
+
+
+@dataclass(slots=True)
+class _Window:
+    """One day-long window ``[lo, hi)`` of a cron walk, and what the walk saw in it."""
+
+    lo: int
+    hi: int
+    wall_hi: int = 0
+    first_wall: int | None = None
+    found: bool = False
+    finished: bool = False  # nothing left before the end (of the walk, or of time)
+
+
+def _cron_spec(rec: Recurrence) -> _CronSpec:
     fields = rec.cron.split(" ") if rec.cron else []
     # Vixie cron: both day fields restricted -> either matches; otherwise both must (and
     # always both with day_match all).
@@ -197,55 +218,98 @@ def _cron_occurrences(rec: Recurrence, lo: int, end: int) -> Iterator[int]:
     )
     # croniter wants the seconds field last.
     expr = " ".join([*fields[1:], fields[0]])
-    fixed = rec.time_zone in ("UTC", "Etc/UTC")
+    return _CronSpec(zone(rec.time_zone), expr, day_or, rec.time_zone in ("UTC", "Etc/UTC"))
+
+
+def _cron_occurrences(rec: Recurrence, lo: int, end: int) -> Iterator[int]:
+    spec = _cron_spec(rec)
     last = lo - 1
     while lo <= end:
-        hi = min(lo + DAY_MS, end + 1)
-        if fixed:
-            low_off = high_off = 0
-        else:
-            # Every offset in force around the chunk, sampled hourly (a chunk is a day).
-            samples = [_offset_ms(tz, t) for t in range(lo - HOUR_MS, hi + 2 * HOUR_MS, HOUR_MS)]
-            low_off, high_off = min(samples), max(samples)
-        wall_lo, wall_hi = lo + low_off, hi + high_off
-        begin = _naive(wall_lo) - timedelta(seconds=1)
-        it = croniter(expr, begin, day_or=day_or, max_years_between_matches=50)
-        # Instants come out of wall order only near a transition: buffer them until no
-        # later wall time can map before them (instant >= wall - highest offset).
-        buffer: list[int] = []
-        found = False
-        first_wall: int | None = None
-        while True:
-            try:
-                wall = it.get_next(datetime)
-            except (CroniterBadDateError, OverflowError, ValueError):
-                wall = None  # no match left before the end of time
-            wall_ms = NEVER_MS + _MAX_OFFSET_MS if wall is None else _naive_ms(wall)
-            if first_wall is None:
-                first_wall = wall_ms
-            if wall is not None and wall_ms <= wall_hi:
-                for instant in [wall_ms] if fixed else wall_instants(wall, tz, rec):
-                    if lo <= instant < hi and instant > last:
-                        heapq.heappush(buffer, instant)
-            safe = wall_ms - high_off
-            while buffer and (buffer[0] <= safe or wall_ms > wall_hi):
-                instant = heapq.heappop(buffer)
-                if instant <= last:
-                    continue
-                if instant > end:
-                    return
-                found = True
-                last = instant
-                yield instant
-            if wall is None:
-                return
-            if wall_ms > wall_hi:
-                break
-        if not found and first_wall is not None and first_wall > wall_hi:
+        window = _Window(lo, min(lo + DAY_MS, end + 1))
+        for instant in _window_occurrences(spec, rec, window, last, end):
+            last = instant
+            yield instant
+        if window.finished:
+            return
+        first = window.first_wall
+        if not window.found and first is not None and first > window.wall_hi:
             # A sparse expression: jump to just before the next matching wall time.
-            lo = max(hi, first_wall - _MAX_OFFSET_MS - HOUR_MS)
+            lo = max(window.hi, first - _MAX_OFFSET_MS - HOUR_MS)
         else:
-            lo = hi
+            lo = window.hi
+
+
+def _window_occurrences(
+    spec: _CronSpec, rec: Recurrence, window: _Window, last: int, end: int
+) -> Iterator[int]:
+    """The instants after ``last`` of one window, in order; marks ``window`` finished when
+    none is left at all."""
+    low_off, high_off = _offsets(spec, window.lo, window.hi)
+    window.wall_hi = window.hi + high_off
+    # Instants come out of wall order only near a transition: buffer them until no
+    # later wall time can map before them (instant >= wall - highest offset).
+    buffer: list[int] = []
+    for wall, wall_ms in _walls(spec, window.lo + low_off):
+        if window.first_wall is None:
+            window.first_wall = wall_ms
+        if wall is not None and wall_ms <= window.wall_hi:
+            _push(buffer, _wall_candidates(spec, rec, wall, wall_ms), window, last)
+        flush = wall_ms > window.wall_hi
+        for instant in _release(buffer, wall_ms - high_off, flush, last):
+            if instant > end:
+                window.finished = True
+                return
+            window.found = True
+            last = instant
+            yield instant
+        if wall is None:
+            window.finished = True
+            return
+        if flush:
+            return
+
+
+def _offsets(spec: _CronSpec, lo: int, hi: int) -> tuple[int, int]:
+    """The lowest and highest UTC offset in force around ``[lo, hi)``."""
+    if spec.fixed:
+        return 0, 0
+    # Every offset in force around the window, sampled hourly (a window is a day).
+    samples = [_offset_ms(spec.tz, t) for t in range(lo - HOUR_MS, hi + 2 * HOUR_MS, HOUR_MS)]
+    return min(samples), max(samples)
+
+
+def _walls(spec: _CronSpec, wall_lo: int) -> Iterator[tuple[datetime | None, int]]:
+    """Matching wall times from ``wall_lo`` on (naive, with their local epoch ms); ends
+    with ``(None, beyond any wall time)`` when croniter finds no match left."""
+    begin = _naive(wall_lo) - timedelta(seconds=1)
+    it = croniter(spec.expr, begin, day_or=spec.day_or, max_years_between_matches=50)
+    while True:
+        try:
+            wall = it.get_next(datetime)
+        except (CroniterBadDateError, OverflowError, ValueError):
+            yield None, NEVER_MS + _MAX_OFFSET_MS  # no match left before the end of time
+            return
+        yield wall, _naive_ms(wall)
+
+
+def _wall_candidates(spec: _CronSpec, rec: Recurrence, wall: datetime, wall_ms: int) -> list[int]:
+    return [wall_ms] if spec.fixed else wall_instants(wall, spec.tz, rec)
+
+
+def _push(buffer: list[int], instants: list[int], window: _Window, last: int) -> None:
+    for instant in instants:
+        if window.lo <= instant < window.hi and instant > last:
+            heapq.heappush(buffer, instant)
+
+
+def _release(buffer: list[int], safe: int, flush: bool, last: int) -> Iterator[int]:
+    """Pop the buffered instants no later wall time can precede (all of them on ``flush``),
+    skipping those at or before ``last``."""
+    while buffer and (buffer[0] <= safe or flush):
+        instant = heapq.heappop(buffer)
+        if instant > last:
+            last = instant
+            yield instant
 
 
 def next_runs(
