@@ -47,6 +47,7 @@ from typing import Protocol
 from prometheus_client import Counter, Histogram
 
 from base.supervise import supervise
+from streams.buckets import MINUTE_MS
 from streams.decisions import (
     ParentStep,
     due_entries,
@@ -79,8 +80,8 @@ STEP_SECONDS = Histogram(
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30),
 )
 
-# The due queue's partitions: one per (command partition, minute), like the fire buckets.
-SLOT_MS = 60_000
+# The due queue is partitioned by (commands partition, bucket minute): a slot is
+# streams.buckets.MINUTE_MS wide, like the fire buckets (streams.decisions.slot_of).
 # A minute partition of the due queue is deleted this long after its end, not at once: a
 # command applied by another process in a rebalance may still be writing into it.
 SLOT_GRACE_MS = 10_000
@@ -283,7 +284,7 @@ class PartitionMaterializer:
 
     def _behind(self, now_ms: int) -> bool:
         """True if the reader has whole minutes left to read."""
-        return self._slot_ms is not None and self._slot_ms + SLOT_MS <= now_ms
+        return self._slot_ms is not None and self._slot_ms + MINUTE_MS <= now_ms
 
     async def _read_queue(self, now_ms: int, limit: int) -> None:
         """Read the due queue forward to ``now_ms`` (or until ``limit`` entries wait); after
@@ -291,10 +292,10 @@ class PartitionMaterializer:
         assert self._slot_ms is not None
         while len(self._pending) < limit:
             slot = self._slot_ms
-            if slot + SLOT_MS <= now_ms:
+            if slot + MINUTE_MS <= now_ms:
                 # Whole minutes behind: read several to their end concurrently.
                 slots = [
-                    slot + i * SLOT_MS for i in range(16) if slot + (i + 1) * SLOT_MS <= now_ms
+                    slot + i * MINUTE_MS for i in range(16) if slot + (i + 1) * MINUTE_MS <= now_ms
                 ]
                 reads = await asyncio.gather(
                     *(
@@ -302,7 +303,7 @@ class PartitionMaterializer:
                             self.partition,
                             s,
                             self._read_upto_ms if s == slot else s - 1,
-                            s + SLOT_MS - 1,
+                            s + MINUTE_MS - 1,
                         )
                         for s in slots
                     )
@@ -310,7 +311,7 @@ class PartitionMaterializer:
                 for s, entries in zip(slots, reads, strict=True):
                     self._pending.extend(entries)
                     self._read_slots.append(s)
-                self._slot_ms = slots[-1] + SLOT_MS
+                self._slot_ms = slots[-1] + MINUTE_MS
                 self._read_upto_ms = self._slot_ms - 1
                 continue
             if now_ms > self._read_upto_ms:
@@ -325,7 +326,7 @@ class PartitionMaterializer:
         grace) and save the position. A crash before then reads them again: at least once."""
         if self._pending or self._hot or self._slot_ms is None:
             return
-        old = [s for s in self._read_slots if s + SLOT_MS + SLOT_GRACE_MS <= now_ms]
+        old = [s for s in self._read_slots if s + MINUTE_MS + SLOT_GRACE_MS <= now_ms]
         if old:
             await self.store.drop_due(self.partition, old)
             self._read_slots = [s for s in self._read_slots if s not in old]
@@ -424,7 +425,6 @@ class PartitionMaterializer:
 
 
 __all__ = [
-    "SLOT_MS",
     "MaterializerConfig",
     "PartitionMaterializer",
     # Their home is streams.recurring_store; named here for api.recurring_io, which has
