@@ -21,14 +21,14 @@ from typing import Any
 import orjson
 
 from api.views import event_view, payload_view
+from streams.model import ScheduleState
 from streams.recurring import NEVER_MS, jitter_ms, next_runs, occurrences, run_id, series_start
 from topics.codec import recurrence_from_json
 from topics.ids import format_iso_ms, trigger_id
 from topics.models import Recurrence
 
 # A recurring parent's statuses: runs to come, cancelled, or none left (end / max_runs).
-SCHEDULED, CANCELLED, COMPLETED = "scheduled", "cancelled", "completed"
-PARENT_STATUSES = (SCHEDULED, CANCELLED, COMPLETED)
+PARENT_STATUSES = (ScheduleState.SCHEDULED, ScheduleState.CANCELLED, ScheduleState.COMPLETED)
 # Counting the runs between the materialised part and a window (for max_runs) stops here;
 # beyond it the window check assumes the schedule still runs (docs/api.md).
 MAX_COUNTED_RUNS = 100_000
@@ -75,6 +75,11 @@ def _anchor(row: Mapping[str, Any]) -> int:
     return int(row.get("anchor_ms") or row.get("created_ms") or 0)
 
 
+def _state(row: Mapping[str, Any]) -> str:
+    """The stored state (a row without one is scheduled)."""
+    return str(row.get("state") or ScheduleState.SCHEDULED)
+
+
 def _until(row: Mapping[str, Any]) -> int:
     return int(row.get("materialized_until_ms") or 0)
 
@@ -92,17 +97,17 @@ def runs_out(row: Mapping[str, Any]) -> bool:
     return _until(row) >= NEVER_MS
 
 
-def parent_status(row: Mapping[str, Any], *, now_ms: int, last_due_ms: int | None) -> str:
+def parent_status(row: Mapping[str, Any], *, now_ms: int, last_due_ms: int | None) -> ScheduleState:
     """scheduled | cancelled | completed. ``last_due_ms``: due time of the newest written
     run (only needed once ``runs_out``): the schedule completes when that one is due."""
-    state = str(row.get("state") or SCHEDULED)
-    if state == CANCELLED:
-        return CANCELLED
-    if state != SCHEDULED:
-        return COMPLETED  # not written by today's materialiser; read as finished
+    state = _state(row)
+    if state == ScheduleState.CANCELLED:
+        return ScheduleState.CANCELLED
+    if state != ScheduleState.SCHEDULED:
+        return ScheduleState.COMPLETED  # not written by today's materialiser; read as finished
     if runs_out(row) and (last_due_ms is None or last_due_ms <= now_ms):
-        return COMPLETED
-    return SCHEDULED
+        return ScheduleState.COMPLETED
+    return ScheduleState.SCHEDULED
 
 
 def _counted_before(row: Mapping[str, Any], rec: Recurrence, at_ms: int) -> int:
@@ -143,7 +148,7 @@ def upcoming(
     jitter) and trigger id, as ``streams.materializer.schedule_runs`` reports them. Once
     every run is written (``runs_out``) they are those up to ``last_nominal_ms``, the newest
     written run."""
-    if n <= 0 or str(row.get("state") or SCHEDULED) != SCHEDULED:
+    if n <= 0 or _state(row) != ScheduleState.SCHEDULED:
         return []
     anchor = _anchor(row)
     at = _begin(rec, anchor, now_ms if after_ms is None else max(now_ms, after_ms))
@@ -176,7 +181,7 @@ def next_run(
 ) -> int | None:
     """Nominal time of the next run after ``now_ms`` of a scheduled parent, or None
     (``last_nominal_ms`` as for ``upcoming``)."""
-    if str(row.get("state") or SCHEDULED) != SCHEDULED:
+    if _state(row) != ScheduleState.SCHEDULED:
         return None
     if rec.max_runs is None and not runs_out(row):
         at = _first_at(rec, _begin(rec, _anchor(row), now_ms), _anchor(row))
@@ -203,7 +208,7 @@ def window_run(
     anchor = _anchor(row)
     lo = _begin(rec, anchor, from_ms)
     hi = to_ms
-    if str(row.get("state")) == CANCELLED and row.get("updated_ms") is not None:
+    if _state(row) == ScheduleState.CANCELLED and row.get("updated_ms") is not None:
         hi = min(hi, int(row["updated_ms"]) + 1)
     if runs_out(row):
         if last_nominal_ms is None:
@@ -309,7 +314,7 @@ def run_row_view(
     view: dict[str, Any] = {
         "schedule_id": row["schedule_id"],
         "tenant": row["tenant"],
-        "status": row.get("state") or SCHEDULED,
+        "status": _state(row),
         "recurring_run": True,
         "parent_schedule_id": parent_id,
         "nominal": _iso(nominal_ms),
@@ -355,10 +360,7 @@ def merge_page(
 
 
 __all__ = [
-    "CANCELLED",
-    "COMPLETED",
     "PARENT_STATUSES",
-    "SCHEDULED",
     "is_parent",
     "merge_page",
     "next_run",

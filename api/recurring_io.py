@@ -11,6 +11,7 @@ from typing import Any
 from api import recurring
 from api.recurring import Key
 from streams.materializer import RecurringStore, schedule_runs
+from streams.model import ScheduleState
 from streams.recurring import NEVER_MS, parse_run_id
 
 # One listing page reads the newest run of at most this many finished parents at once.
@@ -62,7 +63,7 @@ def _state(
     last_nominal = None if last is None else last[0]
     nxt = (
         recurring.next_run(row, rec, now_ms=now_ms, last_nominal_ms=last_nominal)
-        if status == recurring.SCHEDULED
+        if status == ScheduleState.SCHEDULED
         else None
     )
     return status, nxt, last_nominal
@@ -225,7 +226,7 @@ async def list_page(
     ``Service.list_schedules``; ``brief`` turns its rows into views) and recurring parents,
     merged in key order, and the cursor after it (None at the end)."""
     # "completed" is a parent's status only; the others apply to both kinds.
-    one_statuses = None if statuses is None else statuses - {recurring.COMPLETED}
+    one_statuses = None if statuses is None else statuses - {ScheduleState.COMPLETED}
     if one_statuses is not None and not one_statuses:
         rows: list[dict[str, Any]] = []
         cursor: Key | None = None

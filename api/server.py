@@ -18,10 +18,12 @@ from api import goscheduler, recurring, recurring_io, views
 from api.context import caller, json_response, read_json
 from api.openapi import openapi_document
 from api.service import Principal, Service, now_ms
-from api.views import ApiError
+from api.views import ApiError, Mode
 from base.errors import TocsinError
 from base.settings import Settings
 from streams import tenant_admin
+from streams.model import ScheduleState
+from streams.status import Outcome
 from streams.tenants import TenantConfig
 
 log = logging.getLogger("tocsin.api")
@@ -78,10 +80,11 @@ def _timeout(request: web.Request, default: float) -> float:
 
 
 def _async(request: web.Request) -> bool:
-    mode = request.query.get("mode", "sync")
-    if mode not in ("sync", "async"):
-        raise ApiError(400, "invalid_parameter", "mode must be sync or async")
-    return mode == "async" or "respond-async" in request.headers.get("Prefer", "")
+    try:
+        mode = Mode(request.query.get("mode", Mode.SYNC))
+    except ValueError:
+        raise ApiError(400, "invalid_parameter", "mode must be sync or async") from None
+    return mode is Mode.ASYNC or "respond-async" in request.headers.get("Prefer", "")
 
 
 def result_body(result: dict[str, Any]) -> dict[str, Any]:
@@ -296,7 +299,7 @@ async def bulk_refire(request: web.Request) -> web.Response:
     who = await principal(request)
     tenant = who.require_tenant()
     body = await _body(request)
-    statuses = body.pop("status", None) or ["dead_lettered", "missed"]
+    statuses = body.pop("status", None) or [Outcome.DEAD_LETTERED, ScheduleState.MISSED]
     if not isinstance(statuses, list) or not all(isinstance(s, str) for s in statuses):
         raise ApiError(400, "invalid_field", "status must be a list of statuses")
     wanted = views.parse_statuses(",".join(statuses))

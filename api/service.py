@@ -374,7 +374,8 @@ class Service:
         rows = [
             r
             for r in rows
-            if effective_state(r) != ScheduleState.SCHEDULED and r.get("state") != "cancelled"
+            if effective_state(r) != ScheduleState.SCHEDULED
+            and r.get("state") != ScheduleState.CANCELLED
         ]
         fires = self.bridge.catalog.fires.name
         sem = asyncio.Semaphore(200)

@@ -6,11 +6,13 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Any
 
 import orjson
 
 from streams.model import ScheduleState
+from streams.status import Outcome
 from topics.codes import Code
 from topics.ids import MAX_EPOCH_MS, format_iso_ms, parse_iso_ms, trigger_id
 
@@ -29,9 +31,25 @@ CREATE_BODY_FIELDS = frozenset(
     }
 )
 UPDATE_BODY_FIELDS = frozenset({"due", "recurrence", "payload", "payload_b64", "callback"})
-# "completed": a recurring schedule with no runs left (api.recurring).
-STATUSES = ("scheduled", "fired", "missed", "cancelled", "delivered", "dead_lettered", "completed")
+# What a listing's ``status`` filter selects: a schedule's state or its delivery's outcome
+# ("completed": a recurring schedule with no runs left, api.recurring).
+STATUSES: tuple[str, ...] = (
+    ScheduleState.SCHEDULED,
+    ScheduleState.FIRED,
+    ScheduleState.MISSED,
+    ScheduleState.CANCELLED,
+    Outcome.DELIVERED,
+    Outcome.DEAD_LETTERED,
+    ScheduleState.COMPLETED,
+)
 MAX_WINDOW_MS = 366 * 86_400_000
+
+
+class Mode(StrEnum):
+    """How a schedule command is answered: with its result, or once Kafka has it."""
+
+    SYNC = "sync"
+    ASYNC = "async"
 
 
 class ApiError(Exception):
