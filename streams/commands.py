@@ -36,7 +36,6 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from base.errors import CommandRejected, KafkaError, TocsinError
 from streams import metrics
@@ -53,8 +52,10 @@ from streams.decisions import (
     with_default_retry,
     with_retention,
 )
+from streams.materializer import PartitionMaterializer
 from streams.model import DEFAULT_RETENTION_S, BucketRow, ScheduleChange, ScheduleRow
 from streams.partitioner import partition_for
+from streams.ports import CommandStore, CqlRow, TenantReader
 from streams.recurring_store import RecurringStore
 from streams.store import load_schedule_rows
 from streams.tenants import QuotaBook, TenantConfig
@@ -94,7 +95,7 @@ class RawCommand:
     value: bytes | None
     timestamp_ms: int
     # Kafka headers as (name, value) pairs; carry the tenant signature (topics.signing).
-    headers: Any = ()
+    headers: Sequence[tuple[str, bytes]] | Mapping[str, bytes] = ()
     # Whether ``timestamp_ms`` is the broker's: only then can a signature's freshness be
     # judged (topics.signing), so a record of unknown origin counts as producer time.
     timestamp_type: TimestampType = TimestampType.CREATE_TIME
@@ -106,11 +107,13 @@ class TenantCache:
     without a restart. Shared by the command agent and the REST API. One read in flight
     per tenant (streams.cache): concurrent API requests share a refresh."""
 
-    def __init__(self, store: Any, *, ttl_s: float = 5.0, negative_ttl_s: float = 1.0) -> None:
+    def __init__(
+        self, store: TenantReader, *, ttl_s: float = 5.0, negative_ttl_s: float = 1.0
+    ) -> None:
         self.store = store
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
-        self._cache: TtlCache[str, tuple[dict[str, Any] | None, TenantConfig]] = TtlCache(
+        self._cache: TtlCache[str, tuple[CqlRow | None, TenantConfig]] = TtlCache(
             self._load, ttl_s=lambda e: self.ttl_s if e[0] is not None else self.negative_ttl_s
         )
 
@@ -121,7 +124,7 @@ class TenantCache:
         hit = self._cache.peek(tenant)
         return hit[1] if hit is not None else None
 
-    async def get(self, tenant: str) -> dict[str, Any] | None:
+    async def get(self, tenant: str) -> CqlRow | None:
         return (await self._cache.get(tenant))[0]
 
     async def config(self, tenant: str) -> TenantConfig:
@@ -131,8 +134,8 @@ class TenantCache:
     def invalidate(self, tenant: str) -> None:
         self._cache.invalidate(tenant)
 
-    async def _load(self, tenant: str) -> tuple[dict[str, Any] | None, TenantConfig]:
-        row: dict[str, Any] | None = await self.store.get_tenant(tenant)
+    async def _load(self, tenant: str) -> tuple[CqlRow | None, TenantConfig]:
+        row: CqlRow | None = await self.store.get_tenant(tenant)
         return row, TenantConfig.from_json(row.get("config") if row else None)
 
 
@@ -140,7 +143,7 @@ class CommandProcessor:
     def __init__(
         self,
         *,
-        store: Any,
+        store: CommandStore,
         sink: TriggerSink,
         tickers: Mapping[int, PartitionTicker],
         results_topic: str,
@@ -176,7 +179,7 @@ class CommandProcessor:
         self.tenants = TenantCache(store, ttl_s=tenant_ttl_s)
         # Recurring schedules (streams.materializer), set by the worker: the materialisers
         # of owned partitions (their lock is held for a batch) and their horizon.
-        self.materializers: Mapping[int, Any] = {}
+        self.materializers: Mapping[int, PartitionMaterializer] = {}
         self.recurring = RecurringStore(store)
         self.recurring_horizon_ms = 600_000
         self.quotas = QuotaBook(partitions)

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 from base.errors import CommandRejected
 from streams.buckets import MINUTE_MS, BucketKey, max_due_ms, shard_of
 from streams.buckets import minute_ms as minute_of
-from streams.model import BucketRow, ScheduleChange, ScheduleRow, ScheduleState
+from streams.model import BucketRow, ScheduleChange, ScheduleRow, ScheduleState, Stmt
 from streams.recurring import (
     NEVER_MS,
     Plan,
@@ -743,7 +743,7 @@ def _change(
         )
         for nominal, due in pending
     )
-    history: tuple[tuple[str, list[Any]], ...] = tuple(
+    history: tuple[Stmt, ...] = tuple(
         ("rec_delete_run", [old.tenant, old.schedule_id, nominal]) for nominal, _ in pending
     )
     return ScheduleChange(

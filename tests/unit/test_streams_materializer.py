@@ -22,6 +22,7 @@ from streams.decisions import (
 from streams.materializer import MaterializerConfig, PartitionMaterializer
 from streams.model import BucketRow, ScheduleRow
 from streams.recurring import NEVER_MS, extend_at
+from tests.fakes import FakeStore
 from topics.codes import Code
 from topics.models import (
     CancelCommand,
@@ -152,61 +153,22 @@ def test_the_command_agent_routes_recurring_commands_and_never_hands_a_parent_ov
     assert caught.value.code == Code.INVALID_FIELD
 
 
-class FakeStore:
-    """RecurringStore in memory: parent rows, bucket rows, the due queue (minute slots of
-    (due_ms, tenant, schedule_id)) and the reader's saved position."""
+def fake(rows: list[ScheduleRow]) -> FakeStore:
+    """The shared fake holding ``rows`` (tenant t), its keyed parents those keyed below
+    never."""
+    return FakeStore(
+        schedules={(r.tenant, r.schedule_id): r for r in rows},
+        never_key=lambda partition: materialize_key(partition, NEVER_MS),
+    )
 
-    def __init__(self, rows: list[ScheduleRow]) -> None:
-        self.rows = {r.schedule_id: r for r in rows}
-        self.buckets: dict[str, BucketRow] = {}
-        self.commits = 0
-        self.due: dict[tuple[int, int], set[tuple[int, str, str]]] = {}
-        self.cursor: tuple[int, int] | None = None
-        self.reads = 0
-        self.scans = 0
 
-    async def keyed_parents(self, partition: int) -> list[ScheduleRow]:
-        self.scans += 1
-        never = materialize_key(partition, NEVER_MS)
-        return [r for r in self.rows.values() if (r.materialize_key or never) < never]
+def parent_of(store: FakeStore, sid: str) -> ScheduleRow:
+    return store.schedules[("t", sid)]
 
-    async def put_due(self, entries: Any) -> None:
-        for e in entries:
-            self.due.setdefault((e.partition, e.slot_ms), set()).add(
-                (e.due_ms, e.tenant, e.schedule_id)
-            )
 
-    async def read_due(
-        self, partition: int, slot_ms: int, after_ms: int, upto_ms: int
-    ) -> list[tuple[str, str]]:
-        self.reads += 1
-        found = sorted(self.due.get((partition, slot_ms), set()))
-        return [(t, s) for due, t, s in found if after_ms < due <= upto_ms]
-
-    async def drop_due(self, partition: int, slots: Any) -> None:
-        for slot in slots:
-            self.due.pop((partition, slot), None)
-
-    async def get_cursor(self, partition: int) -> tuple[int, int] | None:
-        return self.cursor
-
-    async def set_cursor(self, partition: int, slot_ms: int, upto_ms: int, now_ms: int) -> None:
-        self.cursor = (slot_ms, upto_ms)
-
-    async def get_parents(self, partition: int, ids: Any) -> list[ScheduleRow]:
-        return [self.rows[s] for _, s in ids if s in self.rows]
-
-    def queued(self) -> set[str]:
-        return {s for entries in self.due.values() for _, _, s in entries}
-
-    async def write_runs(self, rows: Any, *, now_ms: int) -> None:
-        for row in rows:
-            self.buckets[row.schedule_id] = row
-
-    async def commit(self, rows: Any, *, now_ms: int, runs: Any = None) -> None:
-        for row, _ in rows:
-            self.rows[row.schedule_id] = row
-            self.commits += 1
+def runs_of(store: FakeStore) -> dict[str, BucketRow]:
+    """The bucket rows written, by run id."""
+    return {key.schedule_id: row for key, row in store.bucket_rows.items()}
 
 
 class FakeTicker:
@@ -231,7 +193,7 @@ async def test_a_step_writes_runs_ahead_fires_missed_ones_and_commits() -> None:
         materialized_until_ms=NOW - 300_000,
         anchor_ms=NOW - 3_600_000,
     )
-    store, ticker = FakeStore([fresh, behind]), FakeTicker()
+    store, ticker = fake([fresh, behind]), FakeTicker()
     m = PartitionMaterializer(
         3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H, catchup_per_s=1e6)
     )
@@ -240,15 +202,15 @@ async def test_a_step_writes_runs_ahead_fires_missed_ones_and_commits() -> None:
         f"a@{NOW}"
     }
     assert {r.schedule_id for r in ticker.offered} >= {f"a@{NOW + 60_000}"}
-    assert len(store.buckets) == 10 + 15
-    a = store.rows["a"]
+    assert len(runs_of(store)) == 10 + 15
+    a = parent_of(store, "a")
     assert a.materialized_until_ms == NOW + H and a.run_count == 10
     assert a.materialize_key == materialize_key(3, extend_at(NOW + H, H, "a"))
     # Nothing is due any more until half a horizon later; a repeat writes the same rows.
-    before = dict(store.buckets)
-    assert await m.tick(NOW + 1000) is False and store.buckets == before
+    before = runs_of(store)
+    assert await m.tick(NOW + 1000) is False and runs_of(store) == before
     await m.tick(NOW + H // 2)
-    assert store.rows["a"].materialized_until_ms == NOW + H + H // 2
+    assert parent_of(store, "a").materialized_until_ms == NOW + H + H // 2
 
 
 async def test_a_run_below_the_tickers_checkpoint_is_acknowledged_before_the_commit() -> None:
@@ -263,7 +225,7 @@ async def test_a_run_below_the_tickers_checkpoint_is_acknowledged_before_the_com
     ticker, fires = ticker_for(3, clock, StoredCheckpoint(NOW + 61_001))
     await running(ticker)
     command = replace(create(EVERY_MINUTE, "a"), misfire_tolerance_s=3600)
-    store = FakeStore([decided(command, None).change.row])
+    store = fake([decided(command, None).change.row])
     m = PartitionMaterializer(
         3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H, catchup_per_s=1e6)
     )
@@ -296,7 +258,7 @@ async def test_catch_up_under_the_lock_is_bounded_per_step() -> None:
         )
         for i in range(5)
     ]
-    store, ticker = FakeStore(behind), FakeTicker()
+    store, ticker = fake(behind), FakeTicker()
     m = PartitionMaterializer(
         3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H, catchup_per_s=2)
     )
@@ -334,18 +296,8 @@ async def test_runs_of_a_schedule_whose_max_runs_are_all_written_answer_at_once(
         recurrence=recurrence_to_json(rec),
     )
 
-    class Store:
-        async def get_schedule(self, tenant: str, sid: str) -> dict[str, Any] | None:
-            return {f: getattr(parent, f) for f in parent.__dataclass_fields__}
-
-        async def prepare_statements(self, cql: Any) -> None:
-            return None
-
-        async def _run(self, name: str, params: Any) -> list[dict[str, Any]]:
-            return []  # no history rows
-
     got = await asyncio.wait_for(
-        schedule_runs(Store(), "t", "three", now_ms=NOW + 3_000, past=0, upcoming=5), 5
+        schedule_runs(fake([parent]), "t", "three", now_ms=NOW + 3_000, past=0, upcoming=5), 5
     )
     assert got is not None
     # Runs at NOW+2 s (past), NOW+4 s and NOW+6 s (written, not run yet): two still to come.
@@ -356,15 +308,15 @@ async def test_the_due_queue_finds_each_parent_at_its_key_time_and_drops_stale_e
     # First start on a keyspace: one scan queues the parents keyed so far; from then on the
     # reader only reads the due queue forward, minute by minute.
     parent = decided(create(EVERY_MINUTE, "q"), None).change.row
-    store, ticker = FakeStore([parent]), FakeTicker()
+    store, ticker = fake([parent]), FakeTicker()
     m = PartitionMaterializer(
         3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H)
     )
     assert await m.tick(NOW) is False
-    first_key = store.rows["q"].materialize_key
-    assert first_key is not None and store.scans == 1
+    first_key = parent_of(store, "q").materialize_key
+    assert first_key is not None and store.count("keyed_parents") == 1
     at = first_key - 3 * KEY_SPAN
-    assert store.queued() == {"q"} and store.rows["q"].materialized_until_ms == NOW + H
+    assert store.queued() == {"q"} and parent_of(store, "q").materialized_until_ms == NOW + H
     # A stale entry (a key the parent no longer has) is read and dropped, not extended.
     await store.put_due([DueEntry(3, NOW + 30_000, "t", "q")])
     commits = store.commits
@@ -372,8 +324,8 @@ async def test_the_due_queue_finds_each_parent_at_its_key_time_and_drops_stale_e
     assert store.commits == commits
     # Its real key time comes: extended once, found by reading, not by scanning again.
     await m.tick(at)
-    assert store.commits == commits + 1 and store.scans == 1
-    assert store.rows["q"].materialized_until_ms > NOW + H
+    assert store.commits == commits + 1 and store.count("keyed_parents") == 1
+    assert parent_of(store, "q").materialized_until_ms > NOW + H
     # Minutes read to their end are deleted (after the grace) and the position saved.
     await m.tick(at + 60_000 + 20_000)
     assert all(slot >= at - at % 60_000 for _, slot in store.due)
@@ -382,14 +334,14 @@ async def test_the_due_queue_finds_each_parent_at_its_key_time_and_drops_stale_e
     again = PartitionMaterializer(
         3, store=store, ticker=FakeTicker(), config=MaterializerConfig(horizon_ms=H)
     )
-    next_key = store.rows["q"].materialize_key
+    next_key = parent_of(store, "q").materialize_key
     assert next_key is not None
     await again.tick(next_key - 3 * KEY_SPAN)
-    assert store.scans == 1 and store.commits == commits + 2
+    assert store.count("keyed_parents") == 1 and store.commits == commits + 2
 
 
 async def test_a_command_entry_for_a_time_already_read_goes_after_the_reader() -> None:
-    store, ticker = FakeStore([]), FakeTicker()
+    store, ticker = fake([]), FakeTicker()
     m = PartitionMaterializer(
         3, store=store, ticker=ticker, config=MaterializerConfig(horizon_ms=H)
     )
@@ -403,52 +355,46 @@ async def test_a_command_entry_for_a_time_already_read_goes_after_the_reader() -
     never = replace(row, materialize_key=materialize_key(3, NEVER_MS))
     assert due_entries([never], {3: m}, NOW) == []
     # The command's notify gets it extended in the next pass, before its entry is read.
-    store.rows["late"] = past
+    store.schedules[("t", "late")] = past
     await store.put_due(entries)
     await m.tick(NOW)
     assert store.commits == 0
     m.notify("t", "late")
     await m.tick(NOW)
     assert store.commits == 1
-    assert (store.rows["late"].materialized_until_ms or 0) > (past.materialized_until_ms or 0)
+    assert (parent_of(store, "late").materialized_until_ms or 0) > (past.materialized_until_ms or 0)
 
 
 async def test_a_failed_step_keeps_its_entries_and_the_saved_position() -> None:
     # Cassandra fails while the parents read from the queue are extended: they are tried
     # again in the next step, and the saved position never passes them meanwhile.
     parent = decided(create(EVERY_MINUTE, "f"), None).change.row
-    store = FakeStore([parent])
+    store = fake([parent])
     m = PartitionMaterializer(
         3, store=store, ticker=FakeTicker(), config=MaterializerConfig(horizon_ms=H)
     )
     await m.tick(NOW)
-    key = store.rows["f"].materialize_key
+    key = parent_of(store, "f").materialize_key
     assert key is not None
     at = key - 3 * KEY_SPAN
     saved = store.cursor
     commits = store.commits
-    real_commit = store.commit
-
-    async def failing(rows: Any, *, now_ms: int, runs: Any = None) -> None:
-        raise RuntimeError("cassandra gone")
-
-    store.commit = failing  # type: ignore[method-assign]
+    store.inject("commit", RuntimeError("cassandra gone"))
     with pytest.raises(RuntimeError):
         await m.tick(at + 61_000)
     assert store.cursor == saved and store.commits == commits
-    store.commit = real_commit  # type: ignore[method-assign]
     assert await m.tick(at + 62_000) is False
     assert store.commits == commits + 1
     assert store.cursor is not None and store.cursor[1] == at + 62_000
 
 
 async def test_a_big_batch_of_new_parents_is_extended_a_bounded_step_at_a_time() -> None:
-    store = FakeStore([])
+    store = fake([])
     config = MaterializerConfig(horizon_ms=H, parents_per_step=2)
     m = PartitionMaterializer(3, store=store, ticker=FakeTicker(), config=config)
     await m.tick(NOW)
     for i in range(5):
-        store.rows[f"n{i}"] = decided(create(EVERY_MINUTE, f"n{i}"), None).change.row
+        store.schedules[("t", f"n{i}")] = decided(create(EVERY_MINUTE, f"n{i}"), None).change.row
         m.notify("t", f"n{i}")
     steps = []
     while True:
