@@ -43,8 +43,7 @@ def test_a_create_below_a_fast_predecessors_checkpoint_survives_a_kill(
     that checkpoint - and is SIGKILLed as soon as it answers. Its answer need not wait for
     the fire, but it must have written the stored checkpoint back below the row, so that the
     successor reads the row's bucket and fires it."""
-    env = {**_env_for(own_stack, next(_ports), next(_ports)),
-           "TOCSIN_CLOCK_SKEW_MS": str(SKEW_MS)}
+    env = {**_env_for(own_stack, next(_ports), next(_ports)), "TOCSIN_CLOCK_SKEW_MS": str(SKEW_MS)}
     fast = WorkerProcess(own_stack, env, tmp_path / "fast.log")
     try:
         fast.start()

@@ -52,14 +52,25 @@ BROKER = TimestampType.LOG_APPEND_TIME
 
 
 def _check(
-    secret: str, *, signed_at: int, record_ms: int, kind: TimestampType = BROKER,
+    secret: str,
+    *,
+    signed_at: int,
+    record_ms: int,
+    kind: TimestampType = BROKER,
     keys_secret: str | None = None,
 ) -> Code | None:
     key, value = b"s1", b'{"type":"cancel"}'
     headers = header_map(sign_headers(secret, signed_at_ms=signed_at, key=key, value=value))
     keys = SigningKeys(current=keys_secret or secret)
-    failed = check_signature(keys, headers, key=key, value=value, record_ms=record_ms,
-                             timestamp_type=kind, now_ms=record_ms)
+    failed = check_signature(
+        keys,
+        headers,
+        key=key,
+        value=value,
+        record_ms=record_ms,
+        timestamp_type=kind,
+        now_ms=record_ms,
+    )
     return None if failed is None else failed[0]
 
 
@@ -69,15 +80,18 @@ def test_a_signed_command_appended_long_after_it_was_signed_is_stale() -> None:
     assert _check(secret, signed_at=NOW, record_ms=NOW + MAX_SKEW_MS + 1) == Code.STALE_COMMAND
     assert _check(secret, signed_at=NOW, record_ms=NOW - MAX_SKEW_MS - 1) == Code.STALE_COMMAND
     # Only a holder of the key learns that: a wrong signature stays bad_signature.
-    assert _check(secret, signed_at=NOW, record_ms=NOW + 3_600_000,
-                  keys_secret=new_signing_key()) == Code.BAD_SIGNATURE
+    assert (
+        _check(secret, signed_at=NOW, record_ms=NOW + 3_600_000, keys_secret=new_signing_key())
+        == Code.BAD_SIGNATURE
+    )
 
 
 def test_a_timestamp_its_producer_set_proves_no_freshness() -> None:
     secret = new_signing_key()
     # A replay re-produced with its timestamp set to match the old signature.
-    code = _check(secret, signed_at=NOW - 3_600_000, record_ms=NOW - 3_600_000,
-                  kind=TimestampType.CREATE_TIME)
+    code = _check(
+        secret, signed_at=NOW - 3_600_000, record_ms=NOW - 3_600_000, kind=TimestampType.CREATE_TIME
+    )
     assert code == Code.STALE_COMMAND
 
 
@@ -108,11 +122,14 @@ def test_seen_signatures_forget_what_the_window_refuses_and_stay_bounded() -> No
     seen.first_offset(b"c", offset=3, signed_at_ms=NOW + 1_200, record_ms=NOW + 1_200)
     assert len(seen) == 2
     for n in range(10):
-        seen.first_offset(bytes([n]), offset=10 + n, signed_at_ms=NOW + 1_300,
-                          record_ms=NOW + 1_300)
+        seen.first_offset(
+            bytes([n]), offset=10 + n, signed_at_ms=NOW + 1_300, record_ms=NOW + 1_300
+        )
         assert len(seen) <= 3
-    assert seen.first_offset(bytes([9]), offset=99, signed_at_ms=NOW + 1_300,
-                             record_ms=NOW + 1_300) == 19
+    assert (
+        seen.first_offset(bytes([9]), offset=99, signed_at_ms=NOW + 1_300, record_ms=NOW + 1_300)
+        == 19
+    )
 
 
 # -- reply_nonce on the wire ---------------------------------------------------------------
@@ -121,32 +138,49 @@ def test_seen_signatures_forget_what_the_window_refuses_and_stay_bounded() -> No
 def test_reply_nonce_is_decoded_for_every_command_type_and_encoded_back() -> None:
     callback = HttpCallback(url="https://h.example/cb")
     commands: list[Command] = [
-        CreateCommand(tenant="acme", schedule_id="s1", due_ms=NOW + 60_000, callback=callback,
-                      misfire_tolerance_s=60, reply_nonce=NONCE),
+        CreateCommand(
+            tenant="acme",
+            schedule_id="s1",
+            due_ms=NOW + 60_000,
+            callback=callback,
+            misfire_tolerance_s=60,
+            reply_nonce=NONCE,
+        ),
         UpdateCommand(tenant="acme", schedule_id="s1", due_ms=NOW + 60_000, reply_nonce=NONCE),
         CancelCommand(tenant="acme", schedule_id="s1", reply_nonce=NONCE),
     ]
     for command in commands:
         decoded = decode_command(encode_command(command), key=b"s1", now_ms=NOW, limits=LIMITS)
         assert decoded.reply_nonce == NONCE
-    assert "reply_nonce" not in orjson.loads(encode_command(replace(commands[2],
-                                                                     reply_nonce=None)))
+    assert "reply_nonce" not in orjson.loads(encode_command(replace(commands[2], reply_nonce=None)))
 
 
-@pytest.mark.parametrize("nonce", ["short", "x" * 129, 12345678901234567890, None,
-                                   "0123456789abcdef 0123456789abcdef", "é" * 20])
+@pytest.mark.parametrize(
+    "nonce",
+    ["short", "x" * 129, 12345678901234567890, None, "0123456789abcdef 0123456789abcdef", "é" * 20],
+)
 def test_a_guessable_or_malformed_reply_nonce_is_invalid(nonce: object) -> None:
-    raw = orjson.dumps({"type": "cancel", "tenant": "acme", "schedule_id": "s1",
-                        "reply_nonce": nonce})
+    raw = orjson.dumps(
+        {"type": "cancel", "tenant": "acme", "schedule_id": "s1", "reply_nonce": nonce}
+    )
     with pytest.raises(CommandRejected) as caught:
         decode_command(raw, key=b"s1", now_ms=NOW, limits=LIMITS)
     assert caught.value.code == Code.INVALID_FIELD
 
 
 def test_results_carry_reply_nonce_only_when_given() -> None:
-    result = CommandResult(schedule_id="s1", tenant="acme", request_id="r", command=None,
-                           status=ResultStatus.REJECTED, code=Code.NOT_FOUND, message="m",
-                           at_ms=1, partition=0, offset=0)
+    result = CommandResult(
+        schedule_id="s1",
+        tenant="acme",
+        request_id="r",
+        command=None,
+        status=ResultStatus.REJECTED,
+        code=Code.NOT_FOUND,
+        message="m",
+        at_ms=1,
+        partition=0,
+        offset=0,
+    )
     assert "reply_nonce" not in orjson.loads(encode_result(result))
     assert decode_result(encode_result(result)).reply_nonce is None
     echoed = replace(result, reply_nonce=NONCE)
@@ -160,8 +194,13 @@ def test_the_bridge_takes_a_result_only_with_its_nonce_tenant_and_schedule() -> 
     nonce = new_reply_nonce()
     assert len(nonce) == 32 and nonce != new_reply_nonce()
     expected = Expected(reply_nonce=nonce, tenant="acme", schedule_id="s1")
-    doc: dict[str, Any] = {"request_id": "api-x-1", "tenant": "acme", "schedule_id": "s1",
-                           "code": "ok", "reply_nonce": nonce}
+    doc: dict[str, Any] = {
+        "request_id": "api-x-1",
+        "tenant": "acme",
+        "schedule_id": "s1",
+        "code": "ok",
+        "reply_nonce": nonce,
+    }
     assert expected.matches(doc)
     assert not expected.matches({k: v for k, v in doc.items() if k != "reply_nonce"})
     assert not expected.matches({**doc, "reply_nonce": new_reply_nonce()})
@@ -173,26 +212,51 @@ def test_the_bridge_takes_a_result_only_with_its_nonce_tenant_and_schedule() -> 
 # -- the command agent echoes the nonce only for a command that proved its tenant ----------
 
 
-def _record(offset: int, *, signed: bool = True, sid: str = "n-1",
-            kind: TimestampType = BROKER, signed_at: int = NOW,
-            secret: str = SECRET) -> RawCommand:
-    value = encode_command(CreateCommand(
-        tenant="acme", schedule_id=sid, request_id="api-x-1", reply_nonce=NONCE,
-        due_ms=NOW + 3_600_000, payload=b'{"a":1}', payload_type=PayloadType.JSON,
-        callback=HttpCallback(url="https://h.example/cb"), misfire_tolerance_s=60,
-    ))
+def _record(
+    offset: int,
+    *,
+    signed: bool = True,
+    sid: str = "n-1",
+    kind: TimestampType = BROKER,
+    signed_at: int = NOW,
+    secret: str = SECRET,
+) -> RawCommand:
+    value = encode_command(
+        CreateCommand(
+            tenant="acme",
+            schedule_id=sid,
+            request_id="api-x-1",
+            reply_nonce=NONCE,
+            due_ms=NOW + 3_600_000,
+            payload=b'{"a":1}',
+            payload_type=PayloadType.JSON,
+            callback=HttpCallback(url="https://h.example/cb"),
+            misfire_tolerance_s=60,
+        )
+    )
     key = sid.encode()
-    headers = sign_headers(secret, signed_at_ms=signed_at, key=key, value=value) if signed \
-        else ()
-    return RawCommand(partition=partition_for(key, PARTITIONS), offset=offset, key=key,
-                      value=value, timestamp_ms=NOW, headers=headers, timestamp_type=kind)
+    headers = sign_headers(secret, signed_at_ms=signed_at, key=key, value=value) if signed else ()
+    return RawCommand(
+        partition=partition_for(key, PARTITIONS),
+        offset=offset,
+        key=key,
+        value=value,
+        timestamp_ms=NOW,
+        headers=headers,
+        timestamp_type=kind,
+    )
 
 
 def _process(*records: RawCommand) -> list[dict[str, Any]]:
     sink = FakeSink()
     processor = CommandProcessor(
-        store=FakeStore(), sink=sink, tickers={}, results_topic="t.command-results",
-        partitions=PARTITIONS, limits=LIMITS, clock_ms=lambda: NOW,
+        store=FakeStore(),
+        sink=sink,
+        tickers={},
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=LIMITS,
+        clock_ms=lambda: NOW,
     )
     asyncio.run(processor.process_batch(list(records)))
     return [orjson.loads(value) for _, _, value in sink.sent]
@@ -207,8 +271,12 @@ def test_a_verified_command_gets_its_nonce_back_and_a_forged_one_does_not() -> N
         _record(5, sid="n-5", kind=TimestampType.CREATE_TIME),
     )
     assert (good["code"], good["reply_nonce"]) == ("ok", NONCE)
-    for result, code in ((unsigned, "bad_signature"), (foreign, "bad_signature"),
-                         (stale, "stale_command"), (producer_time, "stale_command")):
+    for result, code in (
+        (unsigned, "bad_signature"),
+        (foreign, "bad_signature"),
+        (stale, "stale_command"),
+        (producer_time, "stale_command"),
+    ):
         assert result["code"] == code, result
         # The request id is still echoed, so it cannot be what binds a reply.
         assert result["request_id"] == "api-x-1"
@@ -221,7 +289,6 @@ def test_a_copy_of_a_signed_record_is_refused_without_the_nonce() -> None:
     assert first["code"] == again["code"] == "ok"  # the same record (a retried batch)
     assert (copy["code"], copy["offset"]) == ("replayed_command", 8)
     assert "reply_nonce" not in copy and first["reply_nonce"] == NONCE
-
 
 
 class KeylessStore(FakeStore):
@@ -237,8 +304,13 @@ def test_a_keyless_tenant_gets_its_nonce_only_where_unsigned_commands_are_truste
 ) -> None:
     sink = FakeSink()
     processor = CommandProcessor(
-        store=KeylessStore(), sink=sink, tickers={}, results_topic="t.command-results",
-        partitions=PARTITIONS, limits=LIMITS, clock_ms=lambda: NOW,
+        store=KeylessStore(),
+        sink=sink,
+        tickers={},
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=LIMITS,
+        clock_ms=lambda: NOW,
         require_signed=require_signed,
     )
     asyncio.run(processor.process_batch([_record(1, signed=False)]))
@@ -252,8 +324,13 @@ def test_a_keyless_tenant_gets_its_nonce_only_where_unsigned_commands_are_truste
 def test_a_command_answered_on_its_own_echoes_the_nonce_only_when_it_verifies() -> None:
     sink = FakeSink()
     processor = CommandProcessor(
-        store=FakeStore(), sink=sink, tickers={}, results_topic="t.command-results",
-        partitions=PARTITIONS, limits=LIMITS, clock_ms=lambda: NOW,
+        store=FakeStore(),
+        sink=sink,
+        tickers={},
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=LIMITS,
+        clock_ms=lambda: NOW,
     )
 
     async def answer_both() -> None:

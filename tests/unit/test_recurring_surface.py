@@ -1,5 +1,5 @@
-"""Issue 6's user-facing parts, pure: day_match, go-scheduler cron translation, the tenant
-horizon of recurring schedules, parent status / listing windows / next runs, page merging,
+"""The user-facing parts of recurring schedules, pure: day_match, go-scheduler cron
+translation, the tenant horizon, parent status / listing windows / next runs, page merging,
 the CLI's create flags, and the misfire defaults docs/scheduler.md argues for."""
 
 from __future__ import annotations
@@ -46,8 +46,11 @@ def test_day_match_all_means_both_day_fields() -> None:
     assert rec.day_match is DayMatch.ALL
     got = first(rec, ms("2026-12-01T00:00:00Z"), 3)
     # The first Monday of December 2026, January and February 2027.
-    assert got == [ms("2026-12-07T09:00:00Z"), ms("2027-01-04T09:00:00Z"),
-                   ms("2027-02-01T09:00:00Z")]
+    assert got == [
+        ms("2026-12-07T09:00:00Z"),
+        ms("2027-01-04T09:00:00Z"),
+        ms("2027-02-01T09:00:00Z"),
+    ]
     vixie = parse_recurrence({"cron": "0 9 1-7 * mon"}, now_ms=NOW)
     assert vixie.day_match is DayMatch.ANY
     # Vixie: the 1st to 7th and every Monday.
@@ -121,8 +124,9 @@ def test_go_cron_rejections(go: Any, why: str) -> None:
         gocron.translate(go)
 
 
-def _go_values(text: str, low: int, high: int, step_range: int, names: tuple[str, ...]
-               ) -> list[int]:
+def _go_values(
+    text: str, low: int, high: int, step_range: int, names: tuple[str, ...]
+) -> list[int]:
     """An independent transcription of go-scheduler's cron.go parsing of one field (an
     empty list matches anything), for comparison with the translation."""
     if text == "*":
@@ -182,17 +186,22 @@ def test_translated_go_crons_match_the_same_minutes_as_go_scheduler() -> None:
     hi = lo + days * 86_400_000
     checked = 0
     for _ in range(40):
-        expr = " ".join([
-            _random_field(rng, 0, 59, True), _random_field(rng, 0, 23, True),
-            _random_field(rng, 1, 31, True), _random_field(rng, 1, 12, False),
-            _random_field(rng, 0, 6, False),
-        ])
+        expr = " ".join(
+            [
+                _random_field(rng, 0, 59, True),
+                _random_field(rng, 0, 23, True),
+                _random_field(rng, 1, 31, True),
+                _random_field(rng, 1, 12, False),
+                _random_field(rng, 0, 6, False),
+            ]
+        )
         try:
             got = gocron.translate(expr)
         except GoCronError:
             continue
-        rec = Recurrence(cron=normalize_cron(got.cron, day_match=got.day_match),
-                         day_match=got.day_match)
+        rec = Recurrence(
+            cron=normalize_cron(got.cron, day_match=got.day_match), day_match=got.day_match
+        )
         ours = set(itertools.takewhile(lambda t: t < hi, occurrences(rec, lo, anchor_ms=lo)))
         for moment in minutes:
             at = int(moment.timestamp() * 1000)
@@ -228,24 +237,39 @@ def test_recurring_horizon_applies_to_the_first_run() -> None:
 
 def test_recurring_index_entries_on_create_and_cancel() -> None:
     def change(event: str, recurrence: str | None = '{"every_s":60}') -> ScheduleChange:
-        row = ScheduleRow(tenant="t", schedule_id="s", partition=0, state="scheduled",
-                          due_ms=NOW, version=1, created_ms=5, updated_ms=5,
-                          recurrence=recurrence)
-        return ScheduleChange(row=row, new_bucket=None, old_bucket=None, now_ms=NOW,
-                              event=event)
+        row = ScheduleRow(
+            tenant="t",
+            schedule_id="s",
+            partition=0,
+            state="scheduled",
+            due_ms=NOW,
+            version=1,
+            created_ms=5,
+            updated_ms=5,
+            recurrence=recurrence,
+        )
+        return ScheduleChange(row=row, new_bucket=None, old_bucket=None, now_ms=NOW, event=event)
 
-    assert recurring_index_changes([change("created"), change("updated"),
-                                    change("cancelled"), change("created", None)]) == [
-        ("t", "s", 5, False), ("t", "s", 5, True)]
+    assert recurring_index_changes(
+        [change("created"), change("updated"), change("cancelled"), change("created", None)]
+    ) == [("t", "s", 5, False), ("t", "s", 5, True)]
 
 
 # -- parents: status, window, next runs ----------------------------------------------------
 
 
 def parent(rec: Recurrence, **kw: Any) -> dict[str, Any]:
-    row = {"tenant": "t", "schedule_id": "p", "state": "scheduled", "created_ms": NOW,
-           "anchor_ms": NOW, "updated_ms": NOW, "recurrence": recurrence_to_json(rec),
-           "materialized_until_ms": NOW + 600_000, "run_count": 10}
+    row = {
+        "tenant": "t",
+        "schedule_id": "p",
+        "state": "scheduled",
+        "created_ms": NOW,
+        "anchor_ms": NOW,
+        "updated_ms": NOW,
+        "recurrence": recurrence_to_json(rec),
+        "materialized_until_ms": NOW + 600_000,
+        "run_count": 10,
+    }
     row.update(kw)
     return row
 
@@ -272,8 +296,10 @@ def test_window_run_is_the_first_run_in_the_window() -> None:
     # Before the recurrence was set (its anchor): no runs there.
     assert recurring.window_run(row, hourly, from_ms=NOW - 5 * h, to_ms=NOW - h) is None
     # A week ahead is found without enumerating (no max_runs).
-    assert recurring.window_run(row, hourly, from_ms=NOW + 168 * h,
-                                to_ms=NOW + 169 * h) == NOW + 168 * h
+    assert (
+        recurring.window_run(row, hourly, from_ms=NOW + 168 * h, to_ms=NOW + 169 * h)
+        == NOW + 168 * h
+    )
     # Cancelled two hours in: later windows are empty.
     gone = dict(row, state="cancelled", updated_ms=NOW + 2 * h + 5)
     assert recurring.window_run(gone, hourly, from_ms=NOW + 1, to_ms=NOW + 10 * h) == NOW + h
@@ -288,10 +314,18 @@ def test_window_run_honours_max_runs_and_the_last_written_run() -> None:
     assert recurring.window_run(row, five, from_ms=NOW + 4 * h, to_ms=NOW + 5 * h) == NOW + 4 * h
     assert recurring.window_run(row, five, from_ms=NOW + 5 * h, to_ms=NOW + 9 * h) is None
     written = parent(five, materialized_until_ms=NEVER_MS, run_count=5)
-    assert recurring.window_run(written, five, from_ms=NOW + 4 * h, to_ms=NOW + 9 * h,
-                                last_nominal_ms=NOW + 4 * h) == NOW + 4 * h
-    assert recurring.window_run(written, five, from_ms=NOW + 5 * h, to_ms=NOW + 9 * h,
-                                last_nominal_ms=NOW + 4 * h) is None
+    assert (
+        recurring.window_run(
+            written, five, from_ms=NOW + 4 * h, to_ms=NOW + 9 * h, last_nominal_ms=NOW + 4 * h
+        )
+        == NOW + 4 * h
+    )
+    assert (
+        recurring.window_run(
+            written, five, from_ms=NOW + 5 * h, to_ms=NOW + 9 * h, last_nominal_ms=NOW + 4 * h
+        )
+        is None
+    )
 
 
 def test_upcoming_runs_count_max_runs_also_once_every_run_is_written() -> None:
@@ -334,10 +368,24 @@ def test_merge_page_never_skips_a_one_shot() -> None:
 
 def cli_args(**kw: Any) -> argparse.Namespace:
     base: dict[str, Any] = {
-        "tenant": "acme", "schedule_id": "s1", "due": "", "cron": None, "every_s": None,
-        "url": "https://h.example/x", "topic": None, "payload": None, "time_zone": None,
-        "start": None, "end": None, "max_runs": None, "jitter_s": None, "misfire": None,
-        "dst_gap": None, "dst_overlap": None, "day_match": None, "misfire_tolerance_s": None,
+        "tenant": "acme",
+        "schedule_id": "s1",
+        "due": "",
+        "cron": None,
+        "every_s": None,
+        "url": "https://h.example/x",
+        "topic": None,
+        "payload": None,
+        "time_zone": None,
+        "start": None,
+        "end": None,
+        "max_runs": None,
+        "jitter_s": None,
+        "misfire": None,
+        "dst_gap": None,
+        "dst_overlap": None,
+        "day_match": None,
+        "misfire_tolerance_s": None,
     }
     base.update(kw)
     return argparse.Namespace(**base)
@@ -345,17 +393,39 @@ def cli_args(**kw: Any) -> argparse.Namespace:
 
 def test_cli_flags_make_a_recurring_create() -> None:
     settings = Settings.from_env({})
-    cmd = _create_command(cli_args(
-        cron="30 8 * * mon-fri", time_zone="Europe/London", start="2030-01-01T00:00:00Z",
-        end="1924992000000", max_runs=10, jitter_s=120, misfire="skip", dst_gap="shift_forward",
-        dst_overlap="twice", day_match="all", payload='{"a": 1}', misfire_tolerance_s=30,
-    ), settings, "r1")
+    cmd = _create_command(
+        cli_args(
+            cron="30 8 * * mon-fri",
+            time_zone="Europe/London",
+            start="2030-01-01T00:00:00Z",
+            end="1924992000000",
+            max_runs=10,
+            jitter_s=120,
+            misfire="skip",
+            dst_gap="shift_forward",
+            dst_overlap="twice",
+            day_match="all",
+            payload='{"a": 1}',
+            misfire_tolerance_s=30,
+        ),
+        settings,
+        "r1",
+    )
     rec = cmd.recurrence
     assert rec is not None and rec.cron == "0 30 8 * * mon-fri"
     assert (rec.time_zone, rec.start_ms, rec.end_ms, rec.max_runs, rec.jitter_s) == (
-        "Europe/London", ms("2030-01-01T00:00:00Z"), 1924992000000, 10, 120)
+        "Europe/London",
+        ms("2030-01-01T00:00:00Z"),
+        1924992000000,
+        10,
+        120,
+    )
     assert (str(rec.misfire), str(rec.nonexistent), str(rec.ambiguous), str(rec.day_match)) == (
-        "skip", "shift_forward", "twice", "all")
+        "skip",
+        "shift_forward",
+        "twice",
+        "all",
+    )
     assert cmd.misfire_tolerance_s == 30 and orjson.loads(cmd.payload) == {"a": 1}
     rate = _create_command(cli_args(every_s=90, topic="acme.t", url=None), settings, "r2")
     assert rate.recurrence.every_s == 90 and rate.misfire_tolerance_s == 60
@@ -383,8 +453,9 @@ def test_cli_bad_values_get_the_decoders_code() -> None:
         _create_command(cli_args(cron="0 0 31 2 *"), Settings.from_env({}), "r")
     assert err.value.code == Code.INVALID_FIELD
     with pytest.raises(CommandRejected) as err:
-        _create_command(cli_args(cron="* * * * *", time_zone="Mars/Olympus"),
-                        Settings.from_env({}), "r")
+        _create_command(
+            cli_args(cron="* * * * *", time_zone="Mars/Olympus"), Settings.from_env({}), "r"
+        )
     assert "IANA" in err.value.message
 
 
@@ -392,8 +463,15 @@ def test_cli_bad_values_get_the_decoders_code() -> None:
 
 
 def decoded_recurrence(extra: dict[str, Any]) -> tuple[Recurrence, int]:
-    raw = orjson.dumps({"type": "create", "tenant": "t", "schedule_id": "s",
-                        "callback": {"type": "kafka", "topic": "x"}, "recurrence": extra})
+    raw = orjson.dumps(
+        {
+            "type": "create",
+            "tenant": "t",
+            "schedule_id": "s",
+            "callback": {"type": "kafka", "topic": "x"},
+            "recurrence": extra,
+        }
+    )
     cmd = decode_command(raw, key=None, now_ms=NOW, limits=DEFAULT_LIMITS)
     assert cmd.recurrence is not None
     return cmd.recurrence, cmd.misfire_tolerance_s
@@ -404,15 +482,32 @@ def test_default_tolerance_never_loses_the_latest_run_of_fire_latest() -> None:
     assert tolerance == 60 and daily.misfire is Misfire.FIRE_LATEST
     # Workers down for two hours across the 09:00 run: it still fires, late.
     due = ms("2026-11-22T09:00:00Z")
-    step = plan(daily, tenant="t", schedule_id="s", anchor_ms=NOW, tolerance_s=tolerance,
-                until_ms=due, run_count=0, now_ms=due + 2 * 3_600_000, horizon_ms=600_000)
+    step = plan(
+        daily,
+        tenant="t",
+        schedule_id="s",
+        anchor_ms=NOW,
+        tolerance_s=tolerance,
+        until_ms=due,
+        run_count=0,
+        now_ms=due + 2 * 3_600_000,
+        horizon_ms=600_000,
+    )
     assert [r.nominal_ms for r in step.runs] == [due] and step.skipped == []
     # A minutely schedule after ten minutes down: the superseded runs are dropped, the
     # ones within a minute of now still fire.
     minutely, tolerance = decoded_recurrence({"cron": "* * * * *"})
-    step = plan(minutely, tenant="t", schedule_id="s", anchor_ms=NOW - 86_400_000,
-                tolerance_s=tolerance, until_ms=NOW - 600_000, run_count=0, now_ms=NOW,
-                horizon_ms=60_000)
+    step = plan(
+        minutely,
+        tenant="t",
+        schedule_id="s",
+        anchor_ms=NOW - 86_400_000,
+        tolerance_s=tolerance,
+        until_ms=NOW - 600_000,
+        run_count=0,
+        now_ms=NOW,
+        horizon_ms=60_000,
+    )
     assert [r.nominal_ms for r in step.runs] == [NOW - 60_000, NOW]
     assert len(step.skipped) == 9
 
@@ -422,8 +517,17 @@ def test_default_tolerance_absorbs_a_failover_under_skip() -> None:
     due = ms("2026-11-22T09:00:00Z")
 
     def fired(late_s: int) -> bool:
-        step = plan(daily, tenant="t", schedule_id="s", anchor_ms=NOW, tolerance_s=tolerance,
-                    until_ms=due, run_count=0, now_ms=due + late_s * 1000, horizon_ms=600_000)
+        step = plan(
+            daily,
+            tenant="t",
+            schedule_id="s",
+            anchor_ms=NOW,
+            tolerance_s=tolerance,
+            until_ms=due,
+            run_count=0,
+            now_ms=due + late_s * 1000,
+            horizon_ms=600_000,
+        )
         return [r.nominal_ms for r in step.runs] == [due]
 
     # A worker failover (~10 s, the session timeout) or a broker restart (~26 s): fires.
@@ -477,8 +581,14 @@ def test_listing_evaluates_rules_off_the_event_loop(monkeypatch: pytest.MonkeyPa
 
     async def main() -> tuple[list[Any], str]:
         found = await recurring_io.parents_in_window(
-            _ParentsStore(rows), "t", from_ms=NOW, to_ms=NOW + 3_600_000, statuses=None,
-            after=None, now_ms=NOW)
+            _ParentsStore(rows),
+            "t",
+            from_ms=NOW,
+            to_ms=NOW + 3_600_000,
+            statuses=None,
+            after=None,
+            now_ms=NOW,
+        )
         return found, threading.current_thread().name
 
     found, loop_thread = asyncio.run(main())

@@ -10,7 +10,14 @@ from base.errors import CommandRejected
 from streams.commands import RawCommand
 from streams.decisions import decide
 from streams.model import ScheduleRow
-from topics.models import CancelCommand, CreateCommand, HttpCallback, PayloadType, UpdateCommand
+from topics.models import (
+    CancelCommand,
+    Command,
+    CreateCommand,
+    HttpCallback,
+    PayloadType,
+    UpdateCommand,
+)
 
 NOW = 1_800_000_000_000
 CB = HttpCallback(url="https://h.example/cb")
@@ -21,14 +28,29 @@ def msg(offset: int) -> RawCommand:
 
 
 def create(due_ms: int = NOW + 60_000, payload: bytes = b"{}") -> CreateCommand:
-    return CreateCommand(tenant="t", schedule_id="s", due_ms=due_ms, payload=payload,
-                         payload_type=PayloadType.JSON, callback=CB, misfire_tolerance_s=60)
+    return CreateCommand(
+        tenant="t",
+        schedule_id="s",
+        due_ms=due_ms,
+        payload=payload,
+        payload_type=PayloadType.JSON,
+        callback=CB,
+        misfire_tolerance_s=60,
+    )
 
 
-def run(command: object, existing: ScheduleRow | None, offset: int = 10,
-        firing: bool = False) -> tuple[str, ScheduleRow | None]:
-    d = decide(command, existing, msg(offset), now_ms=NOW, shards=1,  # type: ignore[arg-type]
-               default_tolerance_s=3600, firing=firing)
+def run(
+    command: Command, existing: ScheduleRow | None, offset: int = 10, firing: bool = False
+) -> tuple[str, ScheduleRow | None]:
+    d = decide(
+        command,
+        existing,
+        msg(offset),
+        now_ms=NOW,
+        shards=1,
+        default_tolerance_s=3600,
+        firing=firing,
+    )
     return str(d.code), d.change.row if d.change else None
 
 
@@ -61,8 +83,15 @@ def test_replayed_command_answers_its_recorded_code_without_a_change() -> None:
 
 
 def test_reschedule_bumps_the_version_and_moves_the_bucket() -> None:
-    d = decide(UpdateCommand(tenant="t", schedule_id="s", due_ms=NOW + 120_000), stored(),
-               msg(10), now_ms=NOW, shards=1, default_tolerance_s=3600, firing=False)
+    d = decide(
+        UpdateCommand(tenant="t", schedule_id="s", due_ms=NOW + 120_000),
+        stored(),
+        msg(10),
+        now_ms=NOW,
+        shards=1,
+        default_tolerance_s=3600,
+        firing=False,
+    )
     assert str(d.code) == "ok" and d.change is not None
     assert d.change.row.version == 2 and d.change.row.due_ms == NOW + 120_000
     assert d.change.old_bucket is not None and d.change.new_bucket is not None
@@ -71,8 +100,15 @@ def test_reschedule_bumps_the_version_and_moves_the_bucket() -> None:
 
 
 def test_cancel_removes_the_bucket_row() -> None:
-    d = decide(CancelCommand(tenant="t", schedule_id="s"), stored(), msg(10), now_ms=NOW,
-               shards=1, default_tolerance_s=3600, firing=False)
+    d = decide(
+        CancelCommand(tenant="t", schedule_id="s"),
+        stored(),
+        msg(10),
+        now_ms=NOW,
+        shards=1,
+        default_tolerance_s=3600,
+        firing=False,
+    )
     assert d.change is not None and d.change.row.state == "cancelled"
     assert d.change.new_bucket is None and d.change.old_bucket is not None
     assert d.hand_over is None
@@ -92,8 +128,10 @@ def test_changes_to_finished_or_missing_schedules_are_rejected(
     existing: str | None, firing: bool, code: str
 ) -> None:
     row = None if existing is None else stored(state=existing)
-    for command in (CancelCommand(tenant="t", schedule_id="s"),
-                    UpdateCommand(tenant="t", schedule_id="s", due_ms=NOW + 1000)):
+    for command in (
+        CancelCommand(tenant="t", schedule_id="s"),
+        UpdateCommand(tenant="t", schedule_id="s", due_ms=NOW + 1000),
+    ):
         with pytest.raises(CommandRejected) as exc:
             run(command, row, firing=firing)
         assert exc.value.code == code

@@ -27,8 +27,14 @@ class HeldSinkById(HeldSink):
         super().__init__()
         self.ids: list[str] = []
 
-    def send(self, topic: str, *, key: bytes | None, value: bytes,
-             headers: list[tuple[str, bytes]] | None = None) -> asyncio.Future[Any]:
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
         self.ids.append(decode_trigger(value).schedule_id)
         return super().send(topic, key=key, value=value, headers=headers)
 
@@ -41,17 +47,23 @@ def ticker_for(
 ) -> tuple[PartitionTicker, HeldSinkById]:
     fires = HeldSinkById()  # the test decides when Kafka acknowledges a trigger
     config = TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0)
-    ticker = PartitionTicker(partition, store=store or TickerStore(), sink=fires,
-                             config=config, clock_ms=lambda: now[0])
+    ticker = PartitionTicker(
+        partition, store=store or TickerStore(), sink=fires, config=config, clock_ms=lambda: now[0]
+    )
     return ticker, fires
 
 
-def processor(store: Any, ticker: PartitionTicker, now: list[int]) -> tuple[CommandProcessor,
-                                                                             FakeSink]:
+def processor(
+    store: Any, ticker: PartitionTicker, now: list[int]
+) -> tuple[CommandProcessor, FakeSink]:
     results = FakeSink()
     return CommandProcessor(
-        store=store, sink=results, tickers={ticker.partition: ticker},
-        results_topic="t.command-results", partitions=PARTITIONS, limits=Limits(),
+        store=store,
+        sink=results,
+        tickers={ticker.partition: ticker},
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=Limits(),
         clock_ms=lambda: now[0],
     ), results
 
@@ -206,9 +218,15 @@ async def test_a_hand_over_cut_short_by_a_revocation_is_left_to_the_new_owner() 
         await asyncio.sleep(0)
 
     proc = CommandProcessor(
-        store=FakeStore(), sink=results, tickers=tickers,
-        results_topic="t.command-results", partitions=PARTITIONS, limits=Limits(),
-        clock_ms=lambda: now[0], sleep=sleep, assigned=owned.__contains__,
+        store=FakeStore(),
+        sink=results,
+        tickers=tickers,
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=Limits(),
+        clock_ms=lambda: now[0],
+        sleep=sleep,
+        assigned=owned.__contains__,
     )
     answering = asyncio.create_task(proc.process_until_answered([msg]))
     await until(lambda: ticker._awaited)
