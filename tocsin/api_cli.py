@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
-from typing import Any
 
 from base.settings import Settings
+from tocsin.output import SubParsers
 
 
 def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
@@ -18,7 +18,7 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def register(sub: SubParsers) -> None:
     api = sub.add_parser("api", help="serve the REST API (docs/api.md)")
     api.add_argument("--port", type=int, default=None, help="override TOCSIN_API_PORT")
     api.set_defaults(func=cmd_api)

@@ -17,6 +17,8 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 import orjson
 from aiohttp import web
@@ -25,7 +27,7 @@ from base.settings import REPO_ROOT, Settings
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.store import Store
 from topics.ids import trigger_id
-from topics.models import CreateCommand, HttpCallback, PayloadType
+from topics.models import CommandResult, CreateCommand, HttpCallback, PayloadType, Trigger
 from topics.signing import new_signing_key
 
 
@@ -266,6 +268,44 @@ def _drive(
     callback = HttpCallback(url=f"http://127.0.0.1:{receiver.port}/callback", timeout_s=5.0)
 
     probe = f"demo-{run}-probe"
+    if not _probe(client, results, tenant, probe, callback):
+        print("[demo] the worker did not answer within 120 s; see its log", flush=True)
+        return 1
+    due = _send_schedules(client, tenant, run, count, spread_s, callback)
+    print(f"[demo] {count} schedules sent, due from +10 s over {spread_s} s", flush=True)
+
+    tally = _Tally(due=due, run=run, probe=probe)
+    deadline = time.monotonic() + spread_s + 90
+    next_report = time.monotonic() + 5
+    while (
+        len(tally.seen) < count or tally.delivered(receiver) < count
+    ) and time.monotonic() < deadline:
+        tally.count_results(results.poll(0.05))
+        tally.count_fires(fires.poll(0.2))
+        if time.monotonic() >= next_report:
+            next_report += 5
+            print(tally.progress(receiver, count), flush=True)
+        for name, proc in (("worker", worker), ("proxy", proxy)):
+            if proc.poll() is not None:
+                print(f"[demo] the {name} exited unexpectedly; see its log", flush=True)
+                return 1
+    arrivals = tally.arrivals(receiver)
+    for line in tally.summary(arrivals, receiver.duplicates, count):
+        print(line, flush=True)
+    for closable in (results, fires):
+        closable.close()
+    early = sum(1 for v in tally.lateness if v < 0)
+    return 0 if len(tally.seen) == count and early == 0 and len(arrivals) == count else 1
+
+
+def _probe(
+    client: CommandClient,
+    results: ResultWatcher,
+    tenant: str,
+    probe: str,
+    callback: HttpCallback,
+) -> bool:
+    """Whether the worker answers a first command (due in an hour) within 120 s."""
     client.send(
         CreateCommand(
             tenant=tenant,
@@ -276,10 +316,18 @@ def _drive(
         )
     )
     client.flush()
-    if probe not in results.wait_for([probe], timeout_s=120):
-        print("[demo] the worker did not answer within 120 s; see its log", flush=True)
-        return 1
+    return probe in results.wait_for([probe], timeout_s=120)
 
+
+def _send_schedules(
+    client: CommandClient,
+    tenant: str,
+    run: str,
+    count: int,
+    spread_s: int,
+    callback: HttpCallback,
+) -> dict[str, int]:
+    """Send ``count`` schedules due from 10 s on over ``spread_s``; {trigger id: due ms}."""
     start_ms = time.time_ns() // 10**6 + 10_000
     due: dict[str, int] = {}
     for i in range(count):
@@ -299,57 +347,61 @@ def _drive(
             )
         )
     client.flush()
-    print(f"[demo] {count} schedules sent, due from +10 s over {spread_s} s", flush=True)
+    return due
 
-    accepted = rejected = 0
-    lateness: list[int] = []
-    seen: set[str] = set()
-    duplicates = 0
-    deadline = time.monotonic() + spread_s + 90
-    next_report = time.monotonic() + 5
 
-    def delivered() -> int:
-        return sum(1 for tid in list(receiver.arrivals) if tid in due)
+@dataclass
+class _Tally:
+    """What the demo has seen of its own schedules: results, fires and deliveries."""
 
-    while (len(seen) < count or delivered() < count) and time.monotonic() < deadline:
-        for r in results.poll(0.05):
+    due: dict[str, int]  # trigger id -> due time (epoch ms)
+    run: str
+    probe: str
+    accepted: int = 0
+    rejected: int = 0
+    duplicates: int = 0
+    lateness: list[int] = field(default_factory=list)  # emit time - due time (ms)
+    seen: set[str] = field(default_factory=set)
+
+    def count_results(self, results: list[CommandResult]) -> None:
+        for r in results:
             sid = r.schedule_id or ""
-            if sid.startswith(f"demo-{run}-") and sid != probe:
+            if sid.startswith(f"demo-{self.run}-") and sid != self.probe:
                 if str(r.status) == "accepted":
-                    accepted += 1
+                    self.accepted += 1
                 else:
-                    rejected += 1
-        for trig, _ in fires.poll(0.2):
-            if trig.trigger_id not in due:
+                    self.rejected += 1
+
+    def count_fires(self, fires: Iterable[tuple[Trigger, int]]) -> None:
+        for trig, _ in fires:
+            if trig.trigger_id not in self.due:
                 continue
-            if trig.trigger_id in seen:
-                duplicates += 1
+            if trig.trigger_id in self.seen:
+                self.duplicates += 1
                 continue
-            seen.add(trig.trigger_id)
-            lateness.append(trig.emitted_ms - trig.due_ms)
-        if time.monotonic() >= next_report:
-            next_report += 5
-            print(progress_line(accepted, len(seen), delivered(), count, lateness), flush=True)
-        for name, proc in (("worker", worker), ("proxy", proxy)):
-            if proc.poll() is not None:
-                print(f"[demo] the {name} exited unexpectedly; see its log", flush=True)
-                return 1
-    missed = count - len(seen)
-    early = sum(1 for v in lateness if v < 0)
-    arrivals = {tid: at for tid, at in list(receiver.arrivals.items()) if tid in due}
-    e2e = [at - due[tid] for tid, at in arrivals.items()]
-    for line in summary_lines(
-        count=count,
-        accepted=accepted,
-        rejected=rejected,
-        fired=len(seen),
-        duplicates=duplicates,
-        lateness=lateness,
-        delivered=len(arrivals),
-        duplicate_deliveries=receiver.duplicates,
-        delivery_lateness=e2e,
-    ):
-        print(line, flush=True)
-    for closable in (results, fires):
-        closable.close()
-    return 0 if missed == 0 and early == 0 and len(arrivals) == count else 1
+            self.seen.add(trig.trigger_id)
+            self.lateness.append(trig.emitted_ms - trig.due_ms)
+
+    def arrivals(self, receiver: Receiver) -> dict[str, int]:
+        return {tid: at for tid, at in list(receiver.arrivals.items()) if tid in self.due}
+
+    def delivered(self, receiver: Receiver) -> int:
+        return sum(1 for tid in list(receiver.arrivals) if tid in self.due)
+
+    def progress(self, receiver: Receiver, count: int) -> str:
+        return progress_line(
+            self.accepted, len(self.seen), self.delivered(receiver), count, self.lateness
+        )
+
+    def summary(self, arrivals: dict[str, int], duplicate_deliveries: int, count: int) -> list[str]:
+        return summary_lines(
+            count=count,
+            accepted=self.accepted,
+            rejected=self.rejected,
+            fired=len(self.seen),
+            duplicates=self.duplicates,
+            lateness=self.lateness,
+            delivered=len(arrivals),
+            duplicate_deliveries=duplicate_deliveries,
+            delivery_lateness=[at - self.due[tid] for tid, at in arrivals.items()],
+        )

@@ -1,4 +1,5 @@
-"""What every ``tocsin`` command shares: its exit codes and how it prints rows.
+"""What every ``tocsin`` command shares: its exit codes, how it prints rows, and the type of
+the sub-command table each command module adds its parsers to.
 
 Exit codes scripts can rely on: 0 success, 1 failure (error printed on stderr), 2 usage
 error, 3 not found, 4 rejected by the scheduler, 5 no answer in time (is a worker running?).
@@ -9,11 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import orjson
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REJECTED = 0, 1, 2, 3, 4
 EXIT_TIMEOUT = 5
+
+# A string: the class is not subscriptable at run time.
+SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 
 def print_table(rows: list[dict[str, object]], columns: Sequence[str]) -> None:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Any
 
 from base.settings import Settings
 from proxy.settings import ProxySettings
+from tocsin.output import SubParsers
 
 
 def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
@@ -18,6 +18,6 @@ def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
     return 0
 
 
-def register(sub: Any) -> None:
+def register(sub: SubParsers) -> None:
     proxy = sub.add_parser("proxy", help="run the Kafka-to-REST delivery proxy (MPS model)")
     proxy.set_defaults(func=cmd_proxy)

@@ -7,7 +7,8 @@ import asyncio
 import sys
 import time
 import uuid
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -15,7 +16,8 @@ from api.views import ApiError, matches, parse_statuses, parse_window, schedule_
 from base.errors import CommandRejected, KafkaError
 from base.settings import Settings
 from streams.client import CommandClient, ResultWatcher
-from streams.status import HOUR_MS, Report, Window, render
+from streams.ports import CqlRow
+from streams.status import HOUR_MS, Report, Tally, Window, render
 from streams.status_io import collect, consumer_lags, lag_pairs
 from streams.tenant_admin import (
     RotationConflict,
@@ -33,16 +35,22 @@ from tocsin.output import (
     EXIT_REJECTED,
     EXIT_TIMEOUT,
     EXIT_USAGE,
+    SubParsers,
     emit,
 )
 from tocsin.topic_admin import ensure_topics
 from topics.catalog import catalog
 from topics.ids import format_iso_ms
-from topics.models import CancelCommand
+from topics.models import CancelCommand, Command, CommandResult
 from topics.validation import Limits, decode_command
 
+if TYPE_CHECKING:
+    from streams.store import Store
 
-async def _with_store(settings: Settings, fn: Any) -> Any:
+T = TypeVar("T")
+
+
+async def _with_store(settings: Settings, fn: Callable[[Store], Awaitable[T]]) -> T:
     from streams.store import Store  # loads the Cassandra driver, which --help never needs
 
     store = Store(settings.cassandra)
@@ -65,60 +73,66 @@ def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
         print(f"tocsin tenant {args.action} needs a tenant name", file=sys.stderr)
         return EXIT_USAGE
     if args.action == "register":
-        try:
-            config = TenantConfig.from_dict(
-                {
-                    k: v
-                    for k, v in {
-                        "create_quota_per_s": args.create_quota,
-                        "fire_quota_per_min": args.fire_quota,
-                        "max_payload_bytes": args.max_payload_bytes,
-                        "max_horizon_s": args.max_horizon_s,
-                        "retention_s": args.retention_s,
-                        "allowed_callback_hosts": args.allow_host or None,
-                        "allowed_kafka_topics": args.allow_topic or None,
-                    }.items()
-                    if v is not None
-                }
-            )
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_USAGE
-        try:
-            created = asyncio.run(
-                _with_store(settings, lambda s: register_tenant(s, args.name, config, active=True))
-            )
-        except TenantExists as exc:
-            if args.exist_ok:
-                # Setup scripts re-run on every upgrade: an existing tenant keeps its keys
-                # and configuration untouched.
-                print(f"tenant {args.name} is already registered; left unchanged")
-                return EXIT_OK
-            print(
-                f"error: {exc}; its keys and configuration are left unchanged (a new "
-                f"signing key: `tocsin tenant rotate-key {args.name}`; an API key: POST "
-                f"/v1/tenants/{args.name}/keys; new limits: PATCH /v1/tenants/{args.name})",
-                file=sys.stderr,
-            )
-            return EXIT_FAIL
-        except ValueError as exc:
-            print(f"error: {exc}", file=sys.stderr)
-            return EXIT_FAIL
-        if args.no_print_keys:
-            print(f"tenant {created['tenant']} registered (keys not printed)")
-        elif args.json:
-            print(orjson.dumps(created, option=orjson.OPT_INDENT_2).decode())
-        else:
-            print(
-                f"tenant {created['tenant']} registered; store these now, they are not shown again:"
-            )
-            print(f"  api key      {created['api_key']}")
-            print(f"  signing key  {created['signing_key']}")
-        return EXIT_OK
+        return _tenant_register(args, settings)
     if args.action == "rotate-key":
         return _rotate_key(args, settings)
+    return _tenant_list(args, settings)
+
+
+def _tenant_config(args: argparse.Namespace) -> TenantConfig:
+    """The configuration the register flags give; ValueError names a bad one."""
+    flags = {
+        "create_quota_per_s": args.create_quota,
+        "fire_quota_per_min": args.fire_quota,
+        "max_payload_bytes": args.max_payload_bytes,
+        "max_horizon_s": args.max_horizon_s,
+        "retention_s": args.retention_s,
+        "allowed_callback_hosts": args.allow_host or None,
+        "allowed_kafka_topics": args.allow_topic or None,
+    }
+    return TenantConfig.from_dict({k: v for k, v in flags.items() if v is not None})
+
+
+def _tenant_register(args: argparse.Namespace, settings: Settings) -> int:
+    try:
+        config = _tenant_config(args)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        created = asyncio.run(
+            _with_store(settings, lambda s: register_tenant(s, args.name, config, active=True))
+        )
+    except TenantExists as exc:
+        if args.exist_ok:
+            # Setup scripts re-run on every upgrade: an existing tenant keeps its keys
+            # and configuration untouched.
+            print(f"tenant {args.name} is already registered; left unchanged")
+            return EXIT_OK
+        print(
+            f"error: {exc}; its keys and configuration are left unchanged (a new "
+            f"signing key: `tocsin tenant rotate-key {args.name}`; an API key: POST "
+            f"/v1/tenants/{args.name}/keys; new limits: PATCH /v1/tenants/{args.name})",
+            file=sys.stderr,
+        )
+        return EXIT_FAIL
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_FAIL
+    if args.no_print_keys:
+        print(f"tenant {created['tenant']} registered (keys not printed)")
+    elif args.json:
+        print(orjson.dumps(created, option=orjson.OPT_INDENT_2).decode())
+    else:
+        print(f"tenant {created['tenant']} registered; store these now, they are not shown again:")
+        print(f"  api key      {created['api_key']}")
+        print(f"  signing key  {created['signing_key']}")
+    return EXIT_OK
+
+
+def _tenant_list(args: argparse.Namespace, settings: Settings) -> int:
     rows = asyncio.run(_with_store(settings, lambda s: s.list_tenants()))
-    out = []
+    out: list[dict[str, object]] = []
     for r in sorted(rows, key=lambda r: r["tenant"]):
         cfg = TenantConfig.from_json(r.get("config"))
         out.append(
@@ -186,40 +200,50 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     if args.action == "runs":
         return _schedule_runs(args, settings)
     if args.action == "get":
+        return _schedule_get(args, settings)
+    return _schedule_send(args, settings)
 
-        async def get(store: Any) -> tuple[Any, Any]:
-            row = await store.get_schedule(args.tenant, args.schedule_id)
-            events = await store.list_events(args.tenant, args.schedule_id) if row else []
-            return row, events
 
-        row, events = asyncio.run(_with_store(settings, get))
-        if row is None:
-            print(f"no schedule {args.schedule_id!r} for tenant {args.tenant!r}")
-            return EXIT_NOT_FOUND
-        if row.get("recurrence") is not None or row.get("due_ms") is None:
-            return _recurring_get(args, settings, row, events)
-        view = {
-            "tenant": row["tenant"],
-            "schedule_id": row["schedule_id"],
-            "state": row["state"],
-            "due": format_iso_ms(row["due_ms"]),
-            "version": row["version"],
-            "fired": format_iso_ms(row["fired_ms"]) if row.get("fired_ms") else "",
-            "trigger_id": row.get("trigger_id") or "",
-            "delivery": row.get("delivery_outcome") or "",
-        }
-        if args.json:
-            view["events"] = [{k: v for k, v in e.items()} for e in events]
-            print(orjson.dumps(view, option=orjson.OPT_INDENT_2).decode())
-        else:
-            for k, v in view.items():
-                print(f"{k:12s} {v}")
-            for e in events:
-                print(f"  {format_iso_ms(e['at_ms'])}  {e['event']:14s} {e.get('detail') or ''}")
-        return EXIT_OK
+_RESULT_COLUMNS = ["schedule_id", "status", "code", "message"]
 
+
+def _schedule_get(args: argparse.Namespace, settings: Settings) -> int:
+    async def get(store: Store) -> tuple[CqlRow | None, list[CqlRow]]:
+        row = await store.get_schedule(args.tenant, args.schedule_id)
+        events = await store.list_events(args.tenant, args.schedule_id) if row else []
+        return row, events
+
+    row, events = asyncio.run(_with_store(settings, get))
+    if row is None:
+        print(f"no schedule {args.schedule_id!r} for tenant {args.tenant!r}")
+        return EXIT_NOT_FOUND
+    if row.get("recurrence") is not None or row.get("due_ms") is None:
+        return _recurring_get(args, settings, row, events)
+    view: dict[str, object] = {
+        "tenant": row["tenant"],
+        "schedule_id": row["schedule_id"],
+        "state": row["state"],
+        "due": format_iso_ms(row["due_ms"]),
+        "version": row["version"],
+        "fired": format_iso_ms(row["fired_ms"]) if row.get("fired_ms") else "",
+        "trigger_id": row.get("trigger_id") or "",
+        "delivery": row.get("delivery_outcome") or "",
+    }
+    if args.json:
+        view["events"] = [{k: v for k, v in e.items()} for e in events]
+        print(orjson.dumps(view, option=orjson.OPT_INDENT_2).decode())
+    else:
+        for k, v in view.items():
+            print(f"{k:12s} {v}")
+        for e in events:
+            print(f"  {format_iso_ms(e['at_ms'])}  {e['event']:14s} {e.get('detail') or ''}")
+    return EXIT_OK
+
+
+def _schedule_send(args: argparse.Namespace, settings: Settings) -> int:
+    """``tocsin schedule create|cancel``: send the command, print the worker's answer."""
     rid = uuid.uuid4().hex
-    command: Any
+    command: Command
     if args.action == "create":
         try:
             command = _create_command(args, settings, rid)
@@ -228,44 +252,27 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
             return EXIT_USAGE
         except CommandRejected as exc:
             # The decoder every worker runs: the answer a worker would give, without sending.
-            emit(
-                args,
-                [
-                    {
-                        "schedule_id": args.schedule_id,
-                        "status": "rejected",
-                        "code": str(exc.code),
-                        "message": exc.message,
-                    }
-                ],
-                ["schedule_id", "status", "code", "message"],
-            )
+            rejected: dict[str, object] = {
+                "schedule_id": args.schedule_id,
+                "status": "rejected",
+                "code": str(exc.code),
+                "message": exc.message,
+            }
+            emit(args, [rejected], _RESULT_COLUMNS)
             return EXIT_REJECTED
     else:
         command = CancelCommand(tenant=args.tenant, schedule_id=args.schedule_id, request_id=rid)
-    tenant_row = asyncio.run(_with_store(settings, lambda s: s.get_tenant(args.tenant)))
-    watcher = ResultWatcher(settings)
-    client = CommandClient(settings)
-    client.send(command, signing_key=(tenant_row or {}).get("signing_secret"))
-    client.flush()
-    results = watcher.wait_for([args.schedule_id], timeout_s=args.timeout_s)
-    watcher.close()
-    result = results.get(args.schedule_id)
+    result = _send_and_wait(args, settings, command)
     if result is None:
         print(f"no result within {args.timeout_s}s (is a worker running?)", file=sys.stderr)
         return EXIT_TIMEOUT
-    emit(
-        args,
-        [
-            {
-                "schedule_id": result.schedule_id,
-                "status": str(result.status),
-                "code": str(result.code),
-                "message": result.message,
-            }
-        ],
-        ["schedule_id", "status", "code", "message"],
-    )
+    row: dict[str, object] = {
+        "schedule_id": result.schedule_id,
+        "status": str(result.status),
+        "code": str(result.code),
+        "message": result.message,
+    }
+    emit(args, [row], _RESULT_COLUMNS)
     accepted = str(result.status) == "accepted"
     recurring = args.action == "create" and getattr(command, "recurrence", None) is not None
     if accepted and recurring and not getattr(args, "json", False):
@@ -273,11 +280,26 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
     return EXIT_OK if accepted else EXIT_REJECTED
 
 
+def _send_and_wait(
+    args: argparse.Namespace, settings: Settings, command: Command
+) -> CommandResult | None:
+    """Send ``command`` signed with its tenant's key; the worker's result, or None when none
+    comes within ``--timeout-s``."""
+    tenant_row = asyncio.run(_with_store(settings, lambda s: s.get_tenant(args.tenant)))
+    watcher = ResultWatcher(settings)
+    client = CommandClient(settings)
+    client.send(command, signing_key=(tenant_row or {}).get("signing_secret"))
+    client.flush()
+    results = watcher.wait_for([args.schedule_id], timeout_s=args.timeout_s)
+    watcher.close()
+    return results.get(args.schedule_id)
+
+
 class _Usage(Exception):
     """A command line that cannot make a command (exit code 2)."""
 
 
-def _create_command(args: argparse.Namespace, settings: Settings, request_id: str) -> Any:
+def _create_command(args: argparse.Namespace, settings: Settings, request_id: str) -> Command:
     """The create command of ``tocsin schedule create``, decoded by the wire contract's own
     decoder (so a bad cron or zone gets the code a worker would answer)."""
     timings = [name for name in ("due", "cron", "every_s") if getattr(args, name, None)]
@@ -341,12 +363,12 @@ _FLAG_OF = {"time_zone": "tz", "nonexistent": "dst_gap", "ambiguous": "dst_overl
 
 
 def _recurring_get(
-    args: argparse.Namespace, settings: Settings, row: dict[str, Any], events: list[Any]
+    args: argparse.Namespace, settings: Settings, row: CqlRow, events: list[CqlRow]
 ) -> int:
     """``tocsin schedule get`` of a recurring schedule (or of one of its runs)."""
     from api.recurring_io import schedule_json  # loads the Cassandra driver (see _with_store)
 
-    async def view(store: Any) -> dict[str, Any]:
+    async def view(store: Store) -> dict[str, Any]:
         return await schedule_json(
             store, row, events, now_ms=time.time_ns() // 1_000_000, past=5, upcoming=5
         )
@@ -386,7 +408,7 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
 
     one_statuses = None if statuses is None else statuses - {"completed"}
 
-    async def collect(store: Any) -> list[dict[str, Any]]:
+    async def collect(store: Store) -> list[dict[str, Any]]:
         out: list[tuple[tuple[int, str], dict[str, Any]]] = []
         after = None
         while len(out) < args.limit and one_statuses != frozenset():
@@ -487,10 +509,30 @@ def cmd_dev(args: argparse.Namespace, settings: Settings) -> int:
     return run_dev(settings, receiver_port=args.receiver_port)
 
 
-def register(sub: Any) -> None:
+def register(sub: SubParsers) -> None:
+    """The scheduler's commands: worker, tenant, schedule, demo and dev."""
     worker = sub.add_parser("worker", help="run a scheduler worker (command agent + tickers)")
     worker.set_defaults(func=cmd_worker)
 
+    _add_tenant_parser(sub)
+    _add_schedule_parser(sub)
+
+    demo = sub.add_parser("demo", help="start a worker, schedule triggers, watch them fire")
+    demo.add_argument("--count", type=int, default=3000)
+    demo.add_argument("--spread-s", type=int, default=120)
+    demo.set_defaults(func=cmd_demo)
+
+    dev = sub.add_parser(
+        "dev",
+        help="run a worker, a proxy and a receiver that prints each delivery (Ctrl-C stops)",
+        description="For trying Tocsin locally: private callback targets are allowed, so "
+        "schedules may call back http://localhost:RECEIVER_PORT/anything.",
+    )
+    dev.add_argument("--receiver-port", type=int, default=18766)
+    dev.set_defaults(func=cmd_dev)
+
+
+def _add_tenant_parser(sub: SubParsers) -> None:
     tenant = sub.add_parser(
         "tenant",
         help="register and list tenants, rotate signing keys",
@@ -535,6 +577,8 @@ def register(sub: Any) -> None:
     )
     tenant.set_defaults(func=cmd_tenant)
 
+
+def _add_schedule_parser(sub: SubParsers) -> None:
     schedule = sub.add_parser("schedule", help="create, cancel and inspect schedules")
     schedule.add_argument("action", choices=["create", "cancel", "get", "list", "runs"])
     schedule.add_argument("tenant")
@@ -555,6 +599,15 @@ def register(sub: Any) -> None:
         type=int,
         help="create: how late a run may still fire (default 3600 one-shot, 60 recurring)",
     )
+    _add_recurrence_flags(schedule)
+    schedule.add_argument("--timeout-s", type=float, default=30.0)
+    schedule.add_argument("--next", type=int, default=10, help="runs: how many future runs")
+    schedule.add_argument("--past", type=int, default=10, help="runs: how many past runs")
+    schedule.set_defaults(func=cmd_schedule)
+
+
+def _add_recurrence_flags(schedule: argparse.ArgumentParser) -> None:
+    """The create flags of a recurring schedule."""
     rec = schedule.add_argument_group(
         "recurring schedules (create; docs/wire-contract.md#recurring-schedules)"
     )
@@ -595,24 +648,6 @@ def register(sub: Any) -> None:
         choices=["any", "all"],
         help="both day fields restricted: either matches (any) or both must (all)",
     )
-    schedule.add_argument("--timeout-s", type=float, default=30.0)
-    schedule.add_argument("--next", type=int, default=10, help="runs: how many future runs")
-    schedule.add_argument("--past", type=int, default=10, help="runs: how many past runs")
-    schedule.set_defaults(func=cmd_schedule)
-
-    demo = sub.add_parser("demo", help="start a worker, schedule triggers, watch them fire")
-    demo.add_argument("--count", type=int, default=3000)
-    demo.add_argument("--spread-s", type=int, default=120)
-    demo.set_defaults(func=cmd_demo)
-
-    dev = sub.add_parser(
-        "dev",
-        help="run a worker, a proxy and a receiver that prints each delivery (Ctrl-C stops)",
-        description="For trying Tocsin locally: private callback targets are allowed, so "
-        "schedules may call back http://localhost:RECEIVER_PORT/anything.",
-    )
-    dev.add_argument("--receiver-port", type=int, default=18766)
-    dev.set_defaults(func=cmd_dev)
 
 
 def cmd_status(args: argparse.Namespace, settings: Settings, *, proxy_group: str) -> int:
@@ -632,7 +667,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings, *, proxy_group: str
         horizon_ms=args.horizon_s * 1000,
     )
 
-    async def gather(store: Any) -> Any:
+    async def gather(store: Store) -> Tally:
         return await collect(
             store,
             window,
@@ -656,7 +691,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings, *, proxy_group: str
     return EXIT_OK
 
 
-def register_status(sub: Any, func: Any) -> None:
+def register_status(sub: SubParsers, func: Callable[[argparse.Namespace, Settings], int]) -> None:
     """``tocsin status`` (``func`` supplies the proxy's consumer group; tocsin.cli)."""
     status = sub.add_parser(
         "status",
