@@ -11,10 +11,10 @@ import pytest
 
 from base.errors import CommandRejected, StoreError
 from streams.commands import CommandProcessor, RawCommand
+from streams.cql import pack_groups
 from streams.decisions import check_storable
 from streams.emitter import produce_retriable
 from streams.partitioner import partition_for
-from streams.store import pack_groups
 from tests.unit.test_fault_properties import (
     NOW,
     PARTITIONS,

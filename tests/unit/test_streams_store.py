@@ -10,8 +10,9 @@ from cassandra.cluster import NoHostAvailable
 from base.errors import StoreError
 from base.settings import CassandraSettings
 from streams.buckets import BucketKey, shard_of
+from streams.cql import translate_error
 from streams.model import BucketRow, ScheduleRow
-from streams.store import Store, translate_error
+from streams.store import Store
 
 T0 = 1_763_744_400_000
 
