@@ -10,9 +10,9 @@ from typing import Any
 
 from api import recurring
 from api.recurring import Key
-from streams.materializer import RecurringStore, schedule_runs
 from streams.model import ScheduleState
 from streams.recurring import NEVER_MS, parse_run_id
+from streams.recurring_store import RecurringStore, schedule_runs
 
 # One listing page reads the newest run of at most this many finished parents at once.
 _CONCURRENCY = 64

@@ -57,7 +57,7 @@ from streams.decisions import (
     slot_of,
 )
 from streams.model import BucketRow, ScheduleRow
-from streams.recurring_store import RecurringRuns, RecurringStore, schedule_runs
+from streams.recurring_store import RecurringRuns
 
 log = logging.getLogger("tocsin.materializer")
 
@@ -424,11 +424,4 @@ class PartitionMaterializer:
         RUNS_SKIPPED.inc(skipped)
 
 
-__all__ = [
-    "MaterializerConfig",
-    "PartitionMaterializer",
-    # Their home is streams.recurring_store; named here for api.recurring_io, which has
-    # yet to import them from there.
-    "RecurringStore",
-    "schedule_runs",
-]
+__all__ = ["MaterializerConfig", "PartitionMaterializer", "RunTicker"]
