@@ -32,6 +32,7 @@ import base64
 import orjson
 
 from proxy.envelope import DeliveryOutcome, Envelope
+from proxy.retry import AttemptState
 
 # Below Kafka's default topic limit (1,048,588 bytes), with room for batch framing: the
 # dead-letters topic is created with the default.
@@ -42,6 +43,14 @@ _MAX_REASON_CHARS = 4096
 
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def failure_times_ms(st: AttemptState, now_s: float, now_ms: int) -> tuple[int, int]:
+    """The first and last failure of ``st`` (monotonic; ``now_s`` if none yet) as wall-clock
+    ms, for a dead letter's ``first_failure_ms`` and ``last_failure_ms``."""
+    first = st.first_failure_s if st.first_failure_s is not None else now_s
+    last = st.last_failure_s if st.last_failure_s is not None else now_s
+    return now_ms - int((now_s - first) * 1000), now_ms - int((now_s - last) * 1000)
 
 
 def dead_letter_record(

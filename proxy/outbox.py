@@ -23,7 +23,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError as RdKafkaError
 from confluent_kafka import KafkaException, Message, Producer
@@ -90,6 +90,13 @@ class OutRecord:
     # The partition to write to; None: the producer's partitioner (by key).
     partition: int | None = None
 
+
+
+class RecordSink(Protocol):
+    """What a writer of the proxy's own records needs of the outbox: produce them all, and
+    ``done`` once Kafka has each (see ``Outbox.send_all``)."""
+
+    def send_all(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None: ...
 
 class Outbox:
     def __init__(self, kafka_conf: dict[str, Any], metrics: ProxyMetrics | None = None) -> None:

@@ -35,12 +35,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.deadletter import dead_letter_record, delivery_outcome
-from proxy.envelope import DeliveryOutcome, Envelope, TopicPartition
+from proxy.deadletter import dead_letter_record, failure_times_ms
+from proxy.envelope import Envelope, TopicPartition
 from proxy.http_sender import HttpSender
 from proxy.kafka_sender import KafkaSender
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox, OutRecord
+from proxy.outcomes import OutcomePublisher
 from proxy.parking import (
     MAX_PARKED_BYTES,
     Lines,
@@ -51,11 +52,8 @@ from proxy.parking import (
 )
 from proxy.retry import (
     AttemptResult,
-    AttemptState,
     ConnectFailure,
-    DeadLetter,
     Decision,
-    Done,
     Retry,
     RetryPolicy,
     Undeliverable,
@@ -122,13 +120,6 @@ def _parked_size(env: Envelope) -> int:
     )
 
 
-def _failure_times_ms(st: AttemptState, now_s: float, now_ms: int) -> tuple[int, int]:
-    """The first and last failure (monotonic, ``now_s`` if none yet) as wall-clock ms."""
-    first = st.first_failure_s if st.first_failure_s is not None else now_s
-    last = st.last_failure_s if st.last_failure_s is not None else now_s
-    return now_ms - int((now_s - first) * 1000), now_ms - int((now_s - last) * 1000)
-
-
 class Writer:
     def __init__(
         self,
@@ -161,7 +152,14 @@ class Writer:
         self._metrics = metrics
         self._outbox = outbox
         self._dlq_topic = dead_letter_topic
-        self._deliveries_topic = deliveries_topic
+        self._outcomes = OutcomePublisher(
+            outbox=outbox,
+            offsets=state,
+            metrics=metrics,
+            dead_letter_topic=dead_letter_topic,
+            deliveries_topic=deliveries_topic,
+            group_id=settings.group_id,
+        )
         self._rand = rand
         self._active = 0
         self._host_active: dict[str, int] = {}
@@ -580,7 +578,7 @@ class Writer:
             now_ms=now_ms,
         )
         st = env.attempt_state
-        first_ms, last_ms = _failure_times_ms(st, now, now_ms)
+        first_ms, last_ms = failure_times_ms(st, now, now_ms)
         dead_letter = dead_letter_record(
             env,
             reason=f"could not be parked in {lot.topic} (refused for good); last: "
@@ -750,7 +748,7 @@ class Writer:
             return
         self._state.release(env)  # unblocks the key before the records are acknowledged
         self._finish_line(env)
-        self._publish_outcome(env, decision, sclass, now)
+        self._outcomes.publish(env, decision, sclass, now)
 
     def _retry(self, env: Envelope, decision: Retry, sclass: str, now: float) -> None:
         """Wait for the next attempt in memory, or park it in the retry topic."""
@@ -768,76 +766,4 @@ class Writer:
         log.debug(
             "retry scheduled",
             extra={"record": repr(env), "after_s": decision.after_s, "reason": decision.reason},
-        )
-
-    def _publish_outcome(
-        self, env: Envelope, decision: Done | DeadLetter, sclass: str, now: float
-    ) -> None:
-        """The final outcome's records (dead letter, delivery outcome); the offset is done
-        once Kafka has them all."""
-        latency_s = now - env.read_s
-        self._metrics.latency.observe(latency_s)
-        now_ms = _now_ms()
-        records: list[OutRecord] = []
-        outcome: DeliveryOutcome
-        reason: str | None = None
-        if isinstance(decision, Done):
-            self._metrics.deliveries.labels("delivered", sclass).inc()
-            outcome = "delivered"
-        else:
-            self._metrics.deliveries.labels("dead_lettered", sclass).inc()
-            self._metrics.dead_letters.labels(sclass if sclass != "timeout" else "poison").inc()
-            records.append(self._dead_letter(env, decision, now, now_ms))
-            outcome, reason = "dead_lettered", decision.reason
-        if self._deliveries_topic is not None:
-            rec = delivery_outcome(
-                env,
-                outcome=outcome,
-                status=decision.status,
-                reason=reason,
-                latency_ms=int(latency_s * 1000),
-                now_ms=now_ms,
-            )
-            if rec is not None:
-                records.append(OutRecord(self._deliveries_topic, rec[0], rec[1]))
-        if records:
-            self._outbox.send_all(records, lambda: self._state.offset_done(env))
-        else:
-            self._state.offset_done(env)
-
-    def _dead_letter(
-        self, env: Envelope, decision: DeadLetter, now: float, now_ms: int
-    ) -> OutRecord:
-        """The dead-letter record, with its coordinates-only form as the fallback should
-        Kafka refuse the whole record for good."""
-        st = env.attempt_state
-        first_ms, last_ms = _failure_times_ms(st, now, now_ms)
-
-        def dead_letter(*, coordinates_only: bool) -> bytes:
-            return dead_letter_record(
-                env,
-                reason=decision.reason,
-                status=decision.status,
-                first_failure_ms=first_ms,
-                last_failure_ms=last_ms,
-                now_ms=now_ms,
-                group_id=self._s.group_id,
-                coordinates_only=coordinates_only,
-            )
-
-        log.warning(
-            "message dead-lettered",
-            extra={
-                "topic": env.topic,
-                "partition": env.partition,
-                "offset": env.offset,
-                "reason": decision.reason,
-                "attempts": st.attempts,
-            },
-        )
-        return OutRecord(
-            self._dlq_topic,
-            env.key,
-            dead_letter(coordinates_only=False),
-            fallback=OutRecord(self._dlq_topic, env.key, dead_letter(coordinates_only=True)),
         )

@@ -1,0 +1,123 @@
+"""Outcome publishing: the records a message's final outcome leaves in Kafka.
+
+Once ``proxy.retry.decide`` has said delivered or dead-lettered, the outcome is written: the
+dead letter (dead-letters topic) and, in fires mode, the delivery outcome (deliveries
+topic). The message's source offset counts as done only once Kafka has every one of them, so
+a crash before that reads the message again rather than losing its outcome.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from proxy.deadletter import dead_letter_record, delivery_outcome, failure_times_ms
+from proxy.envelope import DeliveryOutcome, Envelope
+from proxy.metrics import ProxyMetrics
+from proxy.outbox import OutRecord, RecordSink
+from proxy.retry import DeadLetter, Done
+
+log = logging.getLogger("tocsin.proxy")
+
+
+class OffsetSink(Protocol):
+    """Where a finished message's offset is marked done (``proxy.state.SharedState``)."""
+
+    def offset_done(self, env: Envelope) -> None: ...
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class OutcomePublisher:
+    def __init__(
+        self,
+        *,
+        outbox: RecordSink,
+        offsets: OffsetSink,
+        metrics: ProxyMetrics,
+        dead_letter_topic: str,
+        deliveries_topic: str | None,
+        group_id: str,
+    ) -> None:
+        self._outbox = outbox
+        self._offsets = offsets
+        self._metrics = metrics
+        self._dlq_topic = dead_letter_topic
+        self._deliveries_topic = deliveries_topic
+        self._group_id = group_id
+
+    def publish(
+        self, env: Envelope, decision: Done | DeadLetter, status_class: str, now_s: float
+    ) -> None:
+        """Write the outcome's records (dead letter, delivery outcome) of ``env``, decided at
+        ``now_s`` (monotonic); its offset is done once Kafka has them all."""
+        latency_s = now_s - env.read_s
+        self._metrics.latency.observe(latency_s)
+        wall_ms = now_ms()
+        records: list[OutRecord] = []
+        outcome: DeliveryOutcome
+        reason: str | None = None
+        if isinstance(decision, Done):
+            self._metrics.deliveries.labels("delivered", status_class).inc()
+            outcome = "delivered"
+        else:
+            self._metrics.deliveries.labels("dead_lettered", status_class).inc()
+            kind = status_class if status_class != "timeout" else "poison"
+            self._metrics.dead_letters.labels(kind).inc()
+            records.append(self._dead_letter(env, decision, now_s, wall_ms))
+            outcome, reason = "dead_lettered", decision.reason
+        if self._deliveries_topic is not None:
+            rec = delivery_outcome(
+                env,
+                outcome=outcome,
+                status=decision.status,
+                reason=reason,
+                latency_ms=int(latency_s * 1000),
+                now_ms=wall_ms,
+            )
+            if rec is not None:
+                records.append(OutRecord(self._deliveries_topic, rec[0], rec[1]))
+        if records:
+            self._outbox.send_all(records, lambda: self._offsets.offset_done(env))
+        else:
+            self._offsets.offset_done(env)
+
+    def _dead_letter(
+        self, env: Envelope, decision: DeadLetter, now_s: float, wall_ms: int
+    ) -> OutRecord:
+        """The dead-letter record, with its coordinates-only form as the fallback should
+        Kafka refuse the whole record for good."""
+        st = env.attempt_state
+        first_ms, last_ms = failure_times_ms(st, now_s, wall_ms)
+
+        def dead_letter(*, coordinates_only: bool) -> bytes:
+            return dead_letter_record(
+                env,
+                reason=decision.reason,
+                status=decision.status,
+                first_failure_ms=first_ms,
+                last_failure_ms=last_ms,
+                now_ms=wall_ms,
+                group_id=self._group_id,
+                coordinates_only=coordinates_only,
+            )
+
+        log.warning(
+            "message dead-lettered",
+            extra={
+                "topic": env.topic,
+                "partition": env.partition,
+                "offset": env.offset,
+                "reason": decision.reason,
+                "attempts": st.attempts,
+            },
+        )
+        return OutRecord(
+            self._dlq_topic,
+            env.key,
+            dead_letter(coordinates_only=False),
+            fallback=OutRecord(self._dlq_topic, env.key, dead_letter(coordinates_only=True)),
+        )
