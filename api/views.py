@@ -11,6 +11,7 @@ from typing import Any
 
 import orjson
 
+from base.errors import TocsinError
 from streams.model import ScheduleState
 from streams.status import Outcome
 from topics.codes import Code
@@ -52,15 +53,22 @@ class Mode(StrEnum):
     ASYNC = "async"
 
 
-class ApiError(Exception):
-    """An HTTP error with a machine-readable code and a human message."""
+# Answers a client may get otherwise by sending the same request again later: over its
+# quota, the backend unavailable, no result in time.
+RETRIABLE_HTTP_STATUSES = frozenset({429, 502, 503, 504})
 
-    def __init__(self, status: int, code: str, message: str, **extra: Any) -> None:
+
+class ApiError(TocsinError):
+    """An HTTP error with a machine-readable code and a human message; retriable when its
+    status says the same request may succeed later (``RETRIABLE_HTTP_STATUSES``)."""
+
+    def __init__(self, status: int, code: str, message: str, **extra: object) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
         self.extra = extra
+        self.retriable = status in RETRIABLE_HTTP_STATUSES
 
     def body(self) -> dict[str, Any]:
         return {"error": {"code": self.code, "message": self.message, **self.extra}}

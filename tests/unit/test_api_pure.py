@@ -14,6 +14,7 @@ from api import goscheduler_views as gv
 from api import views
 from api.openapi import openapi_document
 from api.views import ApiError
+from base.errors import TocsinError
 from proxy.ssrf import BlockedAddress, GuardedResolver, literal_refusal
 from streams.buckets import BucketKey
 from streams.decisions import index_changes
@@ -215,6 +216,19 @@ def test_http_status_mapping() -> None:
     assert views.http_status(Code.CONFLICT) == 409
     assert views.http_status(Code.INVALID_FIELD) == 400
     assert views.http_status(Code.CALLBACK_NOT_ALLOWED) == 422
+
+
+def test_api_errors_are_tocsin_errors_retriable_by_status() -> None:
+    quota = ApiError(429, "quota_exceeded", "slow down", schedule_id="s")
+    assert isinstance(quota, TocsinError) and quota.retriable
+    assert (quota.status, quota.code, str(quota)) == (429, "quota_exceeded", "slow down")
+    assert quota.body() == {
+        "error": {"code": "quota_exceeded", "message": "slow down", "schedule_id": "s"}
+    }
+    assert ApiError(504, "timeout", "no result").retriable
+    assert ApiError(503, "unavailable", "down").retriable
+    assert not ApiError(404, "not_found", "no schedule").retriable
+    assert not ApiError(400, "invalid_field", "bad").retriable
 
 
 def test_body_and_command_building() -> None:
