@@ -11,10 +11,13 @@ fired: they are lost, neither fired nor recorded as missed. The same holds for o
 whose commands topic was recreated with another partition count (buckets sit at
 ``murmur2(id) % P``).
 
-So the keyspace records the deployment it belongs to (the ``deployment`` table, migration
-004): the first worker (or ``tocsin setup``) binds it, and a worker of any other deployment
-stops at start with a ConfigError. ``binding_conflict`` is the pure rule; ``bind_keyspace``
-its thin edge.
+The same holds for a build of another bucket width (streams.buckets.BUCKET_MS): its
+ticker would read the stored buckets at the wrong instants.
+
+So the keyspace records the deployment it belongs to (the ``deployment`` table, migrations
+004 and 008): the first worker (or ``tocsin setup``) binds it, and a worker of any other
+deployment stops at start with a ConfigError. ``binding_conflict`` is the pure rule;
+``bind_keyspace`` its thin edge.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 
 from base.errors import ConfigError, StoreError
 from base.settings import Settings
+from streams.buckets import BUCKET_MS
 from streams.model import Deployment
 from streams.ports import BindingStore
 from streams.store import Store
@@ -36,6 +40,7 @@ def deployment_of(settings: Settings) -> Deployment:
     return Deployment(
         topic_prefix=settings.topics.prefix,
         command_partitions=settings.topics.command_partitions,
+        bucket_ms=BUCKET_MS,
     )
 
 
@@ -55,6 +60,12 @@ def binding_conflict(bound: Deployment, mine: Deployment, keyspace: str) -> str 
             f"partitions, not {mine.command_partitions} (TOCSIN_COMMAND_PARTITIONS): every "
             "stored schedule would sit in another partition's buckets; see "
             "docs/operations.md, 'Adding partitions safely'"
+        )
+    if bound.bucket_ms != mine.bucket_ms:
+        return (
+            f"keyspace {keyspace!r} holds {bound.bucket_ms} ms buckets, not {mine.bucket_ms}: "
+            "this worker would read its buckets at the wrong instants and skip the "
+            "triggers they hold; run a build of the same bucket width on it"
         )
     return None
 

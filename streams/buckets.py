@@ -17,7 +17,14 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-MINUTE_MS = 60_000
+# The width of a bucket: a schedule's bucket is its due time floored to a multiple of it,
+# and a ticker reads one bucket per step of it. The keyspace's deployment binding records
+# it (streams.binding), so a worker built with another width refuses a keyspace whose
+# buckets it would read at the wrong instants. Named for the minute it has always been.
+BUCKET_MS = 60_000
+# The width of a keyspace whose binding row does not record one (written before it did).
+UNRECORDED_BUCKET_MS = 60_000
+MINUTE_MS = BUCKET_MS
 
 # Cassandra rejects a TTL above 20 years (630,720,000 s); a row that would need more cannot
 # be written, so validation must reject due times beyond ``max_due_ms``.
@@ -25,8 +32,8 @@ MAX_TTL_S = 630_720_000
 
 
 def minute_ms(due_ms: int) -> int:
-    """The start of the minute holding ``due_ms`` (floor to a multiple of 60,000 ms)."""
-    return due_ms - due_ms % MINUTE_MS
+    """The start of the bucket holding ``due_ms`` (floor to a multiple of ``BUCKET_MS``)."""
+    return due_ms - due_ms % BUCKET_MS
 
 
 def shard_of(tenant: str, schedule_id: str, shards: int) -> int:
@@ -51,7 +58,7 @@ def minutes_between(from_ms: int, to_ms: int) -> list[int]:
     """
     if to_ms < from_ms:
         return []
-    return list(range(minute_ms(from_ms), minute_ms(to_ms) + 1, MINUTE_MS))
+    return list(range(minute_ms(from_ms), minute_ms(to_ms) + 1, BUCKET_MS))
 
 
 def ttl_s(due_ms: int, now_ms: int, retention_s: int) -> int:

@@ -4,11 +4,12 @@ change one command makes. Pure: no I/O, imported by the decisions, the store and
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import StrEnum
 from typing import Any
 
-from streams.buckets import BucketKey, shard_of
+from streams.buckets import BUCKET_MS, UNRECORDED_BUCKET_MS, BucketKey, shard_of
 from streams.buckets import minute_ms as minute_of
 
 # How long fired rows and events are kept unless a tenant sets its own retention.
@@ -21,6 +22,17 @@ class Deployment:
 
     topic_prefix: str
     command_partitions: int
+    bucket_ms: int = BUCKET_MS
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Deployment:
+        """The binding a ``deployment`` row records (no width: ``UNRECORDED_BUCKET_MS``)."""
+        width = row.get("bucket_ms")
+        return cls(
+            topic_prefix=str(row.get("topic_prefix")),
+            command_partitions=int(row.get("command_partitions") or 0),
+            bucket_ms=int(width) if width is not None else UNRECORDED_BUCKET_MS,
+        )
 
 
 class ScheduleState(StrEnum):

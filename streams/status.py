@@ -16,7 +16,11 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from streams.buckets import BUCKET_MS
+from streams.buckets import minute_ms as bucket_of
+
 HOUR_MS = 3_600_000
+# A display unit of ``duration`` (bucket reads step by streams.buckets.BUCKET_MS).
 MINUTE_MS = 60_000
 # A trigger is recorded as fired once Kafka acknowledges it, a moment after its due time:
 # one still waiting this long after it is overdue, not just in flight.
@@ -71,8 +75,8 @@ class Window:
     def minutes(self) -> list[int]:
         """Start of every minute bucket that holds a row due in
         ``[past_from_ms, ahead_until_ms)``, in order."""
-        first = self.past_from_ms - self.past_from_ms % MINUTE_MS
-        return list(range(first, self.ahead_until_ms, MINUTE_MS))
+        first = bucket_of(self.past_from_ms)
+        return list(range(first, self.ahead_until_ms, BUCKET_MS))
 
     def recent(self, at_ms: int | None) -> bool:
         return at_ms is not None and self.now_ms - self.recent_ms <= at_ms <= self.now_ms

@@ -16,6 +16,7 @@ from typing import Any
 
 from base.errors import KafkaError
 from base.settings import KafkaSettings
+from streams.buckets import BUCKET_MS
 from streams.ports import StatusStore
 from streams.status import Lag, ScheduleState, Tally, Window, lag_of
 
@@ -57,7 +58,7 @@ async def tally_buckets(
     async def minute(minute_ms: int) -> None:
         async with gate:
             lo = max(minute_ms, window.past_from_ms)
-            hi = min(minute_ms + 60_000, window.ahead_until_ms)
+            hi = min(minute_ms + BUCKET_MS, window.ahead_until_ms)
             slices = await asyncio.gather(
                 *(
                     store.run("status_bucket_keys", (p, minute_ms, s, lo, hi))

@@ -417,28 +417,31 @@ class ScheduleStore(EventStore):
         """Bind the keyspace to ``deployment`` unless it is bound already; the deployment
         it is bound to now (streams.binding decides what a mismatch means). Prepared here,
         not in ``connect``: only workers and ``tocsin setup`` need the 004 table."""
-        if "bind_deployment" not in self._stmts:
+        if not self.has_statements(["bind_deployment"]):
             await self.prepare_statements(
                 {
                     # IF NOT EXISTS: of workers starting together, exactly one binds. (A
                     # driver retry of our own applied insert reads back our own row.)
                     "bind_deployment": "INSERT INTO {keyspace}.deployment (name, "
-                    "topic_prefix, command_partitions, bound_ms, bound_by) "
-                    "VALUES ('scheduler', ?, ?, ?, ?) IF NOT EXISTS",
+                    "topic_prefix, command_partitions, bucket_ms, bound_ms, bound_by) "
+                    "VALUES ('scheduler', ?, ?, ?, ?, ?) IF NOT EXISTS",
                 }
             )
         rows = await self.run(
             "bind_deployment",
-            (deployment.topic_prefix, deployment.command_partitions, now_ms, owner),
+            (
+                deployment.topic_prefix,
+                deployment.command_partitions,
+                deployment.bucket_ms,
+                now_ms,
+                owner,
+            ),
         )
         row = rows[0] if rows else {}
         if row.get("[applied]"):
             return deployment
         # Not applied: the LWT answers with the row that is there.
-        return Deployment(
-            topic_prefix=str(row.get("topic_prefix")),
-            command_partitions=int(row.get("command_partitions") or 0),
-        )
+        return Deployment.from_row(row)
 
 
 class Store(ScheduleStore, FireRecordStore, TenantStore, ListingIndexStore):

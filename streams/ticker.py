@@ -50,7 +50,7 @@ from typing import Any, Protocol
 from base.errors import KafkaError, StoreError, TocsinError
 from base.supervise import HealthSink, supervise
 from streams import metrics
-from streams.buckets import minute_ms
+from streams.buckets import BUCKET_MS, minute_ms
 from streams.model import BucketRow, FiredMark
 from streams.pacing import FirePacer
 from streams.ports import TenantPolicies, TickerStore
@@ -61,8 +61,6 @@ from topics.ids import trigger_id as make_trigger_id
 from topics.models import PayloadType, Trigger
 
 log = logging.getLogger("tocsin.ticker")
-
-MINUTE_MS = 60_000
 
 
 class TriggerSink(Protocol):
@@ -509,7 +507,7 @@ class PartitionTicker:
         while not self._stopping:
             now = self.clock_ms()
             horizon_minute = minute_ms(now + self.config.preload_ahead_ms)
-            backlog = (horizon_minute - self._next_minute_ms) // MINUTE_MS + 1
+            backlog = (horizon_minute - self._next_minute_ms) // BUCKET_MS + 1
             metrics.CATCHUP_BACKLOG.labels(self._label).set(max(0, backlog - 1))
             if self._next_minute_ms > horizon_minute:
                 if not self.ready.is_set():
@@ -523,8 +521,8 @@ class PartitionTicker:
                     self.timeline.add(
                         Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
                     )
-            self.timeline.mark_loaded(minute + MINUTE_MS)
-            self._next_minute_ms = minute + MINUTE_MS
+            self.timeline.mark_loaded(minute + BUCKET_MS)
+            self._next_minute_ms = minute + BUCKET_MS
             if backlog > 1:
                 # Catching up: fire what this minute held before reading the next one, so a
                 # long outage streams out instead of loading every minute into memory first.

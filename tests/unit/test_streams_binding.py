@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from base.errors import ConfigError, StoreError
 from base.settings import Settings
 from streams.binding import Deployment, bind_keyspace, binding_conflict, deployment_of
+from streams.buckets import BUCKET_MS
 from tests.fakes import FakeStore
 
 MINE = Deployment(topic_prefix="tocsin.", command_partitions=8)
@@ -62,3 +65,23 @@ async def test_an_unavailable_store_is_waited_for_a_broken_one_is_not() -> None:
     with pytest.raises(StoreError):
         await bind_keyspace(broken, MINE, "tocsin", owner="w", now_ms=1, retry_s=0)
     assert broken.deployment is None
+
+
+async def test_a_keyspace_bound_with_another_bucket_width_is_refused() -> None:
+    # Its buckets hold rows floored to 30 s: this worker would read them at the wrong
+    # instants (every other bucket is one nobody wrote).
+    store = FakeStore(deployment=replace(MINE, bucket_ms=30_000))
+    with pytest.raises(ConfigError, match="30000 ms buckets, not 60000"):
+        await bind_keyspace(store, MINE, "tocsin", owner="w", now_ms=1)
+
+
+def test_a_binding_row_without_a_width_reads_as_the_60_s_width() -> None:
+    old = {"topic_prefix": "tocsin.", "command_partitions": 8}
+    assert Deployment.from_row(old) == Deployment(
+        topic_prefix="tocsin.", command_partitions=8, bucket_ms=60_000
+    )
+    assert Deployment.from_row({**old, "bucket_ms": 30_000}).bucket_ms == 30_000
+
+
+def test_deployment_of_settings_records_the_bucket_width() -> None:
+    assert deployment_of(Settings.from_env({})).bucket_ms == BUCKET_MS
