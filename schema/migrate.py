@@ -11,13 +11,13 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 from typing import Any
 
 from base.cassandra import make_cluster
+from base.clock import now_ms
 from base.errors import ConfigError, StoreError
 from base.settings import CassandraSettings
 from schema import CQL_DIR
@@ -117,7 +117,7 @@ def migrate(settings: CassandraSettings, *, session: Any | None = None) -> list[
             session.execute(
                 f"INSERT INTO {keyspace}.schema_migrations (version, name, checksum, applied_ms) "
                 "VALUES (%s, %s, %s, %s)",
-                (m.version, m.name, m.checksum, int(time.time() * 1000)),
+                (m.version, m.name, m.checksum, now_ms()),
             )
             done.append(f"{m.version:03d}_{m.name}")
             log.info("migration applied", extra={"migration": done[-1], "keyspace": keyspace})

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 import orjson
 from aiohttp import web
 
+from base.clock import now_ms
 from base.settings import REPO_ROOT, Settings
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from streams.store import Store
@@ -91,7 +92,7 @@ def _register_tenant(settings: Settings, tenant: str) -> None:
             await store.put_tenant(
                 tenant,
                 active=True,
-                created_ms=time.time_ns() // 10**6,
+                created_ms=now_ms(),
                 config="{}",
                 signing_secret=new_signing_key(),
             )
@@ -134,7 +135,7 @@ class Receiver:
         if tid in self.arrivals:
             self.duplicates += 1  # same Idempotency-Key: a receiver would drop it
         else:
-            self.arrivals[tid] = time.time_ns() // 1_000_000
+            self.arrivals[tid] = now_ms()
         return web.Response(status=204)
 
     def _serve(self) -> None:
@@ -310,7 +311,7 @@ def _probe(
         CreateCommand(
             tenant=tenant,
             schedule_id=probe,
-            due_ms=time.time_ns() // 10**6 + 3_600_000,
+            due_ms=now_ms() + 3_600_000,
             callback=callback,
             misfire_tolerance_s=3600,
         )
@@ -328,7 +329,7 @@ def _send_schedules(
     callback: HttpCallback,
 ) -> dict[str, int]:
     """Send ``count`` schedules due from 10 s on over ``spread_s``; {trigger id: due ms}."""
-    start_ms = time.time_ns() // 10**6 + 10_000
+    start_ms = now_ms() + 10_000
     due: dict[str, int] = {}
     for i in range(count):
         sid = f"demo-{run}-{i}"

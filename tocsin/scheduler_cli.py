@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -13,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from api.views import ApiError, matches, parse_statuses, parse_window, schedule_view
+from base.clock import now_ms
 from base.errors import CommandRejected, KafkaError
 from base.settings import Settings
 from streams.client import CommandClient, ResultWatcher
@@ -353,7 +353,7 @@ def _create_command(args: argparse.Namespace, settings: Settings, request_id: st
     return decode_command(
         orjson.dumps(body),
         key=args.schedule_id.encode(),
-        now_ms=time.time_ns() // 1_000_000,
+        now_ms=now_ms(),
         limits=limits,
     )
 
@@ -369,9 +369,7 @@ def _recurring_get(
     from api.recurring_io import schedule_json  # loads the Cassandra driver (see _with_store)
 
     async def view(store: Store) -> dict[str, Any]:
-        return await schedule_json(
-            store, row, events, now_ms=time.time_ns() // 1_000_000, past=5, upcoming=5
-        )
+        return await schedule_json(store, row, events, now_ms=now_ms(), past=5, upcoming=5)
 
     try:
         out = asyncio.run(_with_store(settings, view))
@@ -430,7 +428,7 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
                 to_ms=hi,
                 statuses=statuses,
                 after=None,
-                now_ms=time.time_ns() // 1_000_000,
+                now_ms=now_ms(),
             )
         )
         out.sort(key=lambda item: item[0])
@@ -457,7 +455,7 @@ def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
                 store,
                 args.tenant,
                 args.schedule_id,
-                now_ms=time.time_ns() // 1_000_000,
+                now_ms=now_ms(),
                 past=args.past,
                 upcoming=args.next,
             ),
@@ -662,7 +660,7 @@ def cmd_status(args: argparse.Namespace, settings: Settings, *, proxy_group: str
         print("error: --lookback-s and --horizon-s must be >= 0, --max-rows >= 1", file=sys.stderr)
         return EXIT_USAGE
     window = Window(
-        now_ms=time.time_ns() // 1_000_000,
+        now_ms=now_ms(),
         lookback_ms=lookback_s * 1000,
         horizon_ms=args.horizon_s * 1000,
     )
