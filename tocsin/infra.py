@@ -386,13 +386,16 @@ class _Server:
         self.pid_file.write_text(f"{proc.pid} {_proc_start_ticks(proc.pid) or ''}".strip() + "\n")
         # Reap the child if it exits while we are still here (avoids zombie false-alive).
         threading.Thread(target=proc.wait, daemon=True).start()
-        return self._wait_ready(started)
+        return self._wait_ready(started, proc)
 
-    def _wait_ready(self, started: float) -> float:
+    def _wait_ready(self, started: float, proc: subprocess.Popen[bytes] | None = None) -> float:
+        """``proc``: the server this call started, whose exit status then says whether it
+        exited: ``running()``'s pid-file check judged a restarted broker that was busy
+        recovering its logs gone while it ran on."""
         deadline = started + self.stack.start_timeout_s
         next_note = time.monotonic() + 15
         while time.monotonic() < deadline:
-            if not self.running():
+            if (proc.poll() is not None) if proc is not None else not self.running():
                 raise InfraError(
                     f"{self.name} exited during start-up; last lines of {self.main_log}:\n"
                     f"{_tail(self.main_log)}\n--- {self.console_log}:\n{_tail(self.console_log)}"

@@ -3,6 +3,9 @@ settings that make its topics and keyspace replicated. No server is started."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +20,7 @@ from tocsin.cluster import (
     render_kafka_config,
     render_rackdc,
 )
+from tocsin.infra import KafkaServer
 from topics.catalog import catalog
 
 
@@ -144,3 +148,30 @@ def test_min_insync_replicas_setting() -> None:
         TopicSettings(replication_factor=1, min_insync_replicas=2).min_insync()
     env = {"TOCSIN_TOPIC_REPLICATION_FACTOR": "3", "TOCSIN_TOPIC_MIN_INSYNC_REPLICAS": "3"}
     assert Settings.from_env(env).topics.min_insync() == 3
+
+
+class _Starting(KafkaServer):
+    """A server whose pid-file check says it is gone and which answers on the second ask."""
+
+    def __init__(self, stack: StackSettings) -> None:
+        super().__init__(stack)
+        self.asked = 0
+
+    def running(self) -> bool:
+        return False
+
+    def ready(self) -> bool:
+        self.asked += 1
+        return self.asked >= 2
+
+
+def test_a_server_started_here_is_judged_by_its_own_exit_status(tmp_path: Path) -> None:
+    server = _Starting(StackSettings(state_dir=tmp_path, start_timeout_s=20))
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert server._wait_ready(time.monotonic(), proc) >= 0
+    finally:
+        proc.kill()
+        proc.wait()
+    with pytest.raises(InfraError, match="exited during start-up"):
+        server._wait_ready(time.monotonic(), proc)
