@@ -1,0 +1,476 @@
+"""Fault injection on a three-node cluster (``make chaos-cluster``, RELIABILITY.md): the
+faults that happen inside a replicated Kafka and Cassandra, while schedules of two
+tenants stream through two workers and two proxies into a real counting receiver.
+
+It starts a cluster of its OWN (tocsin.cluster: Kafka 31092/31093 and Cassandra
+31042/28000 on 127.0.0.1-3, state under ``.state/chaos-cluster``, jars from
+``.state/jars``), never the single-node stack or ``make cluster-up``'s cluster, and stops it
+at the end. The machinery (receiver, tally, streams, verdict, ``RESULT`` lines) is
+bench/chaos.py's.
+
+Scenarios (``--only``): ``leader_kill`` SIGKILLs the broker leading a fires and a commands
+partition mid-firing (back after 30 s); ``broker_hang`` SIGSTOPs a broker for 30 s;
+``cassandra_kill`` SIGKILLs a Cassandra node for 2 minutes, then starts it (hints);
+``cassandra_hang`` SIGSTOPs a Cassandra node for 30 s; ``rolling_brokers`` and
+``rolling_cassandra`` restart every node of one cluster, one at a time, under load;
+``rolling_tocsin`` restarts the workers and proxies one at a time (SIGTERM: a graceful
+hand-over); ``controller_kill`` SIGKILLs the KRaft controller leader (back after 30 s).
+
+Each prints lost, unanswered, early, order violations, duplicates against their bound, and
+fire lateness (first delivery minus due time) p50/p99/max for the triggers due during the
+fault and after it, as ``RESULT cluster_<scenario>_...`` lines; the totals come last as
+``RESULT chaos_cluster_...``. Exit 1 when anything is lost, unanswered, early, out of order
+or duplicated past its bound.
+
+    TOCSIN_ALLOW_PRIVATE_TARGETS=true .venv/bin/python -m bench.chaos_cluster
+    ... --only leader_kill,cassandra_kill --keep-cluster
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from base.settings import REPO_ROOT, Settings
+from bench.chaos import (
+    CHAOS_ENV,
+    TENANT,
+    Receiver,
+    Scenario,
+    Stream,
+    Tally,
+    duplicate_bound,
+    fmt,
+    now_ms,
+    percentile,
+    say,
+    verdict,
+)
+from tocsin.cluster import CassandraNode, Cluster, KafkaNode
+
+# The single-node ports the cluster's are shifted from (tocsin.cluster.CLUSTER_PORT_SHIFT):
+# Kafka 31092, controllers 31093, Cassandra 31042, storage 28000; all apart from the main
+# stack (9092...), `make chaos` (19092...) and `make cluster-up` (29092...).
+CLUSTER_CHAOS_ENV = {
+    **CHAOS_ENV,
+    "TOCSIN_STATE_DIR": str(REPO_ROOT / ".state" / "chaos-cluster"),
+    "TOCSIN_KAFKA_PORT": "11092",
+    "TOCSIN_KAFKA_CONTROLLER_PORT": "11093",
+    "TOCSIN_CASSANDRA_PORT": "11042",
+    "TOCSIN_CASSANDRA_STORAGE_PORT": "8000",
+}
+SECOND_TENANT = "chaos-b"
+RATE_PER_TENANT = 4  # creates a second each; two tenants
+STREAM_S = 90.0
+LEAD_MS = (5_000, 20_000)
+
+
+class ClusterChaos:
+    """What bench.chaos.Scenario needs (``env``, ``log_dir``) plus the cluster."""
+
+    def __init__(self) -> None:
+        from tocsin.infra import find_java
+
+        base = {**os.environ, **CLUSTER_CHAOS_ENV}
+        stack = Settings.from_env(base).stack
+        self.cluster = Cluster(stack)
+        assert self.cluster.plan.kafka_port == 31092, "never another stack's ports"
+        self.env = {**base, **self.cluster.plan.client_env()}
+        self.java = find_java(self.cluster.stack)
+        self.log_dir = self.cluster.plan.state_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def heal(self) -> None:
+        """Every node running and answering (a scenario may have left one down)."""
+        for node in self.cluster.nodes:
+            if (pid := node.pid()) is not None:
+                os.killpg(pid, signal.SIGCONT)
+        self.cluster.up()
+        self.cluster.wait_ready(180)
+
+
+# ----------------------------------------------------------------------------- faults
+
+
+def signal_node(node: KafkaNode | CassandraNode, signum: int) -> None:
+    pid = node.pid()
+    if pid is None:
+        raise RuntimeError(f"{node.name} is not running")
+    os.killpg(pid, signum)
+
+
+def partition_leaders(settings: Settings, topic: str) -> dict[int, int]:
+    """partition -> leader broker id of ``topic``."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka.librdkafka())
+    meta = admin.list_topics(timeout=30).topics[topic]
+    return {p: part.leader for p, part in meta.partitions.items()}
+
+
+def leader_of_both(fires: dict[int, int], commands: dict[int, int]) -> int:
+    """A broker that leads a fires and a commands partition, the one leading the most
+    partitions of the two topics (pure)."""
+    both = set(fires.values()) & set(commands.values())
+    if not both:
+        raise RuntimeError("no broker leads both a fires and a commands partition")
+    counts = list(fires.values()) + list(commands.values())
+    return max(sorted(both), key=counts.count)
+
+
+def controller_leader(cluster: Cluster) -> int:
+    """The KRaft quorum's leader as the nodes' quorum-state files record it: the
+    highest epoch's leader id."""
+    best = (-1, -1)
+    for node in cluster.kafka:
+        path = node.data_dir / "__cluster_metadata-0" / "quorum-state"
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            doc = json.loads(path.read_text())
+            best = max(best, (int(doc["leaderEpoch"]), int(doc["leaderId"])))
+    if best[1] < 0:
+        raise RuntimeError("no node's quorum-state names a leader")
+    return best[1]
+
+
+def wait_isr_full(settings: Settings, prefix: str, replicas: int, timeout_s: float) -> float:
+    """Until every partition of the scenario's topics has all ``replicas`` in sync (what
+    an operator waits for between two nodes of a rolling restart); seconds waited."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka.librdkafka())
+    started = time.monotonic()
+    while time.monotonic() - started < timeout_s:
+        with contextlib.suppress(Exception):
+            topics = admin.list_topics(timeout=10).topics
+            short = [
+                (name, p)
+                for name, meta in topics.items()
+                if name.startswith(prefix)
+                for p, part in meta.partitions.items()
+                if len(part.isrs) < replicas
+            ]
+            if not short:
+                return time.monotonic() - started
+        time.sleep(1.0)
+    raise RuntimeError(f"partitions under-replicated after {timeout_s:.0f}s")
+
+
+# ----------------------------------------------------------------------------- figures
+
+
+@dataclass
+class Window:
+    """When the fault began and ended (epoch ms)."""
+
+    start_ms: int = 0
+    end_ms: int = 0
+
+
+def lateness_split(tally: Tally, window: Window) -> dict[str, int]:
+    """Fire lateness p50/p99/max of the triggers due during the fault and after it (first
+    delivery minus due time, ms) (pure)."""
+    with tally.lock:
+        due_of = dict(tally.due)
+        late = {t: min(tally.seen[t]) - due for t, due in due_of.items() if tally.seen.get(t)}
+    during = [v for t, v in late.items() if window.start_ms <= due_of[t] <= window.end_ms]
+    after = [v for t, v in late.items() if due_of[t] > window.end_ms]
+    out: dict[str, int] = {"due_during": len(during), "due_after": len(after)}
+    for name, values in (("during", during), ("after", after)):
+        out[f"{name}_p50_ms"] = percentile(values, 0.50)
+        out[f"{name}_p99_ms"] = percentile(values, 0.99)
+        out[f"{name}_max_ms"] = max(values, default=0)
+    return out
+
+
+def result_lines(r: dict[str, Any]) -> list[str]:
+    """One scenario's ``RESULT`` lines (pure)."""
+    name = r["scenario"]
+    keys = ("lost", "early", "order_violations", "duplicated", "duplicate_bound")
+    lines = [f"RESULT cluster_{name}_{k}={int(r.get(k, 0) or 0)}" for k in keys]
+    unanswered = int((r.get("codes") or {}).get("unanswered", 0))
+    lines.append(f"RESULT cluster_{name}_unanswered={unanswered} commands")
+    for phase in ("during", "after"):
+        figures = "/".join(str(r.get(f"{phase}_{q}_ms", 0)) for q in ("p50", "p99", "max"))
+        lines.append(f"RESULT cluster_{name}_lateness_{phase}_p50_p99_max_ms={figures}")
+    return lines
+
+
+# ----------------------------------------------------------------------------- scenarios
+
+
+class RetryingClient:
+    """The scenario's command client, as a client that retries uses it: a produce the
+    client library refuses (librdkafka answered ``Unknown topic`` for an existing topic
+    while a restarted broker served metadata it had not caught up on) is counted and
+    left to the stream's re-send, instead of ending the stream's thread."""
+
+    def __init__(self, client: Any, extra: dict[str, Any]) -> None:
+        self._client, self._extra = client, extra
+
+    def send(self, command: Any, **kw: Any) -> None:
+        from confluent_kafka import KafkaException
+
+        try:
+            self._client.send(command, **kw)
+        except KafkaException as exc:
+            self._extra["send_refused"] = self._extra.get("send_refused", 0) + 1
+            self._extra["send_refused_error"] = str(exc)[:160]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+@contextlib.contextmanager
+def world(chaos: ClusterChaos, name: str) -> Iterator[tuple[Scenario, Receiver, list[Any]]]:
+    """A scenario with two workers, two proxies, a second tenant and a receiver."""
+    s = Scenario(chaos, name)  # type: ignore[arg-type]
+    receiver = Receiver(s.tally).start()
+    try:
+        s.tenant(SECOND_TENANT)
+        procs = [s.worker("wa"), s.worker("wb"), s.proxy("pa"), s.proxy("pb")]
+        s.wait_ready(180)
+        for tenant in (TENANT, SECOND_TENANT):
+            s.client.signing_key_of(tenant)
+        s._client = RetryingClient(s.client, s.extra)
+        time.sleep(10)  # let both groups settle over their two members
+        yield s, receiver, procs
+    finally:
+        receiver.stop()
+        s.close()
+
+
+def run_with_fault(
+    chaos: ClusterChaos,
+    name: str,
+    fault: Callable[[Scenario, list[Any]], tuple[Window, dict[str, Any]]],
+    *,
+    fault_after_s: float = 20.0,
+    seen_timeout_s: float = 240.0,
+) -> dict[str, Any]:
+    """Two tenants' streams; ``fault`` runs ``fault_after_s`` into them and returns its
+    window and its duplicate-bound arguments; then every acknowledged trigger is awaited."""
+    with world(chaos, name) as (s, receiver, procs):
+        streams = [
+            Stream(s, receiver, seconds=STREAM_S, rate=RATE_PER_TENANT, lead_ms=LEAD_MS,
+                   tenant=tenant, prefix=f"{name}-{tenant}")
+            for tenant in (TENANT, SECOND_TENANT)
+        ]  # fmt: skip
+        for st in streams:
+            st.start()
+        time.sleep(fault_after_s)
+        window, bound = fault(s, procs)
+        for st in streams:
+            st.join(480)
+        codes: dict[str, int] = {}
+        for st in streams:
+            for code, n in st.codes.items():
+                codes[code] = codes.get(code, 0) + n
+        s.extra["codes"] = codes
+        s.wait_all_seen(seen_timeout_s)
+        rate = 2 * RATE_PER_TENANT
+        return s.report(
+            scheduled=sum(st.scheduled for st in streams),
+            **receiver.order_figures(),
+            **lateness_split(s.tally, window),
+            duplicate_bound=duplicate_bound(rate_per_s=rate, **bound),
+        )
+
+
+def _outage(
+    s: Scenario, node: KafkaNode | CassandraNode, signum: int, hold_s: float, chaos: ClusterChaos
+) -> Window:
+    """``signum`` to ``node``, ``hold_s`` later SIGCONT or a start; the window from the
+    signal until the node answers again."""
+    window = Window(start_ms=now_ms())
+    say(f"{s.name}: signal {signal.Signals(signum).name} to {node.name}")
+    signal_node(node, signum)
+    time.sleep(hold_s)
+    if signum == signal.SIGSTOP:
+        signal_node(node, signal.SIGCONT)
+    else:
+        node.start(chaos.java)
+    deadline = time.monotonic() + 180
+    while not node.ready() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    window.end_ms = now_ms()
+    s.notes.append(f"{node.name} out {(window.end_ms - window.start_ms) / 1000:.0f}s")
+    say(f"{s.name}: {node.name} back")
+    return window
+
+
+def sc_leader_kill(chaos: ClusterChaos) -> dict[str, Any]:
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        p = s.settings.topics.prefix
+        leader = leader_of_both(
+            partition_leaders(s.settings, f"{p}fires"),
+            partition_leaders(s.settings, f"{p}commands"),
+        )
+        node = chaos.cluster.kafka[leader - 1]
+        window = _outage(s, node, signal.SIGKILL, 30, chaos)
+        return window, {"broker_down_s": (window.end_ms - window.start_ms) / 1000}
+
+    return run_with_fault(chaos, "leader_kill", fault)
+
+
+def sc_broker_hang(chaos: ClusterChaos) -> dict[str, Any]:
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        p = s.settings.topics.prefix
+        leader = partition_leaders(s.settings, f"{p}fires")[0]
+        window = _outage(s, chaos.cluster.kafka[leader - 1], signal.SIGSTOP, 30, chaos)
+        return window, {"broker_down_s": (window.end_ms - window.start_ms) / 1000}
+
+    return run_with_fault(chaos, "broker_hang", fault)
+
+
+def sc_cassandra_kill(chaos: ClusterChaos) -> dict[str, Any]:
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        return _outage(s, chaos.cluster.cassandra[1], signal.SIGKILL, 120, chaos), {}
+
+    return run_with_fault(chaos, "cassandra_kill", fault)
+
+
+def sc_cassandra_hang(chaos: ClusterChaos) -> dict[str, Any]:
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        return _outage(s, chaos.cluster.cassandra[2], signal.SIGSTOP, 30, chaos), {}
+
+    return run_with_fault(chaos, "cassandra_hang", fault)
+
+
+def _roll(s: Scenario, nodes: list[Any], chaos: ClusterChaos, *, kafka: bool) -> Window:
+    window = Window(start_ms=now_ms())
+    for node in nodes:
+        say(f"{s.name}: restarting {node.name} (SIGTERM, then start)")
+        t0 = time.monotonic()
+        node.stop()
+        node.start(chaos.java)
+        if kafka:
+            wait_isr_full(s.settings, s.settings.topics.prefix, 3, 180)
+        s.notes.append(f"{node.name} {time.monotonic() - t0:.0f}s")
+    window.end_ms = now_ms()
+    return window
+
+
+def sc_rolling_brokers(chaos: ClusterChaos) -> dict[str, Any]:
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        window = _roll(s, chaos.cluster.kafka, chaos, kafka=True)
+        return window, {"broker_down_s": (window.end_ms - window.start_ms) / 1000}
+
+    return run_with_fault(chaos, "rolling_brokers", fault, fault_after_s=15)
+
+
+def sc_rolling_cassandra(chaos: ClusterChaos) -> dict[str, Any]:
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        return _roll(s, chaos.cluster.cassandra, chaos, kafka=False), {}
+
+    return run_with_fault(chaos, "rolling_cassandra", fault, fault_after_s=15)
+
+
+def sc_rolling_tocsin(chaos: ClusterChaos) -> dict[str, Any]:
+    def fault(s: Scenario, procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        window = Window(start_ms=now_ms())
+        for p in procs:
+            say(f"{s.name}: SIGTERM {p.name}, then its replacement")
+            p.stop()
+            if p.name.startswith("w"):
+                s.worker(f"{p.name}2")
+            else:
+                s.proxy(f"{p.name}2")
+            time.sleep(12)
+        window.end_ms = now_ms()
+        # Each worker stop hands partitions over and each replacement takes some back.
+        return window, {"worker_handovers": 4, "proxy_handovers": 4}
+
+    return run_with_fault(chaos, "rolling_tocsin", fault, fault_after_s=15)
+
+
+def sc_controller_kill(chaos: ClusterChaos) -> dict[str, Any]:
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        leader = controller_leader(chaos.cluster)
+        s.notes.append(f"controller leader was node {leader}")
+        window = _outage(s, chaos.cluster.kafka[leader - 1], signal.SIGKILL, 30, chaos)
+        s.notes.append(f"new controller leader node {controller_leader(chaos.cluster)}")
+        return window, {"broker_down_s": (window.end_ms - window.start_ms) / 1000}
+
+    return run_with_fault(chaos, "controller_kill", fault)
+
+
+SCENARIOS: dict[str, Callable[[ClusterChaos], dict[str, Any]]] = {
+    "leader_kill": sc_leader_kill,
+    "broker_hang": sc_broker_hang,
+    "cassandra_kill": sc_cassandra_kill,
+    "cassandra_hang": sc_cassandra_hang,
+    "rolling_brokers": sc_rolling_brokers,
+    "rolling_cassandra": sc_rolling_cassandra,
+    "rolling_tocsin": sc_rolling_tocsin,
+    "controller_kill": sc_controller_kill,
+}
+
+
+def run_all(chaos: ClusterChaos, names: list[str]) -> list[dict[str, Any]]:
+    results: list[dict[str, Any]] = []
+    for name in names:
+        say(f"=== cluster scenario {name}")
+        t = time.monotonic()
+        try:
+            chaos.heal()
+            r = SCENARIOS[name](chaos)
+        except Exception as exc:
+            traceback.print_exc()
+            r = {"scenario": name, "error": repr(exc), "lost": 0, "duplicated": 0}
+        r["seconds"] = round(time.monotonic() - t)
+        results.append(r)
+        say(fmt(r))
+        for line in result_lines(r):
+            print(line, flush=True)
+    return results
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", default=",".join(SCENARIOS))
+    parser.add_argument("--keep-cluster", action="store_true")
+    args = parser.parse_args()
+    names = [n for n in args.only.split(",") if n]
+    if unknown := set(names) - set(SCENARIOS):
+        parser.error(f"unknown scenarios {sorted(unknown)}; choose from {list(SCENARIOS)}")
+    chaos = ClusterChaos()
+
+    def on_term(signum: int, _frame: Any) -> None:
+        raise SystemExit(f"stopped by signal {signum}")  # so every finally: cleans up
+
+    signal.signal(signal.SIGTERM, on_term)
+    say("starting the chaos cluster (Kafka 31092, Cassandra 31042, .state/chaos-cluster)")
+    try:
+        say(f"cluster ready: {chaos.cluster.up()}")
+        results = run_all(chaos, names)
+    finally:
+        if not args.keep_cluster:
+            say("stopping the chaos cluster")
+            chaos.cluster.down()
+    print("\nscenario   figures", flush=True)
+    for r in results:
+        print(fmt(r))
+    v = verdict(results)
+    if v.failed:
+        print(f"FAILED scenarios: {list(v.failed)}")
+    for line in v.breaches:
+        print(f"BREACH {line}")
+    for line in v.result_lines():
+        print(line.replace("RESULT chaos_", "RESULT chaos_cluster_"))
+    print(f"RESULT chaos_cluster_duplicates={sum(int(r.get('duplicated', 0)) for r in results)}")
+    return 0 if v.ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
