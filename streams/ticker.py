@@ -51,14 +51,13 @@ from base.errors import KafkaError, StoreError, TocsinError
 from base.supervise import HealthSink, supervise
 from streams import metrics
 from streams.buckets import BUCKET_MS, minute_ms
-from streams.model import BucketRow, FiredMark
+from streams.model import BucketRow, FiredMark, trigger_for
 from streams.pacing import FirePacer
 from streams.ports import TenantPolicies, TickerStore
 from streams.tenants import TenantConfig
 from streams.timeline import Entry, Timeline
 from topics.codec import encode_trigger, trigger_headers
 from topics.ids import trigger_id as make_trigger_id
-from topics.models import PayloadType, Trigger
 
 log = logging.getLogger("tocsin.ticker")
 
@@ -657,19 +656,8 @@ class PartitionTicker:
             task.add_done_callback(self._tasks.discard)
             task.add_done_callback(functools.partial(self._settle_missed, key))
             return None
-        trigger = Trigger(
-            trigger_id=trig_id,
-            schedule_id=row.schedule_id,
-            tenant=row.tenant,
-            due_ms=row.due_ms,
-            emitted_ms=now,
-            attempt=1,
-            order_key=row.order_key or row.schedule_id,
-            payload=row.payload or b"",
-            payload_type=PayloadType(row.payload_type or "bytes"),
-            callback=_callback_of(row),
-        )
         try:
+            trigger = trigger_for(row, emitted_ms=now, trigger_id=trig_id)
             ack = self.sink.send(
                 self.config.fire_topic,
                 key=trigger.order_key.encode(),
@@ -679,8 +667,8 @@ class PartitionTicker:
         except Exception as exc:
             # Refused before it was queued. The cluster's state (queue full, brokers away)
             # passes: retried a second later. The record itself refused (larger than the
-            # topic takes) never passes: recorded as missed with the reason, so it stops
-            # holding the checkpoint.
+            # topic takes, a row without a valid callback) never passes: recorded as missed
+            # with the reason, so it stops holding the checkpoint.
             if isinstance(exc, TocsinError) and exc.retriable:
                 self._retry_later(key, exc)
             else:
@@ -892,17 +880,3 @@ def _released() -> KafkaError:
 
 def _order_key_of(entry: Entry[BucketRow]) -> str:
     return entry.payload.order_key or entry.schedule_id
-
-
-def _callback_of(row: BucketRow) -> Any:
-    return _parse_callback(row.callback) if row.callback else None
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_callback(text: str) -> Any:
-    # Every run of a recurring schedule (and many one-shots) carries the same callback
-    # text; parsing and validating it again per fire was a visible share of emit CPU.
-    # Callbacks are frozen dataclasses, so sharing one object between triggers is safe.
-    from topics.codec import callback_from_json
-
-    return callback_from_json(text)
