@@ -37,11 +37,12 @@ from proxy.envelope import Envelope, prepare_fire, prepare_generic
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
 from proxy.outbox import Outbox
+from proxy.parker import Lane, ParkingLot
 from proxy.parking import RetryLayout, decode_headers, retry_layout
 from proxy.reader import Reader, commit_positions
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
-from proxy.writer import Lane, ParkingLot, Writer
+from proxy.writer import Writer
 from topics.codec import decode_trigger
 
 # Fills an envelope read from Kafka with its request (or marks it invalid).

@@ -91,12 +91,12 @@ class OutRecord:
     partition: int | None = None
 
 
-
 class RecordSink(Protocol):
     """What a writer of the proxy's own records needs of the outbox: produce them all, and
     ``done`` once Kafka has each (see ``Outbox.send_all``)."""
 
     def send_all(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None: ...
+
 
 class Outbox:
     def __init__(self, kafka_conf: dict[str, Any], metrics: ProxyMetrics | None = None) -> None:

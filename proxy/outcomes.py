@@ -9,9 +9,9 @@ a crash before that reads the message again rather than losing its outcome.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Protocol
 
+from base.clock import now_ms
 from proxy.deadletter import dead_letter_record, delivery_outcome, failure_times_ms
 from proxy.envelope import DeliveryOutcome, Envelope
 from proxy.metrics import ProxyMetrics
@@ -25,10 +25,6 @@ class OffsetSink(Protocol):
     """Where a finished message's offset is marked done (``proxy.state.SharedState``)."""
 
     def offset_done(self, env: Envelope) -> None: ...
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 class OutcomePublisher:

@@ -10,46 +10,32 @@ sender (``proxy.http_sender``, one pooled aiohttp session) or the Kafka sender
 (``proxy.kafka_sender``).
 
 The decision after each attempt comes from ``proxy.retry.decide``; this module only
-carries it out. With a ``ParkingLot`` it also parks messages in the retry topic
-(``proxy.parking``): in the main lane a message still failing after ``park_after_s``, one
-of a tenant over its pending share, and one behind a parked message of its key; in the retry
-lane (the writer of the retry topic's reader) every failure, after waiting for each parked
-message's not-before time. It must never block the loop (no Kafka calls except
-non-blocking produce)
-and never mark an offset done before the message's records are acknowledged.
+carries it out: a retry waits here, a final outcome goes to ``proxy.outcomes``. With a
+``ParkingLot`` the writer's ``proxy.parker.Parker`` says, before an attempt and after a
+failure, whether the message leaves memory for the retry topic instead. The loop must never
+block (no Kafka calls except non-blocking produce), and no offset is done before the
+message's records are acknowledged.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
-import functools
 import logging
 import random
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from proxy.deadletter import dead_letter_record, failure_times_ms
 from proxy.envelope import Envelope, TopicPartition
 from proxy.http_sender import HttpSender
 from proxy.kafka_sender import KafkaSender
 from proxy.metrics import ProxyMetrics
-from proxy.outbox import Outbox, OutRecord
+from proxy.outbox import Outbox
 from proxy.outcomes import OutcomePublisher
-from proxy.parking import (
-    MAX_PARKED_BYTES,
-    Lines,
-    Parked,
-    RetryLayout,
-    encode_header,
-    park_headers,
-)
+from proxy.parker import Lane, Parker, ParkingLot, Step
 from proxy.retry import (
     AttemptResult,
     ConnectFailure,
@@ -68,56 +54,9 @@ from topics.models import DeliveryRetry
 log = logging.getLogger("tocsin.proxy")
 
 
-class Lane(enum.Enum):
-    MAIN = "main"  # the source topics
-    RETRY = "retry"  # the retry topic: parked messages
-
-
-class ParkReason(enum.Enum):
-    RETRYING = "retrying"  # still failing after park_after_s (or any failure, retry lane)
-    TENANT_SHARE = "tenant_share"  # its tenant holds its share of the pending bounds
-    BEHIND = "behind"  # an earlier message of its key is parked: it keeps its place
-
-
-@dataclass
-class ParkingLot:
-    """What both lanes' writers share: the retry topic and the lines, behind one lock."""
-
-    topic: str
-    lines: Lines = field(default_factory=Lines)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    # Why Kafka refused the retry topic itself (no right to write it, or gone): parking is
-    # then off for both lanes and failing messages stay in memory until a restart.
-    refused: str | None = None
-    # The retry-topic partitions this proxy's retry lane owns. A line waits only on records
-    # sitting on one of them: a record on another is finished by another proxy, unseen here,
-    # so a line kept for it would never empty.
-    retry_owned: set[int] = field(default_factory=set)
-    # False until the retry lane's first assignment: before it (the group is still forming
-    # at start) nobody knows who owns what, so lines are kept and judged then.
-    retry_known: bool = False
-    # Co-partitioning: a record parked from a source partition goes to the retries
-    # partition the layout names, which the retry lane of that partition's owner reads.
-    # None: Kafka's partitioner places it by key (the retries topic has too few partitions).
-    layout: RetryLayout | None = None
-
-
 def _tenant_of(env: Envelope) -> str | None:
     """The tenant a writer share is counted against (fires mode only)."""
     return env.trigger.tenant if env.trigger is not None else None
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _parked_size(env: Envelope) -> int:
-    """The bytes a parked record of ``env`` carries before its retry header."""
-    return (
-        len(env.key or b"")
-        + len(env.value or b"")
-        + sum(len(k) + len(v or b"") for k, v in env.headers)
-    )
 
 
 class Writer:
@@ -138,8 +77,6 @@ class Writer:
     ) -> None:
         """``http`` and ``kafka`` replace the real senders (tests); without ``http`` the
         writer opens an ``HttpSender`` on its own loop."""
-        self._lot = lot
-        self._lane = lane
         own_topics = frozenset(
             t for t in (dead_letter_topic, deliveries_topic, lot.topic if lot else None) if t
         )
@@ -150,8 +87,6 @@ class Writer:
         self._policy: RetryPolicy = settings.retry_policy()
         self._policies: dict[DeliveryRetry, RetryPolicy] = {}
         self._metrics = metrics
-        self._outbox = outbox
-        self._dlq_topic = dead_letter_topic
         self._outcomes = OutcomePublisher(
             outbox=outbox,
             offsets=state,
@@ -159,6 +94,21 @@ class Writer:
             dead_letter_topic=dead_letter_topic,
             deliveries_topic=deliveries_topic,
             group_id=settings.group_id,
+        )
+        self._parker = (
+            None
+            if lot is None
+            else Parker(
+                lot=lot,
+                lane=lane,
+                state=state,
+                settings=settings,
+                metrics=metrics,
+                outbox=outbox,
+                dead_letter_topic=dead_letter_topic,
+                wake=self.notify,
+                hand_back=self._unpark_later,
+            )
         )
         self._rand = rand
         self._active = 0
@@ -194,7 +144,7 @@ class Writer:
 
     def disable_parking(self) -> None:
         """Before ``start``: no retry topic, so failing messages stay in memory."""
-        self._lot = None
+        self._parker = None
 
     def notify(self) -> None:
         """New messages were pushed: wake the dispatcher (thread-safe, cheap)."""
@@ -215,17 +165,9 @@ class Writer:
     def assigned(self, tps: set[TopicPartition]) -> None:
         """The reader was assigned these partitions (on the reader's thread; librdkafka calls
         this on every rebalance, with an empty list when nothing new came)."""
-        lot = self._lot
-        dropped = 0
-        if lot is not None and self._lane is Lane.RETRY:
-            with lot.lock:
-                lot.retry_owned.update(p for t, p in tps if t == lot.topic)
-                if not lot.retry_known:
-                    lot.retry_known = True
-                    others = lot.lines.placed_partitions() - lot.retry_owned
-                    dropped = lot.lines.drop_retry_partitions(others)
-            if dropped:
-                self._metrics.lines_evicted.inc(dropped)
+        parker = self._parker
+        if parker is not None:
+            parker.assigned(tps)
 
     def freeze(self, tps: set[TopicPartition]) -> None:
         """Revoke, step 1: abandon messages of these partitions that are not mid-attempt.
@@ -243,20 +185,9 @@ class Writer:
             log.debug("freeze skipped", exc_info=True)
 
     async def _freeze(self, tps: set[TopicPartition]) -> None:
-        lot = self._lot
-        if lot is not None:
-            # A revoked partition's messages are read again by their new owner, which knows
-            # nothing of these lines; keeping them would hold later messages back for ever.
-            # The retry lane drops only the lines on its revoked retry-topic partitions: the
-            # others still wait on records this proxy finishes (the main lane's order).
-            with lot.lock:
-                if self._lane is Lane.RETRY:
-                    revoked = {p for t, p in tps if t == lot.topic}
-                    lot.retry_owned.difference_update(revoked)
-                    lot.lines.drop_retry_partitions(revoked)
-                else:
-                    for topic, partition in tps:
-                        lot.lines.drop_partition(topic, partition)
+        parker = self._parker
+        if parker is not None:
+            parker.revoked(tps)
         for env in [e for e in self._backoff if e.tp in tps]:
             if env.timer is not None:
                 env.timer.cancel()
@@ -356,7 +287,7 @@ class Writer:
             if env.cancelled or env.tp in self._state.revoking:
                 self._abandon(env)
                 continue
-            if self._lot is not None and self._hold_back(env):
+            if self._parker is not None and self._hold_back(env):
                 continue
             tenant = _tenant_of(env)
             if tenant is not None and self._tenant_active.get(tenant, 0) >= self._tenant_cap:
@@ -446,202 +377,24 @@ class Writer:
         env.attempting = False
         self._state.release(env)
 
-    # ---- parking (proxy.parking) -------------------------------------------------------
+    # ---- parking (proxy.parker) --------------------------------------------------------
 
     def _hold_back(self, env: Envelope) -> bool:
         """Park ``env`` or let it wait instead of attempting it now; False: attempt it."""
-        lot = self._lot
-        assert lot is not None
-        now = time.monotonic()
-        key = env.line_key
-        with lot.lock:
-            if key is None:
-                behind = False
-            elif self._lane is Lane.RETRY:
-                behind = env.park_id is not None and not lot.lines.is_head(key, env.park_id)
-            else:
-                behind = lot.lines.has_line(key)
-        if behind:
-            not_before = env.not_before_s if env.not_before_s is not None else now
-            if not self._park(env, ParkReason.BEHIND, max(now, not_before)):
-                self._wait(env, self._s.retry_base_delay_s or 0.2)  # for its line to move
-            return True
-        if env.not_before_s is not None and env.not_before_s > now:
-            self._wait(env, env.not_before_s - now)
-            return True
-        if self._lane is Lane.MAIN and self._over_share(env, before_attempt=True):
-            return self._park(env, ParkReason.TENANT_SHARE, now)
-        return False
-
-    def _over_share(self, env: Envelope, *, before_attempt: bool) -> bool:
-        """Park ``env`` for its tenant's pending share? Only while the bounds are under
-        pressure (parking a healthy deployment's own traffic would only cost Kafka writes),
-        and before an attempt only a message that already failed or whose tenant has every
-        writer it may use busy (it would wait in memory either way)."""
+        parker = self._parker
+        assert parker is not None
         tenant = env.tenant
-        if tenant is None or not self._state.over_share(tenant, self._s.tenant_pending_share):
-            return False
-        if (
-            before_attempt
-            and env.attempt_state.failures == 0
-            and self._tenant_active.get(tenant, 0) < self._tenant_cap
-        ):
-            return False
-        return self._state.under_pressure()
+        busy = tenant is not None and self._tenant_active.get(tenant, 0) >= self._tenant_cap
+        before = parker.before_attempt(env, time.monotonic(), tenant_busy=busy)
+        if before.step is Step.WAIT:
+            self._wait(env, before.wait_s)
+        return before.step is not Step.ATTEMPT
 
     def _wait(self, env: Envelope, delay_s: float) -> None:
         """Hold ``env`` (in flight, its key blocked, no writer slot) for ``delay_s``."""
         loop = asyncio.get_running_loop()
         env.timer = loop.call_later(delay_s, self._retry_due, env)
         self._backoff.add(env)
-
-    def _park(self, env: Envelope, reason: ParkReason, not_before_s: float) -> bool:
-        """Produce ``env`` to the retry topic and release it; its offset is done once Kafka
-        acknowledges. False (nothing done) when it is too large to park."""
-        lot = self._lot
-        assert lot is not None
-        if _parked_size(env) > MAX_PARKED_BYTES or lot.refused is not None:
-            return False
-        park_id = uuid.uuid4().hex
-        self._join_line(lot, env, park_id)
-
-        def unpark() -> None:
-            self._leave_line(lot, env, park_id)
-
-        def refused(err: object) -> None:
-            # The retry topic refused, not this record: the message is still pending here
-            # (released only on the acknowledgement), so it goes back to waiting in memory.
-            self._parking_refused(lot, str(err))
-            unpark()
-            self._unpark_later(env, not_before_s)
-
-        def parked() -> None:
-            self._state.release(env)
-            self._state.offset_done(env)
-            self.notify()  # (the producer's thread) its key's next message may go now
-
-        record = self._parked_record(
-            lot, env, park_id, not_before_s, on_fallback=unpark, on_topic_refused=refused
-        )
-        self._metrics.parked.labels(reason.value).inc()
-        log.debug("message parked", extra={"record": repr(env), "reason": reason.value})
-        if env.cancelled:
-            self._state.release(env)
-            unpark()
-            return True
-        # Its key stays blocked until Kafka has the record: its line already exists, so the
-        # next message of the key is parked behind it once it is released.
-        self._outbox.send_all([record], parked)
-        return True
-
-    def _join_line(self, lot: ParkingLot, env: Envelope, park_id: str) -> None:
-        """Put ``park_id`` in its key's line: in its old place if it was parked before."""
-        key = env.line_key
-        if key is None:
-            return
-        with lot.lock:
-            if env.park_id is not None and lot.lines.holds(key, env.park_id):
-                lot.lines.replace(key, env.park_id, park_id)
-                evicted = 0
-            else:
-                evicted = lot.lines.append(key, park_id)
-        if evicted:
-            self._metrics.lines_evicted.inc(evicted)
-
-    def _leave_line(self, lot: ParkingLot, env: Envelope, park_id: str) -> None:
-        key = env.line_key
-        if key is not None:
-            with lot.lock:
-                lot.lines.finish(key, park_id)
-
-    def _parked_record(
-        self,
-        lot: ParkingLot,
-        env: Envelope,
-        park_id: str,
-        not_before_s: float,
-        *,
-        on_fallback: Callable[[], None],
-        on_topic_refused: Callable[[object], None],
-    ) -> OutRecord:
-        """The retry-topic record of ``env``, with its dead letter as the fallback should
-        Kafka refuse the record itself for good."""
-        now, now_ms = time.monotonic(), _now_ms()
-        header = encode_header(
-            Parked(
-                park_id=park_id,
-                origin=env.source,
-                state=env.attempt_state,
-                not_before_ms=now_ms + max(0, int((not_before_s - now) * 1000)),
-            ),
-            now_s=now,
-            now_ms=now_ms,
-        )
-        st = env.attempt_state
-        first_ms, last_ms = failure_times_ms(st, now, now_ms)
-        dead_letter = dead_letter_record(
-            env,
-            reason=f"could not be parked in {lot.topic} (refused for good); last: "
-            f"{st.last_error or 'no attempt yet'}",
-            status=st.last_status,
-            now_ms=now_ms,
-            group_id=self._s.group_id,
-            first_failure_ms=first_ms,
-            last_failure_ms=last_ms,
-            coordinates_only=True,
-        )
-        origin = env.source
-        return OutRecord(
-            lot.topic,
-            env.key,
-            env.value or b"",
-            headers=park_headers(env.headers, header),
-            fallback=OutRecord(self._dlq_topic, env.key, dead_letter),
-            on_fallback=on_fallback,
-            on_written=functools.partial(self._placed, lot, env),
-            on_topic_refused=on_topic_refused,
-            partition=None
-            if lot.layout is None
-            else lot.layout.retry_partition(origin.topic, origin.partition),
-        )
-
-    def _placed(self, lot: ParkingLot, env: Envelope, retry_partition: int) -> None:
-        """Kafka has the parked record on ``retry_partition`` (on the producer's thread)."""
-        key = env.line_key
-        if key is None:
-            return
-        with lot.lock:
-            owned = retry_partition in lot.retry_owned or not lot.retry_known
-            if owned:
-                lot.lines.placed(key, retry_partition)
-            elif lot.lines.has_line(key):
-                lot.lines.forget(key)
-            else:
-                return
-        if not owned:
-            # Another proxy's retry lane finishes it: its key's later messages cannot
-            # wait for an outcome this proxy never sees.
-            self._metrics.lines_evicted.inc()
-            log.info(
-                "parked on a retry partition another proxy owns; its key's order "
-                "across parking is not kept",
-                extra={"record": repr(env), "retry_partition": retry_partition},
-            )
-
-    def _parking_refused(self, lot: ParkingLot, reason: str) -> None:
-        """Kafka refused the retry topic itself (on the producer's thread): parking is off."""
-        with lot.lock:
-            first = lot.refused is None
-            lot.refused = lot.refused or reason
-        self._metrics.records_refused.labels(lot.topic).inc()
-        if first:
-            self._metrics.parking.set(0)
-            log.error(
-                "retry topic refused: parking is off, failing messages stay in memory "
-                "until the proxy restarts; grant this proxy write access to the topic "
-                "or create it ('tocsin setup')",
-                extra={"topic": lot.topic, "error": reason},
-            )
 
     def _unpark_later(self, env: Envelope, not_before_s: float) -> None:
         """``_unparked`` on the writer's loop (called on a producer callback thread)."""
@@ -657,13 +410,6 @@ class Writer:
             self._abandon(env)
             return
         self._wait(env, max(0.0, not_before_s - time.monotonic()))
-
-    def _finish_line(self, env: Envelope) -> None:
-        """A parked message reached its outcome: the next one of its key may go."""
-        lot, key = self._lot, env.line_key
-        if lot is not None and key is not None and env.park_id is not None:
-            with lot.lock:
-                lot.lines.finish(key, env.park_id)
 
     def _retry_due(self, env: Envelope) -> None:
         env.timer = None
@@ -731,14 +477,6 @@ class Writer:
 
     # ---- outcomes ----------------------------------------------------------------------
 
-    def _should_park(self, env: Envelope, now: float) -> bool:
-        if self._lane is Lane.RETRY:
-            return True  # the retry lane holds no failing message in memory
-        first = env.attempt_state.first_failure_s
-        if first is not None and now - first >= self._s.park_after_s:
-            return True
-        return self._over_share(env, before_attempt=False)
-
     def _carry_out(self, env: Envelope, decision: Decision, sclass: str, now: float) -> None:
         if isinstance(decision, Retry):
             self._retry(env, decision, sclass, now)
@@ -747,7 +485,8 @@ class Writer:
             self._state.release(env)  # revoked meanwhile: the new owner decides again
             return
         self._state.release(env)  # unblocks the key before the records are acknowledged
-        self._finish_line(env)
+        if self._parker is not None:
+            self._parker.finished(env)
         self._outcomes.publish(env, decision, sclass, now)
 
     def _retry(self, env: Envelope, decision: Retry, sclass: str, now: float) -> None:
@@ -756,11 +495,7 @@ class Writer:
         if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
             self._abandon(env)
             return
-        if (
-            self._lot is not None
-            and self._should_park(env, now)
-            and self._park(env, ParkReason.RETRYING, now + decision.after_s)
-        ):
+        if self._parker is not None and self._parker.after_failure(env, now, decision.after_s):
             return
         self._wait(env, decision.after_s)
         log.debug(

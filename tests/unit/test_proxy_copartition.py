@@ -14,11 +14,19 @@ from confluent_kafka import TopicPartition
 from proxy.envelope import Envelope, prepare_generic
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
+from proxy.parker import ParkReason
 from proxy.parking import RetryLayout, retry_layout
 from proxy.reader import Reader
 from proxy.state import SharedState
-from proxy.writer import ParkReason
-from tests.unit.test_proxy_lanes import RETRIES, AckingOutbox, envelope, settings, writers
+from tests.unit.test_proxy_lanes import (
+    RETRIES,
+    AckingOutbox,
+    envelope,
+    later,
+    parkers,
+    settings,
+    writers,
+)
 
 
 def test_one_source_topic_parks_partition_p_to_retries_partition_p() -> None:
@@ -60,18 +68,19 @@ def test_every_retries_partition_has_exactly_one_reader_whatever_the_split() -> 
 
 def test_a_park_goes_to_the_retries_partition_of_its_source_partition() -> None:
     outbox = AckingOutbox(partition=0)
-    main, retry, state, lot = writers(outbox)
+    lanes = parkers(outbox)
+    state, lot = lanes.state, lanes.lot
     lot.layout = RetryLayout(starts=(("t", 0, 1),), retry_partitions=1)
-    retry.assigned({(RETRIES, 0)})
+    lanes.retry.assigned({(RETRIES, 0)})
     a = envelope(state, 0)
     assert state.take() is a
-    assert main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
+    assert lanes.main.park(a, ParkReason.RETRYING, later())
     assert [r.partition for r in outbox.records] == [0]
     assert lot.lines.has_line(a.line_key)
     lot.layout = None  # not co-partitioned: Kafka's partitioner places it by key
     b = envelope(state, 1, key=b"L")
     assert state.take() is b
-    assert main._park(b, ParkReason.RETRYING, time.monotonic() + 60)
+    assert lanes.main.park(b, ParkReason.RETRYING, later())
     assert outbox.records[-1].partition is None
 
 

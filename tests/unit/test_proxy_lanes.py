@@ -1,12 +1,12 @@
-"""Both lanes' writers sharing one ParkingLot: what one lane's rebalance or a refused park
-does to the other lane's lines, and when the main lane parks at all."""
+"""Both lanes' parkers sharing one ParkingLot: what one lane's rebalance or a refused park
+does to the other lane's lines, and when the main lane parks at all; and the writer that
+carries out what its parker says."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -16,9 +16,13 @@ from proxy.envelope import Envelope, prepare_generic
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
 from proxy.outbox import Outbox
+from proxy.parker import Lane, Parker, ParkingLot, ParkReason, Step
+from proxy.parking import Origin
+from proxy.retry import ConnectFailure
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
-from proxy.writer import Lane, ParkingLot, ParkReason, Writer
+from proxy.writer import Writer
+from tests.unit.test_proxy_writer import FakeSender
 
 RETRIES = "retries"
 
@@ -95,55 +99,199 @@ def envelope(state: SharedState, offset: int, key: bytes = b"K") -> Envelope:
     return e
 
 
+@dataclass
+class Handed:
+    """The writer's side of a parker: what it was woken for and handed back."""
+
+    wakes: int = 0
+    back: list[tuple[Envelope, float]] = field(default_factory=list)
+
+    def wake(self) -> None:
+        self.wakes += 1
+
+    def hand_back(self, env: Envelope, not_before_s: float) -> None:
+        self.back.append((env, not_before_s))
+
+
+@dataclass
+class Lanes:
+    main: Parker
+    retry: Parker
+    state: SharedState
+    lot: ParkingLot
+    metrics: ProxyMetrics
+    handed: Handed
+
+    def evicted(self) -> float | None:
+        return self.metrics.registry.get_sample_value("tocsin_proxy_park_lines_evicted_total")
+
+
+def parkers(outbox: Any, s: ProxySettings | None = None, bounds: Bounds | None = None) -> Lanes:
+    lot = ParkingLot(topic=RETRIES)
+    state = SharedState(bounds or Bounds())
+    state.assign([("t", 0)])
+    metrics, handed = ProxyMetrics(), Handed()
+    common: dict[str, Any] = dict(
+        lot=lot,
+        settings=s or settings(),
+        metrics=metrics,
+        outbox=outbox,
+        dead_letter_topic="dlq",
+        wake=handed.wake,
+        hand_back=handed.hand_back,
+    )
+    main = Parker(lane=Lane.MAIN, state=state, **common)
+    retry = Parker(lane=Lane.RETRY, state=SharedState(Bounds()), **common)
+    return Lanes(main, retry, state, lot, metrics, handed)
+
+
+def later() -> float:
+    return time.monotonic() + 60
+
+
+def test_a_park_hands_the_record_to_kafka_and_settles_the_offset_on_its_ack() -> None:
+    outbox = AckingOutbox(partition=0)
+    lanes = parkers(outbox)
+    a = envelope(lanes.state, 0)
+    assert lanes.state.take() is a
+    assert lanes.main.park(a, ParkReason.RETRYING, later())
+    (rec,) = outbox.records
+    assert rec.topic == RETRIES and rec.key == a.key and rec.value == a.value
+    assert [k for k, _ in rec.headers] == ["tocsin-retry"]
+    assert rec.fallback.topic == "dlq"  # refused for good: its dead letter instead
+    assert lanes.state.to_commit() == {("t", 0): 1} and lanes.handed.wakes == 1
+    assert lanes.state.snapshot(time.monotonic()).in_flight == 0
+
+
+def test_a_record_too_large_to_park_stays_in_memory() -> None:
+    outbox = AckingOutbox()
+    lanes = parkers(outbox)
+    a = envelope(lanes.state, 0)
+    a.value = b"x" * 2_000_001
+    assert lanes.state.take() is a
+    assert not lanes.main.park(a, ParkReason.RETRYING, later())
+    assert outbox.records == [] and not lanes.lot.lines.has_line(a.line_key)
+
+
 def test_a_retry_lane_rebalance_keeps_the_main_lanes_lines_on_other_partitions() -> None:
-    main, retry, state, lot = writers(AckingOutbox(partition=0))
-    retry.assigned({(RETRIES, 0), (RETRIES, 1)})
-    a = envelope(state, 0)
-    assert state.take() is a
-    assert main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
-    key = a.line_key
-    assert lot.lines.has_line(key)
+    lanes = parkers(AckingOutbox(partition=0))
+    lanes.retry.assigned({(RETRIES, 0), (RETRIES, 1)})
+    a = envelope(lanes.state, 0)
+    assert lanes.state.take() is a
+    assert lanes.main.park(a, ParkReason.RETRYING, later())
+    key, lines = a.line_key, lanes.lot.lines
+    assert lines.has_line(key)
     # The retries group rebalances: this proxy's retry lane loses partition 1 only; A sits
     # on partition 0, which it keeps, so B of the same key must still queue behind A.
-    asyncio.run(retry._freeze({(RETRIES, 1)}))
-    assert lot.lines.has_line(key)
-    asyncio.run(retry._freeze({(RETRIES, 0)}))  # A's own partition goes: its line too
-    assert not lot.lines.has_line(key)
+    lanes.retry.revoked({(RETRIES, 1)})
+    assert lines.has_line(key)
+    lanes.retry.revoked({(RETRIES, 0)})  # A's own partition goes: its line too
+    assert not lines.has_line(key)
+
+
+def test_a_main_lane_revoke_drops_the_lines_of_its_source_partitions() -> None:
+    lanes = parkers(AckingOutbox(partition=0))
+    a = envelope(lanes.state, 0)
+    assert lanes.state.take() is a
+    assert lanes.main.park(a, ParkReason.RETRYING, later())
+    lanes.main.revoked({("t", 1)})
+    assert lanes.lot.lines.has_line(a.line_key)
+    lanes.main.revoked({("t", 0)})
+    assert not lanes.lot.lines.has_line(a.line_key)
+
+
+def test_a_message_behind_a_parked_one_of_its_key_is_parked_behind_it() -> None:
+    outbox = AckingOutbox(partition=0)
+    lanes = parkers(outbox)
+    a, b = envelope(lanes.state, 0), envelope(lanes.state, 1)
+    assert lanes.state.take() is a
+    assert lanes.main.park(a, ParkReason.RETRYING, later())
+    assert lanes.state.take() is b
+    assert lanes.main.before_attempt(b, time.monotonic(), tenant_busy=False).step is Step.PARKED
+    assert len(outbox.records) == 2 and len(lanes.lot.lines) == 2
+    assert lanes.metrics.registry.get_sample_value(
+        "tocsin_proxy_parked_total", {"reason": "behind"}
+    )
+
+
+def test_the_retry_lane_attempts_only_the_head_of_a_line_and_waits_for_not_before() -> None:
+    outbox = AckingOutbox(partition=0)
+    lanes = parkers(outbox)
+    key = ("t", 0, b"K")
+    lanes.lot.lines.append(key, "head")
+    lanes.lot.lines.append(key, "next")
+    head, nxt = retry_envelope("head", key), retry_envelope("next", key)
+    now = time.monotonic()
+    assert lanes.retry.before_attempt(head, now, tenant_busy=False).step is Step.ATTEMPT
+    assert lanes.retry.before_attempt(nxt, now, tenant_busy=False).step is Step.PARKED
+    # Parked again under a new id, in its old place behind the head.
+    assert [r.topic for r in outbox.records] == [RETRIES]
+    assert len(lanes.lot.lines) == 2 and not lanes.lot.lines.holds(key, "next")
+    assert lanes.lot.lines.is_head(key, "head")
+    lanes.retry.finished(head)  # delivered: the one behind it is the head now
+    assert len(lanes.lot.lines) == 1 and not lanes.lot.lines.holds(key, "head")
+    waiting = retry_envelope("w", ("t", 0, b"W"), not_before_s=now + 5)
+    before = lanes.retry.before_attempt(waiting, now, tenant_busy=False)
+    assert before.step is Step.WAIT and before.wait_s == 5
+    assert lanes.retry.should_park(head, now)  # the retry lane keeps no failure in memory
+
+
+def retry_envelope(park_id: str, key: tuple[str, int, bytes], **kw: Any) -> Envelope:
+    e = Envelope(
+        topic=RETRIES,
+        partition=0,
+        offset=0,
+        key=key[2],
+        value=b"v",
+        headers=[],
+        timestamp_ms=None,
+        read_s=time.monotonic(),
+    )
+    prepare_generic(e, url="http://127.0.0.1:9/", timeout_s=1.0)
+    e.origin = Origin(topic=key[0], partition=key[1], offset=0, timestamp_ms=None)
+    e.park_id = park_id
+    e.not_before_s = kw.get("not_before_s")
+    return e
 
 
 def test_a_line_is_kept_only_while_this_proxys_retry_lane_owns_its_records() -> None:
     outbox = AckingOutbox(partition=3)  # the retry partition A of key K lands on
-    main, retry, state, lot = writers(outbox)
-    retry.assigned({(RETRIES, 0), (RETRIES, 3)})
+    lanes = parkers(outbox)
+    state, lines = lanes.state, lanes.lot.lines
+    lanes.retry.assigned({(RETRIES, 0), (RETRIES, 3)})
     a = envelope(state, 0)
     assert state.take() is a
-    assert main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
-    assert lot.lines.has_line(a.line_key)  # this proxy finishes A: K's next one waits
-    asyncio.run(retry._freeze({(RETRIES, 3)}))
-    assert not lot.lines.has_line(a.line_key) and len(lot.lines) == 0
+    assert lanes.main.park(a, ParkReason.RETRYING, later())
+    assert lines.has_line(a.line_key)  # this proxy finishes A: K's next one waits
+    lanes.retry.revoked({(RETRIES, 3)})
+    assert not lines.has_line(a.line_key) and len(lines) == 0
     # Partition 3 is another proxy's now: a record parked there is finished unseen here,
     # so no line may wait for it (it would hold every later message of its key for ever).
     b = envelope(state, 1)
     assert state.take() is b
-    assert main._park(b, ParkReason.RETRYING, time.monotonic() + 60)
-    assert not lot.lines.has_line(b.line_key) and len(lot.lines) == 0
+    assert lanes.main.park(b, ParkReason.RETRYING, later())
+    assert not lines.has_line(b.line_key) and len(lines) == 0
     c = envelope(state, 2)
     assert state.take() is c
-    assert not main._hold_back(c)  # attempted, not parked behind a line that never empties
-    assert main._metrics.lines_evicted._value.get() == 1
+    # Attempted, not parked behind a line that never empties.
+    assert lanes.main.before_attempt(c, time.monotonic(), tenant_busy=False).step is Step.ATTEMPT
+    assert lanes.evicted() == 1
 
 
 def test_a_line_parked_before_the_retry_lane_has_partitions_waits_for_its_assignment() -> None:
-    main, retry, state, lot = writers(AckingOutbox(partition=3))
+    outbox = AckingOutbox(partition=3)
+    lanes = parkers(outbox)
+    state, lines = lanes.state, lanes.lot.lines
     a, b = envelope(state, 0), envelope(state, 1, key=b"L")
     for env in (a, b):
         assert state.take() is env
-    assert main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
-    assert lot.lines.has_line(a.line_key)  # the retries group is still forming: kept
-    main._outbox.partition = 0  # type: ignore[attr-defined]
-    assert main._park(b, ParkReason.RETRYING, time.monotonic() + 60)
-    retry.assigned({(RETRIES, 0)})  # then 3 turns out to be another proxy's
-    assert not lot.lines.has_line(a.line_key) and lot.lines.has_line(b.line_key)
+    assert lanes.main.park(a, ParkReason.RETRYING, later())
+    assert lines.has_line(a.line_key)  # the retries group is still forming: kept
+    outbox.partition = 0
+    assert lanes.main.park(b, ParkReason.RETRYING, later())
+    lanes.retry.assigned({(RETRIES, 0)})  # then 3 turns out to be another proxy's
+    assert not lines.has_line(a.line_key) and lines.has_line(b.line_key)
+    assert lanes.evicted() == 1
 
 
 class RefusingProducer:
@@ -162,29 +310,62 @@ class RefusingProducer:
             on_delivery(None, Msg(0))
 
 
-def test_a_refused_retry_topic_switches_parking_off_and_dead_letters_nothing() -> None:
+def refusing_outbox() -> tuple[Outbox, RefusingProducer]:
     outbox = Outbox({"bootstrap.servers": "127.0.0.1:1"})
     producer = RefusingProducer()
     outbox.producer = producer  # type: ignore[assignment]
-    main, _retry, state, lot = writers(outbox)
+    return outbox, producer
+
+
+def test_a_refused_retry_topic_switches_parking_off_and_dead_letters_nothing() -> None:
+    outbox, producer = refusing_outbox()
+    lanes = parkers(outbox)
+    state, lot = lanes.state, lanes.lot
     a = envelope(state, 0)
-
-    async def scenario() -> None:
-        main._loop = asyncio.get_running_loop()
-        assert state.take() is a
-        main._park(a, ParkReason.RETRYING, time.monotonic() + 60)
-        await asyncio.sleep(0)  # the refusal hands the message back on the writer's loop
-
-    asyncio.run(scenario())
+    assert state.take() is a
+    not_before = later()
+    assert lanes.main.park(a, ParkReason.RETRYING, not_before)
     assert producer.written == []  # no dead letter for a healthy message
     assert lot.refused is not None and not lot.lines.has_line(a.line_key)
-    assert a in main._backoff and not a.cancelled  # waiting in memory for its retry
+    assert lanes.handed.back == [(a, not_before)] and not a.cancelled  # back to its writer
     assert state.snapshot(time.monotonic()).in_flight == 1  # still pending, offset not done
     assert state.to_commit() == {}
-    assert main._metrics.parking._value.get() == 0
+    assert lanes.metrics.registry.get_sample_value("tocsin_proxy_parking") == 0
     b = envelope(state, 1, key=b"other")
     assert state.take() is b
-    assert not main._park(b, ParkReason.RETRYING, time.monotonic())  # parking is off
+    assert not lanes.main.park(b, ParkReason.RETRYING, time.monotonic())  # parking is off
+    assert not lanes.retry.park(b, ParkReason.RETRYING, time.monotonic())  # for both lanes
+
+
+def test_a_writer_whose_park_is_refused_retries_in_memory_until_delivered() -> None:
+    outbox, producer = refusing_outbox()
+    http = FakeSender([ConnectFailure(detail="refused")])
+    state = SharedState(Bounds())
+    state.assign([("t", 0)])
+    lot = ParkingLot(topic=RETRIES)
+    writer = Writer(
+        state=state,
+        settings=settings(park_after_s=0.0),
+        metrics=ProxyMetrics(),
+        outbox=outbox,
+        dead_letter_topic="dlq",
+        deliveries_topic=None,
+        lot=lot,
+        http=http,
+        kafka=FakeSender(),
+    )
+    a = envelope(state, 0)
+    writer.start()
+    try:
+        writer.notify()
+        deadline = time.monotonic() + 10
+        while state.to_commit() != {("t", 0): 1} and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        writer.drain(1)
+    assert lot.refused is not None  # its park after the failure was refused
+    assert http.sent == [a, a] and state.to_commit() == {("t", 0): 1}
+    assert producer.written == [] and writer.error is None
 
 
 def tenant_envelopes(state: SharedState, n: int, tenant: str = "A") -> list[Envelope]:
@@ -211,30 +392,54 @@ def tenant_envelopes(state: SharedState, n: int, tenant: str = "A") -> list[Enve
 
 def test_a_lone_tenant_over_its_share_is_not_parked_while_the_bounds_have_room() -> None:
     outbox = AckingOutbox()
-    main, _retry, state, _lot = writers(outbox, bounds=Bounds(max_messages=100))
-    tenant_envelopes(state, 30)  # 30% of the bound: over a 25% share, under half of it
-    first = state.take()
+    lanes = parkers(outbox, bounds=Bounds(max_messages=100))
+    tenant_envelopes(lanes.state, 30)  # 30% of the bound: over a 25% share, under half of it
+    first = lanes.state.take()
     assert first is not None
-    assert not main._hold_back(first)  # a healthy first attempt goes out
-    first.attempt_state = replace(first.attempt_state, failures=1, first_failure_s=time.monotonic())
-    assert not main._should_park(first, time.monotonic())  # a retry stays in memory too
+    now = time.monotonic()
+    # A healthy first attempt goes out, even with every writer of its tenant busy.
+    assert lanes.main.before_attempt(first, now, tenant_busy=True).step is Step.ATTEMPT
+    first.attempt_state = replace(first.attempt_state, failures=1, first_failure_s=now)
+    assert not lanes.main.should_park(first, now)  # a retry stays in memory too
+    assert not lanes.main.after_failure(first, now, 0.1)
     assert outbox.records == []
 
 
 def test_a_tenant_over_its_share_is_parked_once_the_bounds_are_pressed() -> None:
     outbox = AckingOutbox()
-    main, _retry, state, _lot = writers(outbox, bounds=Bounds(max_messages=100))
-    tenant_envelopes(state, 60)
-    fresh = state.take()
+    lanes = parkers(outbox, bounds=Bounds(max_messages=100))
+    tenant_envelopes(lanes.state, 60)
+    fresh = lanes.state.take()
     assert fresh is not None
-    assert not main._hold_back(fresh)  # its tenant has writers free: attempt it
-    fresh.attempt_state = replace(fresh.attempt_state, failures=1, first_failure_s=time.monotonic())
-    assert main._should_park(fresh, time.monotonic())  # failing: it leaves memory
-    main._tenant_active["A"] = main._tenant_cap  # every writer A may use is busy
-    waiting = state.take()
+    now = time.monotonic()
+    # Its tenant has writers free: attempt it.
+    assert lanes.main.before_attempt(fresh, now, tenant_busy=False).step is Step.ATTEMPT
+    fresh.attempt_state = replace(fresh.attempt_state, failures=1, first_failure_s=now)
+    assert lanes.main.should_park(fresh, now)  # failing: it leaves memory
+    waiting = lanes.state.take()
     assert waiting is not None
-    assert main._hold_back(waiting)  # it would only wait in memory: parked
+    # Every writer its tenant may use is busy: it would only wait in memory, so it is parked.
+    assert lanes.main.before_attempt(waiting, now, tenant_busy=True).step is Step.PARKED
     assert [r.topic for r in outbox.records] == [RETRIES]
+    assert lanes.metrics.registry.get_sample_value(
+        "tocsin_proxy_parked_total", {"reason": "tenant_share"}
+    )
+
+
+def test_a_message_failing_longer_than_park_after_is_parked_on_its_retry() -> None:
+    outbox = AckingOutbox()
+    lanes = parkers(outbox, settings(park_after_s=30.0))
+    a = envelope(lanes.state, 0)
+    assert lanes.state.take() is a
+    now = time.monotonic()
+    a.attempt_state = replace(a.attempt_state, failures=1, first_failure_s=now - 29.0)
+    assert not lanes.main.after_failure(a, now, 0.1) and outbox.records == []
+    a.attempt_state = replace(a.attempt_state, failures=2, first_failure_s=now - 30.0)
+    assert lanes.main.after_failure(a, now, 0.1)
+    assert [r.topic for r in outbox.records] == [RETRIES]
+    assert lanes.metrics.registry.get_sample_value(
+        "tocsin_proxy_parked_total", {"reason": "retrying"}
+    )
 
 
 class ThreadAckingOutbox(AckingOutbox):
