@@ -4,8 +4,6 @@ go-scheduler facade (api/goscheduler.py); the service is passed in by the caller
 
 from __future__ import annotations
 
-from typing import Any
-
 import orjson
 from aiohttp import web
 
@@ -33,7 +31,7 @@ async def caller(service: Service, request: web.Request) -> Principal:
     return await service.authenticate(bearer(request))
 
 
-async def read_json(service: Service, request: web.Request) -> dict[str, Any]:
+async def read_json(service: Service, request: web.Request) -> dict[str, object]:
     """The request's JSON object body, at most ``TOCSIN_API_MAX_BODY_BYTES`` (413 beyond)."""
     limit = service.settings.api.max_body_bytes
     if request.content_length is not None and request.content_length > limit:

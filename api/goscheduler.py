@@ -18,7 +18,7 @@ from streams.recurring import parse_run_id
 from streams.tenants import TenantConfig
 from topics.codes import Code
 from topics.models import ResultStatus
-from topics.validation import check_time_zone
+from topics.recurrence import check_time_zone
 
 
 def _ok(data: object, status: int = 200, count: int = 1) -> web.Response:

@@ -1,16 +1,19 @@
 """The reads behind recurring schedules in the REST API, the CLI and the go-scheduler
 facade: a parent's status and runs, and the parents of a listing window (the pure parts
-are in ``api.recurring``). ``store`` is a connected ``streams.store.Store``."""
+are in ``api.recurring``). ``store`` is a connected ``streams.store.Store``, typed by the
+narrowest port (streams.ports) each read needs."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from api import recurring
 from api.recurring import Key
+from api.views import ApiError
 from streams.model import ScheduleState
+from streams.ports import CqlRow, IndexReader, MaterializerStore, StatementRunner
 from streams.recurring import NEVER_MS, parse_run_id
 from streams.recurring_store import RecurringStore, schedule_runs
 
@@ -24,26 +27,55 @@ _STATEMENTS = {
 }
 
 
+class RecurringReads(MaterializerStore, IndexReader, Protocol):
+    """What a listing's recurring reads call: a tenant's recurring index, the parents' rows
+    and their run history."""
+
+
+class ParentView(Protocol):
+    """How a listing shows a recurring parent (``api.recurring.parent_brief`` by default)."""
+
+    def __call__(
+        self, row: CqlRow, *, status: str, position_ms: int, next_ms: int | None
+    ) -> dict[str, Any]: ...
+
+
+class OneShotLister(Protocol):
+    """A page of one-shot schedule rows in a window (``Service.list_schedules``)."""
+
+    async def __call__(
+        self,
+        tenant: str,
+        *,
+        from_ms: int,
+        to_ms: int,
+        statuses: frozenset[str] | None,
+        limit: int,
+        after: Key | None,
+    ) -> tuple[list[CqlRow], Key | None]: ...
+
+
 async def first_written_run(
-    store: Any, tenant: str, schedule_id: str, from_ms: int, to_ms: int
+    store: StatementRunner, tenant: str, schedule_id: str, from_ms: int, to_ms: int
 ) -> int | None:
     """Nominal time of the oldest run written for a parent in ``[from_ms, to_ms)``."""
-    if not getattr(store, "_api_recurring_prepared", False):
+    if not store.has_statements(_STATEMENTS):
         await store.prepare_statements(_STATEMENTS)
-        store._api_recurring_prepared = True
-    rows = await store._run("api_first_run_between", (tenant, schedule_id, from_ms, to_ms))
+    rows = await store.run("api_first_run_between", (tenant, schedule_id, from_ms, to_ms))
     return int(rows[0]["nominal_ms"]) if rows else None
 
 
-async def newest_run(store: Any, tenant: str, schedule_id: str) -> tuple[int, int] | None:
+async def newest_run(
+    store: MaterializerStore, tenant: str, schedule_id: str
+) -> tuple[int, int] | None:
     """(nominal_ms, due_ms) of the newest run written for a parent, or None."""
     rows = await RecurringStore(store).past_runs(tenant, schedule_id, NEVER_MS + 1, 1)
     return (int(rows[0]["nominal_ms"]), int(rows[0]["due_ms"])) if rows else None
 
 
 async def parent_state(
-    store: Any, row: dict[str, Any], *, now_ms: int
-) -> tuple[str, int | None, int | None]:
+    store: MaterializerStore, row: CqlRow, *, now_ms: int
+) -> tuple[ScheduleState, int | None, int | None]:
     """(status, next run ms, newest written run's nominal ms once none is left to write)."""
     last = (
         await newest_run(store, row["tenant"], row["schedule_id"])
@@ -54,8 +86,8 @@ async def parent_state(
 
 
 def _state(
-    row: dict[str, Any], last: tuple[int, int] | None, now_ms: int
-) -> tuple[str, int | None, int | None]:
+    row: CqlRow, last: tuple[int, int] | None, now_ms: int
+) -> tuple[ScheduleState, int | None, int | None]:
     status = recurring.parent_status(
         row, now_ms=now_ms, last_due_ms=None if last is None else last[1]
     )
@@ -69,12 +101,14 @@ def _state(
     return status, nxt, last_nominal
 
 
-async def _newest_runs(store: Any, rows: list[dict[str, Any]]) -> list[tuple[int, int] | None]:
+async def _newest_runs(
+    store: MaterializerStore, rows: list[CqlRow]
+) -> list[tuple[int, int] | None]:
     """The newest written run of each parent that has none left to write (None for the
     others), at most ``_CONCURRENCY`` reads at once."""
     sem = asyncio.Semaphore(_CONCURRENCY)
 
-    async def one(row: dict[str, Any]) -> tuple[int, int] | None:
+    async def one(row: CqlRow) -> tuple[int, int] | None:
         if not recurring.runs_out(row):
             return None
         async with sem:
@@ -83,16 +117,23 @@ async def _newest_runs(store: Any, rows: list[dict[str, Any]]) -> list[tuple[int
     return list(await asyncio.gather(*(one(r) for r in rows)))
 
 
+ParentState = tuple[ScheduleState, int | None, int | None, int | None]
+
+
 async def _states(
-    store: Any, rows: list[dict[str, Any]], *, now_ms: int, window: tuple[int, int] | None = None
-) -> list[tuple[str, int | None, int | None, int | None]]:
+    store: MaterializerStore,
+    rows: list[CqlRow],
+    *,
+    now_ms: int,
+    window: tuple[int, int] | None = None,
+) -> list[ParentState]:
     """(status, next run, newest written nominal, first run in ``window``) of each parent.
     Evaluating thousands of rules (croniter) is CPU work: it runs in a thread, so one
     tenant's large listing does not hold the API's event loop from everyone else's
     requests (the thread yields the interpreter lock every switch interval)."""
     lasts = await _newest_runs(store, rows)
 
-    def evaluate() -> list[tuple[str, int | None, int | None, int | None]]:
+    def evaluate() -> list[ParentState]:
         out = []
         for row, last in zip(rows, lasts, strict=True):
             status, nxt, last_nominal = _state(row, last, now_ms)
@@ -112,7 +153,7 @@ async def _states(
 
 
 async def runs(
-    store: Any,
+    store: MaterializerStore,
     tenant: str,
     schedule_id: str,
     *,
@@ -146,17 +187,12 @@ async def runs(
     return got
 
 
-ParentView = Callable[..., dict[str, Any]]
-
-
-def _brief(
-    row: dict[str, Any], *, status: str, position_ms: int, next_ms: int | None
-) -> dict[str, Any]:
+def _brief(row: CqlRow, *, status: str, position_ms: int, next_ms: int | None) -> dict[str, Any]:
     return recurring.parent_brief(row, status=status, position_ms=position_ms, next_ms=next_ms)
 
 
 async def parents_in_window(
-    store: Any,
+    store: RecurringReads,
     tenant: str,
     *,
     from_ms: int,
@@ -180,7 +216,7 @@ async def parents_in_window(
     sem = asyncio.Semaphore(_CONCURRENCY)
 
     async def one(
-        row: dict[str, Any], status: str, nxt: int | None, at: int | None
+        row: CqlRow, status: str, nxt: int | None, at: int | None
     ) -> tuple[Key, dict[str, Any]] | None:
         if statuses is not None and status not in statuses:
             return None
@@ -205,13 +241,10 @@ async def parents_in_window(
     return sorted((f for f in found if f is not None), key=lambda item: item[0])
 
 
-OneShotLister = Callable[..., Awaitable[tuple[list[dict[str, Any]], Key | None]]]
-
-
 async def list_page(
-    store: Any,
+    store: RecurringReads,
     list_one_shots: OneShotLister,
-    brief: Callable[[dict[str, Any]], dict[str, Any]],
+    brief: Callable[[CqlRow], dict[str, Any]],
     tenant: str,
     *,
     from_ms: int,
@@ -228,7 +261,7 @@ async def list_page(
     # "completed" is a parent's status only; the others apply to both kinds.
     one_statuses = None if statuses is None else statuses - {ScheduleState.COMPLETED}
     if one_statuses is not None and not one_statuses:
-        rows: list[dict[str, Any]] = []
+        rows: list[CqlRow] = []
         cursor: Key | None = None
     else:
         rows, cursor = await list_one_shots(
@@ -249,8 +282,8 @@ async def list_page(
 
 
 async def tenant_parents(
-    store: Any, tenant: str, *, now_ms: int
-) -> list[tuple[dict[str, Any], str, int | None]]:
+    store: RecurringReads, tenant: str, *, now_ms: int
+) -> list[tuple[CqlRow, ScheduleState, int | None]]:
     """Every recurring schedule of the tenant still stored: (row, status, next run ms)."""
     ids = await store.list_recurring(tenant)
     rows = await store.get_schedules(tenant, ids) if ids else {}
@@ -260,9 +293,9 @@ async def tenant_parents(
 
 
 async def schedule_json(
-    store: Any,
-    row: dict[str, Any],
-    events: list[dict[str, Any]],
+    store: MaterializerStore,
+    row: CqlRow,
+    events: list[CqlRow],
     *,
     now_ms: int,
     past: int,
@@ -270,8 +303,6 @@ async def schedule_json(
 ) -> dict[str, Any]:
     """``GET /v1/schedules/{id}`` of a recurring parent (with its newest ``past`` and next
     ``upcoming`` runs), or of one of its runs (``<parent>@<nominal_ms>``)."""
-    from api.views import ApiError
-
     if recurring.is_parent(row):
         status, nxt, _ = await parent_state(store, row, now_ms=now_ms)
         got = await runs(

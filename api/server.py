@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from aiohttp import web
 
@@ -23,6 +22,7 @@ from base.errors import TocsinError
 from base.settings import Settings
 from streams import tenant_admin
 from streams.model import ScheduleState
+from streams.ports import CqlRow
 from streams.status import Outcome
 from streams.tenants import TenantConfig
 
@@ -62,7 +62,7 @@ async def principal(request: web.Request) -> Principal:
     return await caller(request.app[SERVICE], request)
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
+async def _body(request: web.Request) -> dict[str, object]:
     return await read_json(request.app[SERVICE], request)
 
 
@@ -87,7 +87,7 @@ def _async(request: web.Request) -> bool:
     return mode is Mode.ASYNC or "respond-async" in request.headers.get("Prefer", "")
 
 
-def result_body(result: dict[str, Any]) -> dict[str, Any]:
+def result_body(result: Mapping[str, object]) -> dict[str, object]:
     keys = (
         "schedule_id",
         "request_id",
@@ -126,7 +126,7 @@ async def openapi(request: web.Request) -> web.Response:
 
 async def _command(
     request: web.Request,
-    command: dict[str, Any],
+    command: dict[str, object],
     *,
     created: bool = False,
     cancel: bool = False,
@@ -311,7 +311,7 @@ async def bulk_refire(request: web.Request) -> web.Response:
 # -- tenants ---------------------------------------------------------------------------------
 
 
-def _tenant_json(row: dict[str, Any]) -> dict[str, Any]:
+def _tenant_json(row: CqlRow) -> dict[str, object]:
     return views.tenant_view(
         row,
         TenantConfig.from_json(row.get("config")).to_dict(),
@@ -442,7 +442,7 @@ def build_app(settings: Settings, service: Service | None = None) -> web.Applica
     svc = service or Service(settings)
     app[SERVICE] = svc
 
-    async def lifecycle(app: web.Application) -> Any:
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await svc.start()
         yield
         await svc.close()

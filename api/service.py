@@ -27,6 +27,7 @@ from base.settings import Settings
 from streams.cache import TtlCache
 from streams.commands import TenantCache
 from streams.model import ScheduleState
+from streams.ports import CqlRow
 from streams.store import Store
 from streams.tenant_admin import TenantExists, issue_key, register_tenant
 from streams.tenants import TenantConfig, check_api_key, split_api_key
@@ -78,7 +79,7 @@ class Service:
         ttl = settings.api.tenant_cache_ttl_s
         self.tenants = TenantCache(self.store, ttl_s=ttl)
         # API key rows by key id (None: no such key, re-read sooner), one read in flight.
-        self._keys: TtlCache[str, dict[str, Any] | None] = TtlCache(
+        self._keys: TtlCache[str, CqlRow | None] = TtlCache(
             self.store.get_api_key, ttl_s=lambda row: ttl if row else 1.0
         )
         self.timeout_s = settings.api.request_timeout_s
@@ -134,14 +135,16 @@ class Service:
             raise ApiError(403, "inactive_tenant", f"tenant {tenant!r} is deactivated")
         return Principal(tenant=tenant, key_id=key_id)
 
-    async def _key_row(self, key_id: str) -> dict[str, Any] | None:
+    async def _key_row(self, key_id: str) -> CqlRow | None:
         return await self._keys.get(key_id)
 
     # -- tenants ---------------------------------------------------------------------------
 
     async def register_tenant(
-        self, name: object, config: dict[str, Any] | None, *, active: bool = True
+        self, name: object, config: object, *, active: bool = True
     ) -> dict[str, Any]:
+        """Register a tenant; ``config`` as a request gives it (a JSON object, or empty for
+        the defaults). Returns its keys (once)."""
         cfg = self._config(config or {})
         try:
             created = await register_tenant(self.store, name, cfg, active=active)
@@ -162,15 +165,15 @@ class Service:
         await self.store.revoke_api_key(key_id)
         self._keys.invalidate(key_id)
 
-    async def get_tenant(self, name: str) -> dict[str, Any]:
+    async def get_tenant(self, name: str) -> CqlRow:
         row = await self.store.get_tenant(name)
         if row is None:
             raise ApiError(404, "not_found", f"no tenant {name!r}")
         return row
 
     async def update_tenant(
-        self, name: str, *, config: dict[str, Any] | None, active: bool | None
-    ) -> dict[str, Any]:
+        self, name: str, *, config: dict[str, object] | None, active: bool | None
+    ) -> CqlRow:
         row = await self.get_tenant(name)
         current = TenantConfig.from_json(row.get("config"))
         cfg = current
@@ -185,11 +188,11 @@ class Service:
         self.tenants.invalidate(name)
         return await self.get_tenant(name)
 
-    async def list_tenants(self) -> list[dict[str, Any]]:
+    async def list_tenants(self) -> list[CqlRow]:
         return sorted(await self.store.list_tenants(), key=lambda r: r["tenant"])
 
     @staticmethod
-    def _config(config: dict[str, Any]) -> TenantConfig:
+    def _config(config: object) -> TenantConfig:
         try:
             return TenantConfig.from_dict(config)
         except ValueError as exc:
@@ -208,13 +211,14 @@ class Service:
     ) -> None: ...
 
     async def send(
-        self, command: dict[str, Any], *, wait: bool, timeout_s: float | None = None
+        self, command: dict[str, object], *, wait: bool, timeout_s: float | None = None
     ) -> dict[str, Any] | None:
         """Validate locally (fast 4xx), sign with the tenant's key, produce; with ``wait``
         the command's result, else None once Kafka has it. Raises ApiError(504) when no
         result arrives in time."""
-        tenant = command["tenant"]
-        sid = command["schedule_id"]
+        tenant = str(command["tenant"])
+        sid = str(command["schedule_id"])
+        request_id = str(command["request_id"])
         expected = None
         if wait:
             # The answer must bring this back (api.bridge): a request id alone is guessable.
@@ -236,7 +240,7 @@ class Service:
             key,
             value,
             headers,
-            request_id=command["request_id"],
+            request_id=request_id,
             expected=expected,
             timeout_s=timeout,
         )
@@ -247,7 +251,7 @@ class Service:
                 f"no result within {timeout:g}s; the command may still be applied: "
                 f"GET /v1/schedules/{sid} to see",
                 schedule_id=sid,
-                request_id=command["request_id"],
+                request_id=request_id,
             )
         return result
 
@@ -262,7 +266,7 @@ class Service:
 
     # -- reads -----------------------------------------------------------------------------
 
-    async def get_schedule(self, tenant: str, sid: str) -> tuple[dict[str, Any], list[Any]]:
+    async def get_schedule(self, tenant: str, sid: str) -> tuple[CqlRow, list[CqlRow]]:
         row = await self.store.get_schedule(tenant, sid)
         if row is None:
             raise ApiError(404, "not_found", f"no schedule {sid!r}")
@@ -279,10 +283,10 @@ class Service:
         limit: int,
         after: tuple[int, str] | None,
         max_scan: int = 5000,
-    ) -> tuple[list[dict[str, Any]], tuple[int, str] | None]:
+    ) -> tuple[list[CqlRow], tuple[int, str] | None]:
         """Rows in the window matching ``statuses``, in due order, and the cursor to
         continue from (None when the window is exhausted)."""
-        out: list[dict[str, Any]] = []
+        out: list[CqlRow] = []
         scanned = 0
         cursor = after
         while len(out) < limit and scanned < max_scan:
@@ -310,10 +314,10 @@ class Service:
 
     async def collect(
         self, tenant: str, from_ms: int, to_ms: int, statuses: frozenset[str]
-    ) -> tuple[list[dict[str, Any]], bool]:
+    ) -> tuple[list[CqlRow], bool]:
         """Every matching row of a window for bulk actions (at most MAX_BULK; True when
         truncated)."""
-        rows: list[dict[str, Any]] = []
+        rows: list[CqlRow] = []
         cursor: tuple[int, str] | None = None
         while len(rows) < MAX_BULK:
             page, cursor = await self.list_schedules(
@@ -331,7 +335,7 @@ class Service:
 
     # -- bulk ------------------------------------------------------------------------------
 
-    async def bulk_cancel(self, tenant: str, from_ms: int, to_ms: int) -> dict[str, Any]:
+    async def bulk_cancel(self, tenant: str, from_ms: int, to_ms: int) -> dict[str, object]:
         rows, truncated = await self.collect(
             tenant, from_ms, to_ms, frozenset({ScheduleState.SCHEDULED})
         )
@@ -339,7 +343,7 @@ class Service:
         codes: dict[str, int] = {}
         missing = 0
 
-        async def one(row: dict[str, Any]) -> None:
+        async def one(row: CqlRow) -> None:
             nonlocal missing
             async with sem:
                 cmd = cancel_command(
@@ -365,7 +369,7 @@ class Service:
 
     async def bulk_refire(
         self, tenant: str, from_ms: int, to_ms: int, statuses: frozenset[str]
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Emit the trigger of each matching fired/missed schedule again (reconcile).
 
         The trigger keeps its trigger_id (it is the same trigger), with the next emission
@@ -381,7 +385,7 @@ class Service:
         sem = asyncio.Semaphore(200)
         done = 0
 
-        async def one(row: dict[str, Any]) -> None:
+        async def one(row: CqlRow) -> None:
             nonlocal done
             async with sem:
                 sid = row["schedule_id"]

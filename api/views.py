@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any
 
@@ -108,7 +108,7 @@ def http_status(code: str, *, created: bool = False) -> int:
     return _HTTP.get(code, 400)
 
 
-def parse_body(raw: bytes) -> dict[str, Any]:
+def parse_body(raw: bytes) -> dict[str, object]:
     if not raw:
         raise ApiError(400, "empty_body", "the request needs a JSON object body")
     try:
@@ -120,7 +120,7 @@ def parse_body(raw: bytes) -> dict[str, Any]:
     return obj
 
 
-def _check_body(body: dict[str, Any], allowed: frozenset[str], what: str) -> None:
+def _check_body(body: Mapping[str, object], allowed: frozenset[str], what: str) -> None:
     for name in RESERVED_BODY_FIELDS:
         if name in body:
             raise ApiError(
@@ -138,8 +138,8 @@ def _check_body(body: dict[str, Any], allowed: frozenset[str], what: str) -> Non
 
 
 def create_command(
-    body: dict[str, Any], *, tenant: str, schedule_id: str, request_id: str
-) -> dict[str, Any]:
+    body: Mapping[str, object], *, tenant: str, schedule_id: str, request_id: str
+) -> dict[str, object]:
     """The create command (wire JSON) for a POST /v1/schedules body."""
     _check_body(body, CREATE_BODY_FIELDS, "create")
     cmd = {k: v for k, v in body.items() if k != "schedule_id"}
@@ -153,8 +153,8 @@ def create_command(
 
 
 def update_command(
-    body: dict[str, Any], *, tenant: str, schedule_id: str, request_id: str
-) -> dict[str, Any]:
+    body: Mapping[str, object], *, tenant: str, schedule_id: str, request_id: str
+) -> dict[str, object]:
     _check_body(body, UPDATE_BODY_FIELDS, "update")
     return {
         "type": "update",
@@ -165,7 +165,7 @@ def update_command(
     }
 
 
-def cancel_command(*, tenant: str, schedule_id: str, request_id: str) -> dict[str, Any]:
+def cancel_command(*, tenant: str, schedule_id: str, request_id: str) -> dict[str, object]:
     return {
         "type": "cancel",
         "tenant": tenant,
@@ -190,7 +190,7 @@ def parse_time(value: str | None, name: str) -> int:
     return ms
 
 
-def parse_window(params: Any) -> tuple[int, int]:
+def parse_window(params: Mapping[str, str]) -> tuple[int, int]:
     lo = parse_time(params.get("from"), "from")
     hi = parse_time(params.get("to"), "to")
     if hi <= lo:
@@ -259,7 +259,7 @@ def effective_state(row: Mapping[str, Any]) -> str:
     return state
 
 
-def matches(row: dict[str, Any], statuses: frozenset[str] | None) -> bool:
+def matches(row: Mapping[str, Any], statuses: frozenset[str] | None) -> bool:
     if statuses is None:
         return True
     state = effective_state(row)
@@ -268,7 +268,10 @@ def matches(row: dict[str, Any], statuses: frozenset[str] | None) -> bool:
 
 
 def schedule_view(
-    row: dict[str, Any], events: list[dict[str, Any]] | None = None, *, brief: bool = False
+    row: Mapping[str, Any],
+    events: Sequence[Mapping[str, Any]] | None = None,
+    *,
+    brief: bool = False,
 ) -> dict[str, Any]:
     """The JSON of a schedule (brief: without payload, callback and history)."""
     due = int(row["due_ms"])
@@ -328,8 +331,8 @@ def event_view(e: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def tenant_view(
-    row: dict[str, Any], config: dict[str, Any], signing: dict[str, Any] | None = None
-) -> dict[str, Any]:
+    row: Mapping[str, Any], config: dict[str, object], signing: dict[str, object] | None = None
+) -> dict[str, object]:
     """``signing``: the state of its signing keys (streams.tenant_admin.signing_status)."""
     return {
         "tenant": row["tenant"],
