@@ -18,6 +18,7 @@ from typing import Any
 
 from streams.buckets import BUCKET_MS
 from streams.buckets import minute_ms as bucket_of
+from streams.model import ScheduleState
 
 HOUR_MS = 3_600_000
 # A display unit of ``duration`` (bucket reads step by streams.buckets.BUCKET_MS).
@@ -25,15 +26,6 @@ MINUTE_MS = 60_000
 # A trigger is recorded as fired once Kafka acknowledges it, a moment after its due time:
 # one still waiting this long after it is overdue, not just in flight.
 OVERDUE_AFTER_MS = 10_000
-
-
-class State(StrEnum):
-    """The ``schedules.state`` values counted here (streams.store)."""
-
-    SCHEDULED = "scheduled"
-    FIRED = "fired"
-    MISSED = "missed"
-    CANCELLED = "cancelled"
 
 
 class Outcome(StrEnum):
@@ -83,7 +75,7 @@ class Window:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class ScheduleState:
+class StateColumns:
     """The columns of a ``schedules`` row the figures need (no payload)."""
 
     schedule_id: str
@@ -96,7 +88,7 @@ class ScheduleState:
     delivery_ms: int | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> ScheduleState:
+    def from_row(cls, row: Mapping[str, Any]) -> StateColumns:
         def opt(name: str) -> int | None:
             value = row.get(name)
             return None if value is None else int(value)
@@ -183,7 +175,7 @@ class Tally:
         return True
 
     def past_trigger(
-        self, tenant: str, due_ms: int, version: int, row: ScheduleState | None
+        self, tenant: str, due_ms: int, version: int, row: StateColumns | None
     ) -> None:
         """The schedule row of a bucket row due in ``[now - lookback, now)``: was it fired
         (or missed) and delivered within the last hour? A row of another version or due
@@ -191,18 +183,18 @@ class Tally:
         figures = self._of(tenant)
         if row is None or row.version != version or row.due_ms != due_ms:
             return
-        if row.state == State.SCHEDULED:
+        if row.state == ScheduleState.SCHEDULED:
             if due_ms <= self.window.now_ms - OVERDUE_AFTER_MS:
                 figures.overdue += 1
             return
         if (
-            row.state == State.FIRED
+            row.state == ScheduleState.FIRED
             and row.fired_ms is not None
             and self.window.recent(row.fired_ms)
         ):
             figures.fired_last_hour += 1
             figures.lateness_ms.append(max(0, row.fired_ms - due_ms))
-        elif row.state == State.MISSED and self.window.recent(row.updated_ms):
+        elif row.state == ScheduleState.MISSED and self.window.recent(row.updated_ms):
             figures.missed_last_hour += 1
         if self.window.recent(row.delivery_ms):
             if row.delivery_outcome == Outcome.DELIVERED:

@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 from base.errors import KafkaError
-from base.settings import KafkaSettings
+from base.settings import KafkaSettings, Settings
 from streams.buckets import BUCKET_MS
 from streams.ports import StatusStore
-from streams.status import Lag, ScheduleState, Tally, Window, lag_of
+from streams.status import Lag, StateColumns, Tally, Window, lag_of
+from topics.catalog import catalog
 
 _CQL = {
     "status_bucket_keys": "SELECT due_ms, tenant, schedule_id, version FROM {keyspace}.buckets "
@@ -35,7 +35,7 @@ _MINUTES_AT_ONCE = 8
 
 async def read_states(
     store: StatusStore, tenant: str, ids: Sequence[str]
-) -> dict[str, ScheduleState]:
+) -> dict[str, StateColumns]:
     """State columns of the tenant's schedules ``ids`` (missing rows left out)."""
     unique = list(dict.fromkeys(ids))
     parts = await asyncio.gather(
@@ -44,7 +44,7 @@ async def read_states(
             for i in range(0, len(unique), _IN_CHUNK)
         )
     )
-    return {str(row["schedule_id"]): ScheduleState.from_row(row) for rows in parts for row in rows}
+    return {str(row["schedule_id"]): StateColumns.from_row(row) for rows in parts for row in rows}
 
 
 async def tally_buckets(
@@ -158,6 +158,7 @@ def consumer_lags(
 ) -> list[Lag]:
     """The lag of each (group, topic, partition count) from committed offsets and
     watermarks. Raises KafkaError (retriable) when the cluster does not answer."""
+    # Imported here: only ``tocsin status`` needs the admin client, and importing it is slow.
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
     from confluent_kafka.admin import AdminClient, OffsetSpec  # type: ignore[attr-defined]
 
@@ -205,13 +206,11 @@ def consumer_lags(
         raise KafkaError(f"consumer lag: no offsets for {exc}", retriable=True) from exc
 
 
-def lag_pairs(settings: Any, proxy_group: str) -> list[tuple[str, str, int]]:
+def lag_pairs(settings: Settings, proxy_group: str) -> list[tuple[str, str, int]]:
     """The (group, topic, partitions) Tocsin's own consumers read: the worker's group
     (``<prefix>scheduler``) on the commands and deliveries topics, the proxy's on fires and
     its retry lane's (``<group>.retries``) on the retries topic, where parked triggers
     wait."""
-    from topics.catalog import catalog
-
     cat = catalog(settings.topics)
     worker = f"{settings.topics.prefix}scheduler"
     return [

@@ -16,7 +16,7 @@ from streams.status import (
     OVERDUE_AFTER_MS,
     Lag,
     Report,
-    ScheduleState,
+    StateColumns,
     Tally,
     Window,
     lag_of,
@@ -30,8 +30,8 @@ NOW = 1_800_000_000_000 + 30_500  # 30.5 s into a minute
 WINDOW = Window(now_ms=NOW, lookback_ms=2 * HOUR_MS, horizon_ms=24 * HOUR_MS)
 
 
-def state(sid: str, st: str, due: int, **kw: Any) -> ScheduleState:
-    return ScheduleState(schedule_id=sid, state=st, due_ms=due, version=1, **kw)
+def state(sid: str, st: str, due: int, **kw: Any) -> StateColumns:
+    return StateColumns(schedule_id=sid, state=st, due_ms=due, version=1, **kw)
 
 
 def test_percentile_is_nearest_rank() -> None:
@@ -123,7 +123,7 @@ def test_past_triggers_count_by_when_they_fired_and_were_delivered() -> None:
         "a",
         recent_due,
         1,
-        ScheduleState(schedule_id="r1", state="scheduled", due_ms=recent_due, version=2),
+        StateColumns(schedule_id="r1", state="scheduled", due_ms=recent_due, version=2),
     )
     tally.past_trigger("a", recent_due, 1, state("r2", "fired", NOW + 5, fired_ms=NOW))
     (a,) = tally.figures()
