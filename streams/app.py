@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 import socket
+import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -45,8 +46,6 @@ log = logging.getLogger("tocsin.worker")
 
 def faust_broker_credentials(settings: Settings) -> Any:
     """SASL/TLS settings translated to Faust's credential objects (None for PLAINTEXT)."""
-    import ssl
-
     k = settings.kafka
     ctx = None
     if k.security_protocol in ("SSL", "SASL_SSL"):
@@ -132,10 +131,17 @@ class Worker:
         self.health = Health()
 
     def _build_app(self) -> faust.App:
+        app = self._faust_app()
+        self._add_command_agent(app)
+        self._add_delivery_agent(app)
+        self._add_lifecycle_handlers(app)
+        return app
+
+    def _faust_app(self) -> faust.App:
         s = self.settings
         data_dir = Path(s.stack.state_dir) / "faust"
         data_dir.mkdir(parents=True, exist_ok=True)
-        app = faust.App(
+        return faust.App(
             f"{s.topics.prefix}scheduler",
             broker=[f"kafka://{b}" for b in s.kafka.bootstrap_servers.split(",")],
             broker_credentials=faust_broker_credentials(s),
@@ -154,6 +160,9 @@ class Worker:
             stream_wait_empty=False,
             producer_acks=-1,
         )
+
+    def _add_command_agent(self, app: faust.App) -> None:
+        s = self.settings
         commands = app.topic(
             self.catalog.commands.name,
             key_type=bytes,
@@ -176,19 +185,9 @@ class Worker:
         async def command_agent(stream: Any) -> None:
             await self._ensure_started()
             async for events in stream.take_events(batch_size, within=batch_wait_s):
-                batch = [
-                    RawCommand(
-                        partition=e.message.partition,
-                        offset=e.message.offset,
-                        key=e.message.key,
-                        value=e.message.value,
-                        timestamp_ms=int(e.message.timestamp * 1000),
-                        headers=e.message.headers or (),
-                        timestamp_type=_timestamp_type(e.message.timestamp_type),
-                    )
-                    for e in events
-                ]
-                left = await self.processor.process_until_answered(batch)
+                left = await self.processor.process_until_answered(
+                    [_raw_command(e) for e in events]
+                )
                 if left:
                     unanswered = {(m.partition, m.offset) for m in left}
                     for e in events:
@@ -198,12 +197,14 @@ class Worker:
                             e.message.acked = True
                 self._observe_lag(app, events)
 
+    def _add_delivery_agent(self, app: faust.App) -> None:
         deliveries = app.topic(
             self.catalog.deliveries.name,
             key_type=bytes,
             value_type=bytes,
             partitions=self.catalog.deliveries.partitions,
         )
+        batch_size = self.settings.scheduler.command_batch_size
 
         @app.agent(deliveries, name="deliveries")
         async def delivery_agent(stream: Any) -> None:
@@ -213,6 +214,9 @@ class Worker:
                 outcomes = [o for e in events if (o := parse_outcome(e.message.value))]
                 tenants = self.processor.tenants
                 await asyncio.gather(*(record_outcome(self.store, tenants, o) for o in outcomes))
+
+    def _add_lifecycle_handlers(self, app: faust.App) -> None:
+        s = self.settings
 
         @app.timer(1.0)  # type: ignore[untyped-decorator]
         async def heartbeat() -> None:
@@ -233,27 +237,7 @@ class Worker:
             await self._ensure_started()
             await self._stop_tickers(set(self.tickers) - mine)
             for partition in sorted(mine - set(self.tickers)):
-                ticker = PartitionTicker(
-                    partition,
-                    store=self.store,
-                    sink=self.emitter,
-                    config=self.ticker_config,
-                    clock_ms=self.clock_ms,
-                    # The command agent's cache: fire quotas and retention, same TTL.
-                    tenants=self.processor.tenants,
-                    health=self.health,
-                )
-                self.tickers[partition] = ticker
-                ticker.start()
-                materializer = PartitionMaterializer(
-                    partition,
-                    store=self.recurring,
-                    ticker=ticker,
-                    config=self.materializer_config,
-                    clock_ms=self.clock_ms,
-                )
-                self.materializers[partition] = materializer
-                materializer.start()
+                self._start_partition(partition)
             metrics.OWNED_PARTITIONS.set(len(self.tickers))
             # Owning no partition is fine (a standby when workers outnumber partitions).
             self.health.set_ready(True)
@@ -266,7 +250,29 @@ class Worker:
             await self.results_emitter.close()
             await self.store.close()
 
-        return app
+    def _start_partition(self, partition: int) -> None:
+        """Start the ticker and the materialiser of a commands partition just assigned."""
+        ticker = PartitionTicker(
+            partition,
+            store=self.store,
+            sink=self.emitter,
+            config=self.ticker_config,
+            clock_ms=self.clock_ms,
+            # The command agent's cache: fire quotas and retention, same TTL.
+            tenants=self.processor.tenants,
+            health=self.health,
+        )
+        self.tickers[partition] = ticker
+        ticker.start()
+        materializer = PartitionMaterializer(
+            partition,
+            store=self.recurring,
+            ticker=ticker,
+            config=self.materializer_config,
+            clock_ms=self.clock_ms,
+        )
+        self.materializers[partition] = materializer
+        materializer.start()
 
     def _observe_lag(self, app: faust.App, events: Any) -> None:
         last: dict[TP, int] = {}
@@ -366,3 +372,17 @@ def run_worker(settings: Settings) -> None:
         worker.app, loglevel=settings.log_level.lower(), quiet=True, redirect_stdouts=False
     )
     faust_worker.execute_from_commandline()
+
+
+def _raw_command(event: Any) -> RawCommand:
+    """A Faust event of the commands topic as the command agent takes it."""
+    m = event.message
+    return RawCommand(
+        partition=m.partition,
+        offset=m.offset,
+        key=m.key,
+        value=m.value,
+        timestamp_ms=int(m.timestamp * 1000),
+        headers=m.headers or (),
+        timestamp_type=_timestamp_type(m.timestamp_type),
+    )

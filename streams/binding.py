@@ -80,8 +80,8 @@ async def bind_keyspace(
     retry_s: float = 2.0,
 ) -> None:
     """Bind the keyspace to ``mine`` if it is unbound; ConfigError if it belongs to another
-    deployment. A store that is unavailable is waited for (like the ticker does, issue 7):
-    a worker started before Cassandra is up starts once it is."""
+    deployment. A store that is unavailable is waited for (as the ticker waits for it): a
+    worker started before Cassandra is up starts once it is."""
     while True:
         try:
             await store.connect()

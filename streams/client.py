@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator, Sequence
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 
@@ -64,6 +63,7 @@ class CommandClient:
         cached = self._signing_keys.get(tenant)
         now = time.monotonic()
         if cached is None or now - cached[0] >= SIGNING_KEY_REFRESH_S:
+            # Imported here: only a process that signs loads cassandra-driver (slow to import).
             from base.cassandra import make_cluster
 
             cluster = make_cluster(self.settings.cassandra)
@@ -83,8 +83,10 @@ class CommandClient:
                 # Cassandra unreachable at a refresh: keep signing with the key we have (the
                 # workers accept it through a rotation's grace period) rather than stop
                 # sending - commands need only Kafka. Found by the chaos Cassandra scenario.
-                log.warning("could not refresh the signing key; using the cached one",
-                            extra={"tenant": tenant})
+                log.warning(
+                    "could not refresh the signing key; using the cached one",
+                    extra={"tenant": tenant},
+                )
                 self._signing_keys[tenant] = (now, cached[1])
                 return cached[1]
             finally:
@@ -93,11 +95,20 @@ class CommandClient:
             self._signing_keys[tenant] = cached
         return cached[1]
 
-    def send_raw(self, key: bytes | None, value: bytes, *, headers: Any = None) -> None:
+    def send_raw(
+        self,
+        key: bytes | None,
+        value: bytes,
+        *,
+        headers: Sequence[tuple[str, bytes]] | None = None,
+    ) -> None:
+        kafka_headers: list[tuple[str, str | bytes | None]] | None = (
+            None if headers is None else list(headers)
+        )
         while True:
             try:
                 self.producer.produce(
-                    self.topics.commands.name, key=key, value=value, headers=headers
+                    self.topics.commands.name, key=key, value=value, headers=kafka_headers
                 )
                 return
             except BufferError:

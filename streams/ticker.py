@@ -43,9 +43,9 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from base.errors import KafkaError, StoreError, TocsinError
 from base.supervise import HealthSink, supervise
@@ -60,6 +60,8 @@ from topics.codec import encode_trigger, trigger_headers
 from topics.ids import trigger_id as make_trigger_id
 
 log = logging.getLogger("tocsin.ticker")
+
+T = TypeVar("T")
 
 
 class TriggerSink(Protocol):
@@ -397,7 +399,7 @@ class PartitionTicker:
     # -- the loop --------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        # Cassandra down at start (issue 7): wait for it rather than die for good.
+        # Cassandra down at start: wait for it rather than die for good.
         checkpoint = await self._until_stored(
             "reading the checkpoint", lambda: self.store.get_checkpoint(self.partition)
         )
@@ -422,11 +424,11 @@ class PartitionTicker:
             },
         )
         while not self._stopping:
-            # A store failure in a load used to end this task for good: the partition
-            # then never fired again until a rebalance (issue 7, Cassandra stopped). Now
-            # it is retried a second later; what is already loaded keeps firing
-            # meanwhile, and the unread minute stays unread (the timeline's loaded
-            # horizon and so the checkpoint stay below it), so nothing is skipped.
+            # A store failure in a load must not end this task (the partition would not
+            # fire again until a rebalance): it is retried a second later; what is already
+            # loaded keeps firing meanwhile, and the unread minute stays unread (the
+            # timeline's loaded horizon and so the checkpoint stay below it), so nothing
+            # is skipped.
             self._start_load()
             await self._admit_due(self.clock_ms())
             now = self.clock_ms()
@@ -441,7 +443,7 @@ class PartitionTicker:
             await self._sleep_until_next(now)
 
     @contextlib.contextmanager
-    def _store_trouble(self, what: str) -> Any:
+    def _store_trouble(self, what: str) -> Iterator[None]:
         """Log (at most every 10 s) and swallow a store failure; the loop retries."""
         try:
             yield
@@ -454,7 +456,7 @@ class PartitionTicker:
                     extra={"partition": self.partition, "while": what, "error": str(exc)},
                 )
 
-    async def _until_stored(self, what: str, call: Callable[[], Any]) -> Any:
+    async def _until_stored(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
         """``await call()`` until the store answers (StoreError: retry after a second)."""
         while True:
             with self._store_trouble(what):
