@@ -33,10 +33,11 @@ from streams.tenant_admin import TenantExists, issue_key, register_tenant
 from streams.tenants import TenantConfig, check_api_key, split_api_key
 from topics.codec import callback_from_json, encode_trigger, trigger_headers
 from topics.codes import Code
+from topics.fields import check_text
 from topics.ids import trigger_id
 from topics.models import PayloadType, Trigger
 from topics.signing import sign_headers
-from topics.validation import Limits, check_text, decode_command
+from topics.validation import Limits, decode_command
 
 log = logging.getLogger("tocsin.api")
 

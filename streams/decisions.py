@@ -53,6 +53,7 @@ from topics.codec import (
     recurrence_to_json,
 )
 from topics.codes import Code
+from topics.fields import check_not_past
 from topics.ids import format_iso_ms, trigger_id
 from topics.models import (
     CancelCommand,
@@ -63,7 +64,6 @@ from topics.models import (
     Recurrence,
     UpdateCommand,
 )
-from topics.validation import check_not_past
 
 # -- commands -------------------------------------------------------------------------------
 

@@ -7,7 +7,7 @@ deterministically from their run id, and plans one step of materialisation (whic
 to write ahead as one-shot bucket rows, which misfired runs to drop). Pure: no I/O except
 reading the pinned ``tzdata`` package, no clock (``now_ms`` is always passed in).
 
-Cron: the six fields (seconds first, see ``topics.validation.normalize_cron``) are matched
+Cron: the six fields (seconds first, see ``topics.recurrence.normalize_cron``) are matched
 against *local wall time* with croniter on naive datetimes, so croniter never sees a time
 zone; each matching wall time is then mapped to UTC here:
 

@@ -10,8 +10,8 @@ from typing import Any
 from base.errors import CommandRejected
 from streams.ports import TenantAdminStore
 from streams.tenants import TenantConfig, new_api_key
+from topics.fields import check_tenant
 from topics.signing import SigningKeys, new_signing_key
-from topics.validation import check_tenant
 
 
 class TenantExists(Exception):

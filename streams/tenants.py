@@ -29,8 +29,8 @@ from typing import Any
 
 import orjson
 
+from topics.callbacks import MAX_RETRIES_6XX, MAX_RETRY_AGE_S
 from topics.models import Callback, DeliveryRetry
-from topics.validation import MAX_RETRIES_6XX, MAX_RETRY_AGE_S
 
 API_KEY_PREFIX = "tsk_"
 _API_KEY = re.compile(r"tsk_([0-9a-f]{16})_([A-Za-z0-9_-]{20,128})", re.ASCII)

@@ -1,8 +1,11 @@
 """The wire contract: what travels on Tocsin's topics and how it is checked.
 
 ``models`` (shapes), ``codes`` (result codes), ``validation`` (untrusted command bytes ->
-``Command`` or ``CommandRejected``), ``codec`` (every other encode/decode), ``ids`` (stable
-trigger ids, time format) and ``catalog`` (topic names and their configuration). Everything
+``Command`` or ``CommandRejected``) with the checks it is built from (``fields``: limits,
+ids, due times, payloads; ``callbacks``; ``recurrence``: cron and time zones), ``codec``
+(every other encode/decode), ``ids`` (stable trigger ids, time format), ``addresses``
+(which callback addresses are refused), ``signing`` and ``catalog`` (topic names and their
+configuration). Everything
 here is pure: it must never do I/O or read the clock (``tocsin.topic_admin`` creates the
 topics).
 """

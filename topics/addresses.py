@@ -5,7 +5,7 @@ network. Only *global* unicast addresses are allowed: loopback, private (RFC 191
 link-local (169.254/16 incl. cloud metadata, fe80::/10), shared (100.64/10), multicast,
 unspecified and reserved addresses are not, nor IPv6 forms that carry an IPv4 address.
 
-Two places apply it: ``topics.validation`` refuses a create or update whose callback host
+Two places apply it: ``topics.callbacks`` refuses a create or update whose callback host
 is such an IP *literal* (``invalid_url``, so the sender learns at once), and the proxy's
 SSRF guard (``proxy.ssrf``) checks every *resolved* address at delivery, which is the only
 place a host name's addresses are known. Both are lifted together by

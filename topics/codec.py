@@ -18,7 +18,9 @@ from typing import Any
 import orjson
 
 from base.errors import CommandRejected
+from topics.callbacks import parse_callback
 from topics.codes import Code
+from topics.fields import DEFAULT_LIMITS, Fields, Limits, load_object, parse_payload
 from topics.models import (
     Callback,
     Command,
@@ -33,15 +35,7 @@ from topics.models import (
     Trigger,
     UpdateCommand,
 )
-from topics.validation import (
-    DEFAULT_LIMITS,
-    Fields,
-    Limits,
-    load_object,
-    parse_callback,
-    parse_payload,
-    parse_recurrence,
-)
+from topics.recurrence import parse_recurrence
 
 HEADER_TRIGGER_ID = "tocsin-trigger-id"
 HEADER_SCHEDULE_ID = "tocsin-schedule-id"

@@ -6,7 +6,7 @@ already-validated values; parsing and checking untrusted bytes is ``topics.valid
 job and turning models into bytes is ``topics.codec``'s. Must never do I/O.
 
 Payloads are carried as ``payload: bytes`` plus ``payload_type``: with ``json`` the bytes
-are canonical JSON (``topics.validation.canonical_json``), with ``bytes`` they are opaque.
+are canonical JSON (``topics.fields.canonical_json``), with ``bytes`` they are opaque.
 """
 
 from __future__ import annotations

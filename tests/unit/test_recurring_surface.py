@@ -25,7 +25,8 @@ from topics.codec import recurrence_from_json, recurrence_to_json
 from topics.codes import Code
 from topics.ids import parse_iso_ms
 from topics.models import DayMatch, Misfire, Recurrence
-from topics.validation import DEFAULT_LIMITS, decode_command, normalize_cron, parse_recurrence
+from topics.recurrence import normalize_cron, parse_recurrence
+from topics.validation import DEFAULT_LIMITS, decode_command
 
 NOW = parse_iso_ms("2026-11-21T12:00:00Z")  # a Saturday
 

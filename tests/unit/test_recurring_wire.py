@@ -19,12 +19,8 @@ from topics.models import (
     Recurrence,
     UpdateCommand,
 )
-from topics.validation import (
-    RECURRING_DEFAULT_MISFIRE_TOLERANCE_S,
-    Limits,
-    decode_command,
-    normalize_cron,
-)
+from topics.recurrence import RECURRING_DEFAULT_MISFIRE_TOLERANCE_S, normalize_cron
+from topics.validation import Limits, decode_command
 
 NOW = parse_iso_ms("2026-11-21T17:00:00Z")
 BASE: dict[str, Any] = {

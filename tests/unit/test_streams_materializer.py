@@ -32,7 +32,7 @@ from topics.models import (
     Recurrence,
     UpdateCommand,
 )
-from topics.validation import normalize_cron
+from topics.recurrence import normalize_cron
 
 NOW = 1_800_000_000_000  # a whole minute
 H = 600_000

@@ -20,7 +20,7 @@ from streams.recurring import (
 )
 from topics.ids import parse_iso_ms
 from topics.models import Ambiguous, Misfire, Nonexistent, Recurrence
-from topics.validation import normalize_cron
+from topics.recurrence import normalize_cron
 
 
 def ms(text: str) -> int:

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from base.errors import CommandRejected
+from topics.callbacks import CALLBACK_FIELDS
 from topics.codec import (
     RESULT_FIELDS,
     TRIGGER_FIELDS,
@@ -32,7 +33,7 @@ from topics.codec import (
 from topics.codes import ACCEPTED_CODES, Code
 from topics.ids import MAX_EPOCH_MS, parse_iso_ms, trigger_id
 from topics.models import HTTP_METHODS, CommandType
-from topics.validation import CALLBACK_FIELDS, COMMAND_FIELDS, Limits, decode_command
+from topics.validation import COMMAND_FIELDS, Limits, decode_command
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA_DIR = ROOT / "schema" / "json"

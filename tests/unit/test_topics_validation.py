@@ -11,6 +11,7 @@ import pytest
 from base.errors import CommandRejected, ConfigError
 from base.settings import SchedulerSettings
 from topics.codes import STATEFUL_CODES, Code
+from topics.fields import ENVELOPE_BYTES, check_not_past
 from topics.ids import parse_iso_ms
 from topics.models import (
     CancelCommand,
@@ -21,14 +22,7 @@ from topics.models import (
     PayloadType,
     UpdateCommand,
 )
-from topics.validation import (
-    ENVELOPE_BYTES,
-    Limits,
-    Salvaged,
-    check_not_past,
-    decode_command,
-    salvage_ids,
-)
+from topics.validation import Limits, Salvaged, decode_command, salvage_ids
 
 NOW = parse_iso_ms("2026-11-21T17:00:00Z")
 DUE = parse_iso_ms("2030-01-01T17:00:05Z")
