@@ -4,6 +4,7 @@ checks, the API's views and the go-scheduler facade's."""
 from __future__ import annotations
 
 import asyncio
+import re
 import socket
 from typing import Any
 
@@ -336,6 +337,17 @@ def test_openapi_document_is_json_and_lists_codes() -> None:
     for path, ops in doc["paths"].items():
         for op in ops.values():
             assert op["responses"], path
+
+
+def test_openapi_references_resolve_and_enums_are_the_wire_values() -> None:
+    doc = orjson.loads(orjson.dumps(openapi_document()))
+    schemas = doc["components"]["schemas"]
+    refs = set(re.findall(r'"\$ref":"#/components/schemas/(\w+)"', orjson.dumps(doc).decode()))
+    assert refs and refs <= set(schemas)
+    status = schemas["Schedule"]["properties"]["status"]["enum"]
+    assert status == ["scheduled", "fired", "missed", "cancelled", "completed"]
+    mode = doc["paths"]["/v1/schedules"]["post"]["parameters"][0]["schema"]["enum"]
+    assert mode == ["sync", "async"]
 
 
 # -- go-scheduler facade ---------------------------------------------------------------------
