@@ -185,6 +185,34 @@ class RetryPolicy:
         return replace(self, **changes) if changes else self  # type: ignore[arg-type]
 
 
+# Distinct callback retry settings whose policies are kept built; a handful in practice,
+# but they come from outside (each trigger's callback), so the cache must stay bounded.
+MAX_CALLBACK_POLICIES = 1024
+
+
+class CallbackPolicies:
+    """The process-wide policy with each callback's own ``retry`` applied (its own, or its
+    tenant's default stamped at accept time), built once per distinct one."""
+
+    def __init__(self, base: RetryPolicy, max_entries: int = MAX_CALLBACK_POLICIES) -> None:
+        self.base = base
+        self._max_entries = max_entries
+        self._built: dict[DeliveryRetry, RetryPolicy] = {}
+
+    def of(self, retry: DeliveryRetry | None) -> RetryPolicy:
+        if retry is None:
+            return self.base
+        policy = self._built.get(retry)
+        if policy is None:
+            if len(self._built) >= self._max_entries:
+                self._built.clear()
+            policy = self._built[retry] = self.base.for_callback(retry)
+        return policy
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+
 @dataclass(frozen=True, kw_only=True)
 class AttemptState:
     """What the policy remembers about one message across its attempts."""

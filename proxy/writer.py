@@ -1,9 +1,8 @@
 """The writer pool: slot scheduling for what the order iterator hands out.
 
-One event loop in its own thread runs at most ``concurrency`` attempts at once, and at most
-``per_host_concurrency`` per receiver (scheme://host:port), so one slow receiver cannot
-hold every writer. A message waiting for its host's cap is *parked*: it keeps its key
-blocked but holds no writer slot. Between attempts a message waits on a timer (backoff or
+One event loop in its own thread runs the attempts, as many at once as ``proxy.slots``
+allows (in all, per receiver, per tenant); a message waiting for a slot keeps its key
+blocked but holds none. Between attempts a message waits on a timer (backoff or
 Retry-After), still in flight so its key stays blocked; it holds no slot either.
 Each attempt is handed to the sender for its callback kind (``proxy.sender``): the HTTP
 sender (``proxy.http_sender``, one pooled aiohttp session) or the Kafka sender
@@ -38,25 +37,20 @@ from proxy.outcomes import OutcomePublisher
 from proxy.parker import Lane, Parker, ParkingLot, Step
 from proxy.retry import (
     AttemptResult,
+    CallbackPolicies,
     ConnectFailure,
     Decision,
     Retry,
-    RetryPolicy,
     Undeliverable,
     decide,
     status_class,
 )
 from proxy.sender import Sender
 from proxy.settings import ProxySettings
+from proxy.slots import Slots
 from proxy.state import SharedState
-from topics.models import DeliveryRetry
 
 log = logging.getLogger("tocsin.proxy")
-
-
-def _tenant_of(env: Envelope) -> str | None:
-    """The tenant a writer share is counted against (fires mode only)."""
-    return env.trigger.tenant if env.trigger is not None else None
 
 
 class Writer:
@@ -84,8 +78,7 @@ class Writer:
         self._kafka: Sender = kafka or KafkaSender(outbox, own_topics=own_topics)
         self._state = state
         self._s = settings
-        self._policy: RetryPolicy = settings.retry_policy()
-        self._policies: dict[DeliveryRetry, RetryPolicy] = {}
+        self._policies = CallbackPolicies(settings.retry_policy())
         self._metrics = metrics
         self._outcomes = OutcomePublisher(
             outbox=outbox,
@@ -111,14 +104,11 @@ class Writer:
             )
         )
         self._rand = rand
-        self._active = 0
-        self._host_active: dict[str, int] = {}
-        self._parked: dict[str, deque[Envelope]] = {}
-        # Per-tenant writer share (fires mode): a tenant at its cap waits here, holding no
-        # slot, so one tenant's burst cannot take every writer.
-        self._tenant_cap = max(1, int(settings.concurrency * settings.tenant_share))
-        self._tenant_active: dict[str, int] = {}
-        self._tenant_parked: dict[str, deque[Envelope]] = {}
+        self._slots: Slots[Envelope] = Slots(
+            concurrency=settings.concurrency,
+            per_host=settings.per_host_concurrency,
+            per_tenant=max(1, int(settings.concurrency * settings.tenant_share)),
+        )
         self._guard = settings.mode == "fires" and not settings.allow_private_targets
         self._retry_ready: deque[Envelope] = deque()
         self._backoff: set[Envelope] = set()
@@ -188,22 +178,23 @@ class Writer:
         parker = self._parker
         if parker is not None:
             parker.revoked(tps)
-        for env in [e for e in self._backoff if e.tp in tps]:
+        self._abandon_waiting(lambda env: env.tp in tps or env.cancelled)
+
+    def _abandon_waiting(self, drop: Callable[[Envelope], bool]) -> None:
+        """Give back the messages waiting for a retry or a slot that ``drop`` picks."""
+        for env in [e for e in self._backoff if drop(e)]:
             if env.timer is not None:
                 env.timer.cancel()
             self._backoff.discard(env)
             self._abandon(env)
-        self._retry_ready = deque(e for e in self._retry_ready if not self._drop_if(e, tps))
-        for host, parked in self._parked.items():
-            self._parked[host] = deque(e for e in parked if not self._drop_if(e, tps))
-        for tenant, parked in self._tenant_parked.items():
-            self._tenant_parked[tenant] = deque(e for e in parked if not self._drop_if(e, tps))
-
-    def _drop_if(self, env: Envelope, tps: set[TopicPartition]) -> bool:
-        if env.tp in tps or env.cancelled:
+        ready, self._retry_ready = self._retry_ready, deque()
+        for env in ready:
+            if drop(env):
+                self._abandon(env)
+            else:
+                self._retry_ready.append(env)
+        for env in self._slots.drop_waiting(drop):
             self._abandon(env)
-            return True
-        return False
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -250,22 +241,7 @@ class Writer:
     async def _shutdown(self) -> None:
         self._dispatching = False
         # Messages waiting for a retry or a slot are not "in-flight work": give them back.
-        for env in list(self._backoff):
-            if env.timer is not None:
-                env.timer.cancel()
-            self._abandon(env)
-        self._backoff.clear()
-        for env in self._retry_ready:
-            self._abandon(env)
-        self._retry_ready.clear()
-        for parked in self._parked.values():
-            for env in parked:
-                self._abandon(env)
-        self._parked.clear()
-        for parked in self._tenant_parked.values():
-            for env in parked:
-                self._abandon(env)
-        self._tenant_parked.clear()
+        self._abandon_waiting(lambda env: True)
         if self._tasks:
             _, pending = await asyncio.wait(set(self._tasks), timeout=self._drain_timeout_s)
             for task in pending:
@@ -279,31 +255,24 @@ class Writer:
     # ---- dispatch ----------------------------------------------------------------------
 
     def _pump(self) -> None:
-        per_host = self._s.per_host_concurrency
-        while self._dispatching and self._active < self._s.concurrency:
+        while self._dispatching and self._slots.has_room():
             env = self._retry_ready.popleft() if self._retry_ready else self._state.take()
             if env is None:
                 return
-            if env.cancelled or env.tp in self._state.revoking:
+            if self._revoked(env):
                 self._abandon(env)
                 continue
             if self._parker is not None and self._hold_back(env):
                 continue
-            tenant = _tenant_of(env)
-            if tenant is not None and self._tenant_active.get(tenant, 0) >= self._tenant_cap:
-                self._tenant_parked.setdefault(tenant, deque()).append(env)
-                continue
-            if self._host_active.get(env.host, 0) >= per_host:
-                self._parked.setdefault(env.host, deque()).append(env)
-                continue
-            self._start(env)
+            if self._slots.admit(env):
+                self._start(env)
+
+    def _revoked(self, env: Envelope) -> bool:
+        """Its partition was revoked (or is being): its new owner delivers it."""
+        return env.cancelled or env.tp in self._state.revoking
 
     def _start(self, env: Envelope) -> None:
-        self._active += 1
-        self._host_active[env.host] = self._host_active.get(env.host, 0) + 1
-        tenant = _tenant_of(env)
-        if tenant is not None:
-            self._tenant_active[tenant] = self._tenant_active.get(tenant, 0) + 1
+        """Attempt ``env``, which holds a slot."""
         env.attempting = True
         task = asyncio.get_running_loop().create_task(self._attempt(env))
         self._tasks.add(task)
@@ -321,55 +290,17 @@ class Writer:
             log.error("delivery task failed; the proxy stops", exc_info=exc)
             self.error = exc
 
-    def _slot_freed(self, host: str, tenant: str | None = None) -> None:
-        self._active -= 1
-        left = self._host_active[host] - 1
-        if left:
-            self._host_active[host] = left
-        else:
-            del self._host_active[host]
-        if tenant is not None:
-            t_left = self._tenant_active.get(tenant, 1) - 1
-            if t_left > 0:
-                self._tenant_active[tenant] = t_left
-            else:
-                self._tenant_active.pop(tenant, None)
-        parked = self._parked.get(host)
-        while parked and self._dispatching:
-            env = parked.popleft()
-            if env.cancelled or env.tp in self._state.revoking:
-                self._abandon(env)
-                continue
-            t = _tenant_of(env)
-            if t is not None and self._tenant_active.get(t, 0) >= self._tenant_cap:
-                self._tenant_parked.setdefault(t, deque()).append(env)
-                continue
-            self._start(env)  # the freed slot goes to the host's longest-waiting message
-            break
-        if parked is not None and not parked:
-            del self._parked[host]
-        if tenant is not None:
-            self._admit_tenant(tenant)
+    def _slot_freed(self, env: Envelope) -> None:
+        self._slots.free(env)
+        if self._dispatching:
+            for waiting in self._slots.next_up(env, skip=self._abandon_if_revoked):
+                self._start(waiting)
 
-    def _admit_tenant(self, tenant: str) -> None:
-        """A writer of ``tenant`` finished: let its longest-waiting message try again."""
-        waiting = self._tenant_parked.get(tenant)
-        while (
-            waiting
-            and self._dispatching
-            and self._tenant_active.get(tenant, 0) < self._tenant_cap
-            and self._active < self._s.concurrency
-        ):
-            env = waiting.popleft()
-            if env.cancelled or env.tp in self._state.revoking:
-                self._abandon(env)
-                continue
-            if self._host_active.get(env.host, 0) >= self._s.per_host_concurrency:
-                self._parked.setdefault(env.host, deque()).append(env)
-                continue
-            self._start(env)
-        if waiting is not None and not waiting:
-            del self._tenant_parked[tenant]
+    def _abandon_if_revoked(self, env: Envelope) -> bool:
+        if self._revoked(env):
+            self._abandon(env)
+            return True
+        return False
 
     def _abandon(self, env: Envelope) -> None:
         """Give the message back without an outcome (revoke or shutdown): no offset moves."""
@@ -383,8 +314,7 @@ class Writer:
         """Park ``env`` or let it wait instead of attempting it now; False: attempt it."""
         parker = self._parker
         assert parker is not None
-        tenant = env.tenant
-        busy = tenant is not None and self._tenant_active.get(tenant, 0) >= self._tenant_cap
+        busy = self._slots.tenant_full(env.tenant)
         before = parker.before_attempt(env, time.monotonic(), tenant_busy=busy)
         if before.step is Step.WAIT:
             self._wait(env, before.wait_s)
@@ -406,7 +336,7 @@ class Writer:
 
     def _unparked(self, env: Envelope, not_before_s: float) -> None:
         """A message whose park was refused waits in memory instead (on the loop)."""
-        if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
+        if not self._dispatching or self._revoked(env):
             self._abandon(env)
             return
         self._wait(env, max(0.0, not_before_s - time.monotonic()))
@@ -414,7 +344,7 @@ class Writer:
     def _retry_due(self, env: Envelope) -> None:
         env.timer = None
         self._backoff.discard(env)
-        if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
+        if not self._dispatching or self._revoked(env):
             self._abandon(env)
             return
         self._retry_ready.append(env)
@@ -423,7 +353,6 @@ class Writer:
     # ---- one attempt -------------------------------------------------------------------
 
     async def _attempt(self, env: Envelope) -> None:
-        host = env.host
         try:
             now = time.monotonic()
             if env.first_attempt_s is None:
@@ -431,19 +360,19 @@ class Writer:
             result = await self._send(env)
         except asyncio.CancelledError:
             env.attempting = False
-            self._slot_freed(host, _tenant_of(env))
+            self._slot_freed(env)
             self._abandon(env)
             raise
         except Exception as exc:  # a bug or an unexpected library error: retry, loudly
             log.exception("unexpected delivery error", extra={"record": repr(env)})
             result = ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
         env.attempting = False
-        self._slot_freed(host, _tenant_of(env))
+        self._slot_freed(env)
         sclass = status_class(result)
         self._metrics.attempt(sclass)
         now = time.monotonic()
         decision, env.attempt_state = decide(
-            self._policy_of(env),
+            self._policies.of(env.trigger.callback.retry if env.trigger else None),
             env.attempt_state,
             result,
             now_s=now,
@@ -452,19 +381,6 @@ class Writer:
         )
         self._carry_out(env, decision, sclass, now)
         self._pump()
-
-    def _policy_of(self, env: Envelope) -> RetryPolicy:
-        """The process-wide policy, with the trigger's callback ``retry`` (its own, or its
-        tenant's default stamped at accept time) applied; built once per distinct one."""
-        retry = env.trigger.callback.retry if env.trigger is not None else None
-        if retry is None:
-            return self._policy
-        policy = self._policies.get(retry)
-        if policy is None:
-            if len(self._policies) > 1024:  # (a handful in practice; never grow unbounded)
-                self._policies.clear()
-            policy = self._policies[retry] = self._policy.for_callback(retry)
-        return policy
 
     async def _send(self, env: Envelope) -> AttemptResult:
         if env.invalid is not None:
@@ -492,7 +408,7 @@ class Writer:
     def _retry(self, env: Envelope, decision: Retry, sclass: str, now: float) -> None:
         """Wait for the next attempt in memory, or park it in the retry topic."""
         self._metrics.retries.labels(sclass).inc()
-        if not self._dispatching or env.cancelled or env.tp in self._state.revoking:
+        if not self._dispatching or self._revoked(env):
             self._abandon(env)
             return
         if self._parker is not None and self._parker.after_failure(env, now, decision.after_s):

@@ -9,6 +9,7 @@ import pytest
 from proxy.retry import (
     AttemptResult,
     AttemptState,
+    CallbackPolicies,
     ConnectFailure,
     DeadLetter,
     Decision,
@@ -25,6 +26,7 @@ from proxy.retry import (
     parse_retry_after,
     status_class,
 )
+from topics.models import DeliveryRetry
 
 NO_JITTER = RetryPolicy(jitter=0.0, base_delay_s=1.0, max_delay_s=30.0)
 
@@ -189,3 +191,14 @@ def test_unacknowledged_kafka_produces_count_toward_poison() -> None:
     assert isinstance(ds[0], Retry)
     assert isinstance(ds[1], DeadLetter) and "poison pill" in ds[1].reason
     assert status_class(kafka(KafkaVerdict.UNACKNOWLEDGED)) == "timeout"
+
+
+def test_a_callbacks_policy_is_built_once_per_distinct_retry_and_the_cache_is_bounded() -> None:
+    policies = CallbackPolicies(NO_JITTER, max_entries=2)
+    assert policies.of(None) is NO_JITTER
+    own = policies.of(DeliveryRetry(retries_6xx=0, max_retry_age_s=5.0))
+    assert (own.retries_6xx, own.max_retry_age_s, own.base_delay_s) == (0, 5.0, 1.0)
+    assert policies.of(DeliveryRetry(retries_6xx=0, max_retry_age_s=5.0)) is own
+    for n in range(10):
+        policies.of(DeliveryRetry(retries_6xx=n))
+        assert len(policies) <= 2
