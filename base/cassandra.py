@@ -19,7 +19,7 @@ def make_cluster(
     protocol_version: int | None = None,
     profile: dict[str, Any] | None = None,
     **overrides: Any,
-) -> Any:
+) -> Cluster:
     """A Cluster for these settings; the caller connects and shuts it down.
 
     ``protocol_version``: None takes ``settings.protocol_version`` (4 by default, settings

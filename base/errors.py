@@ -59,4 +59,3 @@ class CommandRejected(TocsinError):
         super().__init__(f"{code}: {message}")
         self.code = code
         self.message = message
-

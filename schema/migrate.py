@@ -14,7 +14,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from string import Template
-from typing import Any
+
+from cassandra.cluster import Session
 
 from base.cassandra import make_cluster
 from base.clock import now_ms
@@ -79,7 +80,7 @@ def _strip_comments(text: str) -> str:
     return "\n".join(lines).strip()
 
 
-def migrate(settings: CassandraSettings, *, session: Any | None = None) -> list[str]:
+def migrate(settings: CassandraSettings, *, session: Session | None = None) -> list[str]:
     """Create the keyspace and apply pending migrations; return the names applied."""
     keyspace = settings.keyspace
     migrations = load_migrations(keyspace=keyspace)

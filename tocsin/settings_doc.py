@@ -52,10 +52,15 @@ C, W, P, A, S = Process.COMMON, Process.WORKER, Process.PROXY, Process.API, Proc
 
 SETTINGS: tuple[SettingDoc, ...] = (
     # --- every process
-    SettingDoc("KAFKA_BOOTSTRAP_SERVERS", C, "127.0.0.1:9092",
-               "Kafka bootstrap servers (default follows `TOCSIN_KAFKA_PORT`)"),
-    SettingDoc("KAFKA_SECURITY_PROTOCOL", C, "PLAINTEXT",
-               "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"),
+    SettingDoc(
+        "KAFKA_BOOTSTRAP_SERVERS",
+        C,
+        "127.0.0.1:9092",
+        "Kafka bootstrap servers (default follows `TOCSIN_KAFKA_PORT`)",
+    ),
+    SettingDoc(
+        "KAFKA_SECURITY_PROTOCOL", C, "PLAINTEXT", "PLAINTEXT, SSL, SASL_PLAINTEXT or SASL_SSL"
+    ),
     SettingDoc("KAFKA_SASL_MECHANISM", C, UNSET, "SASL mechanism (PLAIN, SCRAM-SHA-512, ...)"),
     SettingDoc("KAFKA_SASL_USERNAME", C, UNSET, "SASL user"),
     SettingDoc("KAFKA_SASL_PASSWORD", C, UNSET, "SASL password"),
@@ -67,41 +72,78 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("CASSANDRA_USERNAME", C, UNSET, "Cassandra user"),
     SettingDoc("CASSANDRA_PASSWORD", C, UNSET, "Cassandra password"),
     SettingDoc("CASSANDRA_SSL_CA_LOCATION", C, UNSET, "CA bundle; setting it enables TLS"),
-    SettingDoc("CASSANDRA_LOCAL_DC", C, UNSET,
-               "local data center for request routing (unset: the driver's choice)"),
-    SettingDoc("CASSANDRA_KEYSPACE", C, "tocsin",
-               "keyspace; one per topic prefix (workers refuse a keyspace bound to another)"),
-    SettingDoc("CASSANDRA_REPLICATION", C, "SimpleStrategy:1",
-               "`SimpleStrategy:N` or `NetworkTopologyStrategy:dc1=3,dc2=3` (new keyspaces)"),
+    SettingDoc(
+        "CASSANDRA_LOCAL_DC",
+        C,
+        UNSET,
+        "local data center for request routing (unset: the driver's choice)",
+    ),
+    SettingDoc(
+        "CASSANDRA_KEYSPACE",
+        C,
+        "tocsin",
+        "keyspace; one per topic prefix (workers refuse a keyspace bound to another)",
+    ),
+    SettingDoc(
+        "CASSANDRA_REPLICATION",
+        C,
+        "SimpleStrategy:1",
+        "`SimpleStrategy:N` or `NetworkTopologyStrategy:dc1=3,dc2=3` (new keyspaces)",
+    ),
     SettingDoc("CASSANDRA_REQUEST_TIMEOUT_S", C, "10", "client-side timeout of one request"),
-    SettingDoc("CASSANDRA_PROTOCOL_VERSION", C, "4",
-               "native protocol version (0 negotiates; v5's checksums cost the driver CPU)"),
+    SettingDoc(
+        "CASSANDRA_PROTOCOL_VERSION",
+        C,
+        "4",
+        "native protocol version (0 negotiates; v5's checksums cost the driver CPU)",
+    ),
     SettingDoc("TOPIC_PREFIX", C, "tocsin.", "prefix of every topic name"),
     SettingDoc("COMMAND_PARTITIONS", C, "8", "partitions of the commands topic"),
     SettingDoc("FIRE_PARTITIONS", C, "8", "partitions of the fires topic"),
     SettingDoc("TOPIC_REPLICATION_FACTOR", C, "1", "replication factor of new topics"),
-    SettingDoc("TOPIC_MIN_INSYNC_REPLICAS", C, "0",
-               "`min.insync.replicas` of new topics: the replicas an acknowledged write is "
-               "on; 0 means 2 when the replication factor is 3 or more, else the broker's"),
-    SettingDoc("TENANT_CACHE_TTL_S", C, "5",
-               "how long workers and the API cache a tenant row or API key"),
-    SettingDoc("LOG_LEVEL", C, "INFO",
-               "log level of the servers; the commands a person runs log from WARNING "
-               "unless this is set"),
+    SettingDoc(
+        "TOPIC_MIN_INSYNC_REPLICAS",
+        C,
+        "0",
+        "`min.insync.replicas` of new topics: the replicas an acknowledged write is "
+        "on; 0 means 2 when the replication factor is 3 or more, else the broker's",
+    ),
+    SettingDoc(
+        "TENANT_CACHE_TTL_S", C, "5", "how long workers and the API cache a tenant row or API key"
+    ),
+    SettingDoc(
+        "LOG_LEVEL",
+        C,
+        "INFO",
+        "log level of the servers; the commands a person runs log from WARNING unless this is set",
+    ),
     SettingDoc("LOG_FORMAT", C, "json", "`json` (one object per line) or `text`"),
-    SettingDoc("EVENT_LOOP", C, "uvloop",
-               "`uvloop` or `asyncio` for the API, proxy and command line (the worker always "
-               "runs asyncio's)"),
-    SettingDoc("PORT_OFFSET", C, "0",
-               "added to every default listening port (stack, worker, proxy, API)"),
-    SettingDoc("ALLOW_PRIVATE_TARGETS", C, "false",
-               "allow callbacks to loopback, private, link-local and reserved addresses; "
-               "false: the worker and API reject such IP-literal callback hosts at create "
-               "(`invalid_url`) and the proxy refuses such addresses at delivery"),
+    SettingDoc(
+        "EVENT_LOOP",
+        C,
+        "uvloop",
+        "`uvloop` or `asyncio` for the API, proxy and command line (the worker always "
+        "runs asyncio's)",
+    ),
+    SettingDoc(
+        "PORT_OFFSET", C, "0", "added to every default listening port (stack, worker, proxy, API)"
+    ),
+    SettingDoc(
+        "ALLOW_PRIVATE_TARGETS",
+        C,
+        "false",
+        "allow callbacks to loopback, private, link-local and reserved addresses; "
+        "false: the worker and API reject such IP-literal callback hosts at create "
+        "(`invalid_url`) and the proxy refuses such addresses at delivery",
+    ),
     # --- the local stack (tocsin infra)
-    SettingDoc("STATE_DIR", S, ".state/ in the checkout",
-               "data, logs, pid files and jar cache of the local stack",
-               default_checkable=False),
+    SettingDoc(
+        "STATE_DIR",
+        S,
+        ".state/ in the checkout",
+        "data, logs, pid files and jar cache of the local stack",
+        default_checkable=False,
+    ),
     SettingDoc("JARS_DIR", S, UNSET, "jar cache (unset: `STATE_DIR/jars`)"),
     SettingDoc("JAVA_HOME", S, UNSET, "Java 17-23 for the servers (unset: found on the machine)"),
     SettingDoc("KAFKA_PORT", S, "9092", "local broker port"),
@@ -112,10 +154,15 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("STACK_START_TIMEOUT_S", S, "240", "how long a server may take to become ready"),
     # --- scheduler worker
     SettingDoc("MAX_PAYLOAD_BYTES", W, "65536", "largest trigger payload accepted"),
-    SettingDoc("DEFAULT_MISFIRE_TOLERANCE_S", W, "3600",
-               "how late a trigger may still fire when its command names no tolerance"),
-    SettingDoc("REQUIRE_SIGNED_COMMANDS", W, "true",
-               "refuse commands of tenants without a signing key"),
+    SettingDoc(
+        "DEFAULT_MISFIRE_TOLERANCE_S",
+        W,
+        "3600",
+        "how late a trigger may still fire when its command names no tolerance",
+    ),
+    SettingDoc(
+        "REQUIRE_SIGNED_COMMANDS", W, "true", "refuse commands of tenants without a signing key"
+    ),
     SettingDoc("BUCKET_SHARDS", W, "1", "shards per (partition, minute) bucket"),
     SettingDoc("PRELOAD_AHEAD_S", W, "10", "how early the ticker reads the next minute's bucket"),
     SettingDoc("FIRED_RETENTION_S", W, "604800", "how long fired rows are kept (7 days)"),
@@ -123,85 +170,176 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc("METRICS_ADDR", W, "0.0.0.0", "address the metrics server binds"),
     SettingDoc("WORKER_WEB_PORT", W, "6066", "the worker's Faust web server"),
     SettingDoc("COMMAND_BATCH_SIZE", W, "500", "most commands the command agent takes at once"),
-    SettingDoc("COMMAND_BATCH_WAIT_MS", W, "20",
-               "how long the command agent gathers commands after a batch"),
-    SettingDoc("CONSUMER_FETCH_MAX_WAIT_MS", W, "100",
-               "how long the broker may hold the worker's fetch for new data"),
-    SettingDoc("INLINE_HANDOVER", W, "true",
-               "hand fetched records to the command stream inline (false: Faust's path)"),
+    SettingDoc(
+        "COMMAND_BATCH_WAIT_MS",
+        W,
+        "20",
+        "how long the command agent gathers commands after a batch",
+    ),
+    SettingDoc(
+        "CONSUMER_FETCH_MAX_WAIT_MS",
+        W,
+        "100",
+        "how long the broker may hold the worker's fetch for new data",
+    ),
+    SettingDoc(
+        "INLINE_HANDOVER",
+        W,
+        "true",
+        "hand fetched records to the command stream inline (false: Faust's path)",
+    ),
     SettingDoc("COMMIT_GROUP_SIZE", W, "16", "most schedule rows written in one batch"),
     SettingDoc("SESSION_TIMEOUT_S", W, "10", "consumer group session timeout"),
     SettingDoc("RECURRING_HORIZON_S", W, "600", "how far ahead recurring runs are written"),
-    SettingDoc("RECURRING_MAX_RUNS_PER_STEP", W, "500",
-               "most runs written per recurring schedule and step"),
-    SettingDoc("RECURRING_CATCHUP_PER_S", W, "200",
-               "how fast missed recurring runs are re-fired per partition after an outage"),
+    SettingDoc(
+        "RECURRING_MAX_RUNS_PER_STEP", W, "500", "most runs written per recurring schedule and step"
+    ),
+    SettingDoc(
+        "RECURRING_CATCHUP_PER_S",
+        W,
+        "200",
+        "how fast missed recurring runs are re-fired per partition after an outage",
+    ),
     SettingDoc("RECURRING_INTERVAL_S", W, "1", "how often the materialiser looks for work"),
-    SettingDoc("CLOCK_SKEW_MS", W, "0",
-               "fault injection only: the worker's clock runs this far ahead; never in production"),
+    SettingDoc(
+        "CLOCK_SKEW_MS",
+        W,
+        "0",
+        "fault injection only: the worker's clock runs this far ahead; never in production",
+    ),
     # --- REST API
     SettingDoc("API_HOST", A, "127.0.0.1", "address the API listens on"),
     SettingDoc("API_PORT", A, "8480", "API port"),
-    SettingDoc("ADMIN_KEY", A, UNSET,
-               "the admin credential (tenant management); unset disables the admin endpoints"),
-    SettingDoc("API_REQUEST_TIMEOUT_S", A, "10",
-               "how long a synchronous request waits for its command result (504 after)"),
+    SettingDoc(
+        "ADMIN_KEY",
+        A,
+        UNSET,
+        "the admin credential (tenant management); unset disables the admin endpoints",
+    ),
+    SettingDoc(
+        "API_REQUEST_TIMEOUT_S",
+        A,
+        "10",
+        "how long a synchronous request waits for its command result (504 after)",
+    ),
     SettingDoc("API_MAX_BODY_BYTES", A, "262144", "largest request body (413 beyond)"),
-    SettingDoc("API_PRODUCE_LINGER_MS", A, "2",
-               "how long the producer gathers concurrent requests' commands into one request"),
-    SettingDoc("GOSCHEDULER_CRON_TIME_ZONE", A, "UTC",
-               "IANA zone in which the go-scheduler facade reads `cronExpression`"),
+    SettingDoc(
+        "API_PRODUCE_LINGER_MS",
+        A,
+        "2",
+        "how long the producer gathers concurrent requests' commands into one request",
+    ),
+    SettingDoc(
+        "GOSCHEDULER_CRON_TIME_ZONE",
+        A,
+        "UTC",
+        "IANA zone in which the go-scheduler facade reads `cronExpression`",
+    ),
     # --- delivery proxy
-    SettingDoc("PROXY_MODE", P, "fires",
-               "`fires` (each trigger names its callback) or `generic` (MPS: topics to one URL)"),
-    SettingDoc("PROXY_SOURCE_TOPIC", P, UNSET,
-               "generic: comma-separated source topics (fires: the catalog's fires topic)"),
+    SettingDoc(
+        "PROXY_MODE",
+        P,
+        "fires",
+        "`fires` (each trigger names its callback) or `generic` (MPS: topics to one URL)",
+    ),
+    SettingDoc(
+        "PROXY_SOURCE_TOPIC",
+        P,
+        UNSET,
+        "generic: comma-separated source topics (fires: the catalog's fires topic)",
+    ),
     SettingDoc("PROXY_ENDPOINT_URL", P, UNSET, "generic: the one endpoint"),
     SettingDoc("PROXY_GROUP_ID", P, "tocsin-proxy", "consumer group"),
     SettingDoc("PROXY_DEAD_LETTER_TOPIC", P, UNSET, "dead letters (unset: the catalog's)"),
-    SettingDoc("PROXY_DELIVERIES_TOPIC", P, UNSET,
-               "fires: delivery outcomes (unset: the catalog's)"),
-    SettingDoc("PROXY_RETRY_TOPIC", P, UNSET,
-               "parked messages: failing ones and a tenant's over its share (unset: the "
-               "catalog's)"),
-    SettingDoc("PROXY_MAX_PENDING_MESSAGES", P, "10000",
-               "messages read and not yet done before reading pauses"),
-    SettingDoc("PROXY_MAX_PENDING_BYTES", P, "67108864",
-               "bytes read and not yet done before reading pauses (64 MiB)"),
-    SettingDoc("PROXY_RESUME_RATIO", P, "0.5",
-               "reading resumes when held count and bytes fall under this fraction"),
+    SettingDoc(
+        "PROXY_DELIVERIES_TOPIC", P, UNSET, "fires: delivery outcomes (unset: the catalog's)"
+    ),
+    SettingDoc(
+        "PROXY_RETRY_TOPIC",
+        P,
+        UNSET,
+        "parked messages: failing ones and a tenant's over its share (unset: the catalog's)",
+    ),
+    SettingDoc(
+        "PROXY_MAX_PENDING_MESSAGES",
+        P,
+        "10000",
+        "messages read and not yet done before reading pauses",
+    ),
+    SettingDoc(
+        "PROXY_MAX_PENDING_BYTES",
+        P,
+        "67108864",
+        "bytes read and not yet done before reading pauses (64 MiB)",
+    ),
+    SettingDoc(
+        "PROXY_RESUME_RATIO",
+        P,
+        "0.5",
+        "reading resumes when held count and bytes fall under this fraction",
+    ),
     SettingDoc("PROXY_CONCURRENCY", P, "100", "requests in flight at once"),
     SettingDoc("PROXY_PER_HOST_CONCURRENCY", P, "100", "requests in flight to one host"),
-    SettingDoc("PROXY_TENANT_SHARE", P, "0.5",
-               "fires: fraction of `CONCURRENCY` one tenant may hold"),
-    SettingDoc("PROXY_REQUEST_TIMEOUT_S", P, "10",
-               "generic: request timeout (fires: each callback's own)"),
+    SettingDoc(
+        "PROXY_TENANT_SHARE", P, "0.5", "fires: fraction of `CONCURRENCY` one tenant may hold"
+    ),
+    SettingDoc(
+        "PROXY_REQUEST_TIMEOUT_S", P, "10", "generic: request timeout (fires: each callback's own)"
+    ),
     SettingDoc("PROXY_CONNECT_TIMEOUT_S", P, "5", "connect timeout"),
-    SettingDoc("PROXY_BODY_SNIPPET_BYTES", P, "512",
-               "how much of a response body is kept for dead letters and logs"),
+    SettingDoc(
+        "PROXY_BODY_SNIPPET_BYTES",
+        P,
+        "512",
+        "how much of a response body is kept for dead letters and logs",
+    ),
     SettingDoc("PROXY_RETRY_BASE_DELAY_S", P, "0.2", "first retry delay (doubles each time)"),
     SettingDoc("PROXY_RETRY_MAX_DELAY_S", P, "60", "longest retry delay"),
-    SettingDoc("PROXY_MAX_RETRY_AGE_S", P, "86400",
-               "how long 4xx/5xx/timeouts are retried before the dead letter (0: no limit)"),
+    SettingDoc(
+        "PROXY_MAX_RETRY_AGE_S",
+        P,
+        "86400",
+        "how long 4xx/5xx/timeouts are retried before the dead letter (0: no limit)",
+    ),
     SettingDoc("PROXY_RETRIES_6XX", P, "3", "retries of a 6xx before the dead letter"),
-    SettingDoc("PROXY_POISON_TIMEOUTS", P, "5",
-               "timeouts after which a message is a poison pill (dead-lettered)"),
-    SettingDoc("PROXY_PARK_AFTER_S", P, "10",
-               "how long a failing message is retried in memory before it is parked in the "
-               "retry topic (its source offset then commits)"),
-    SettingDoc("PROXY_TENANT_PENDING_SHARE", P, "0.25",
-               "fires: fraction of either pending bound one tenant may hold; its further "
-               "messages are parked instead"),
+    SettingDoc(
+        "PROXY_POISON_TIMEOUTS",
+        P,
+        "5",
+        "timeouts after which a message is a poison pill (dead-lettered)",
+    ),
+    SettingDoc(
+        "PROXY_PARK_AFTER_S",
+        P,
+        "10",
+        "how long a failing message is retried in memory before it is parked in the "
+        "retry topic (its source offset then commits)",
+    ),
+    SettingDoc(
+        "PROXY_TENANT_PENDING_SHARE",
+        P,
+        "0.25",
+        "fires: fraction of either pending bound one tenant may hold; its further "
+        "messages are parked instead",
+    ),
     SettingDoc("PROXY_COMMIT_INTERVAL_S", P, "5", "how often offsets are committed"),
     SettingDoc("PROXY_SHUTDOWN_TIMEOUT_S", P, "20", "how long a stop waits for in-flight work"),
-    SettingDoc("PROXY_REVOKE_TIMEOUT_S", P, "5",
-               "how long a revoked partition's in-flight attempts are waited for"),
+    SettingDoc(
+        "PROXY_REVOKE_TIMEOUT_S",
+        P,
+        "5",
+        "how long a revoked partition's in-flight attempts are waited for",
+    ),
     SettingDoc("PROXY_MAX_POLL_INTERVAL_S", P, "300", "consumer max poll interval"),
     SettingDoc("PROXY_SESSION_TIMEOUT_S", P, "10", "consumer group session timeout"),
     SettingDoc("PROXY_METRICS_PORT", P, "9465", "metrics and health port (0: none)"),
-    SettingDoc("PROXY_ALLOW_PRIVATE_TARGETS", P, "false",
-               "fires: allow callbacks to loopback, private and link-local addresses "
-               "(default follows `TOCSIN_ALLOW_PRIVATE_TARGETS`)"),
+    SettingDoc(
+        "PROXY_ALLOW_PRIVATE_TARGETS",
+        P,
+        "false",
+        "fires: allow callbacks to loopback, private and link-local addresses "
+        "(default follows `TOCSIN_ALLOW_PRIVATE_TARGETS`)",
+    ),
 )
 
 

@@ -98,7 +98,7 @@ def sign_headers(
     ]
 
 
-def header_map(headers: Iterable[Any] | Mapping[str, Any] | None) -> dict[str, bytes]:
+def header_map(headers: Iterable[object] | Mapping[str, object] | None) -> dict[str, bytes]:
     """Kafka headers (a list of (name, value) pairs or a mapping) as {lowercase name: bytes};
     the first of repeated names wins. Values that are not bytes/str are dropped."""
     out: dict[str, bytes] = {}
