@@ -26,16 +26,14 @@ from base.errors import CommandRejected, StoreError
 from base.settings import Settings
 from streams.cache import TtlCache
 from streams.commands import TenantCache
-from streams.model import ScheduleState
+from streams.model import ScheduleRow, ScheduleState, trigger_for
 from streams.ports import CqlRow
 from streams.store import Store
 from streams.tenant_admin import TenantExists, issue_key, register_tenant
 from streams.tenants import TenantConfig, check_api_key, split_api_key
-from topics.codec import callback_from_json, encode_trigger, trigger_headers
+from topics.codec import encode_trigger, trigger_headers
 from topics.codes import Code
 from topics.fields import check_text
-from topics.ids import trigger_id
-from topics.models import PayloadType, Trigger
 from topics.signing import sign_headers
 from topics.validation import Limits, decode_command
 
@@ -382,43 +380,34 @@ class Service:
             if effective_state(r) != ScheduleState.SCHEDULED
             and r.get("state") != ScheduleState.CANCELLED
         ]
-        fires = self.bridge.catalog.fires.name
         sem = asyncio.Semaphore(200)
-        done = 0
 
         async def one(row: CqlRow) -> None:
-            nonlocal done
             async with sem:
-                sid = row["schedule_id"]
-                events = await self.store.list_events(tenant, sid)
-                attempt = 1 + sum(1 for e in events if e["event"] in ("fired", "refired"))
-                at = now_ms()
-                trig = Trigger(
-                    trigger_id=trigger_id(tenant, sid, int(row["due_ms"])),
-                    schedule_id=sid,
-                    tenant=tenant,
-                    due_ms=int(row["due_ms"]),
-                    emitted_ms=at,
-                    attempt=attempt,
-                    order_key=row.get("order_key") or sid,
-                    payload=row.get("payload") or b"",
-                    payload_type=PayloadType(row.get("payload_type") or "bytes"),
-                    callback=callback_from_json(row["callback"]),
-                )
-                await self.bridge.send_record(
-                    fires, trig.order_key.encode(), encode_trigger(trig), trigger_headers(trig)
-                )
-                await self.store.record_event(
-                    tenant,
-                    sid,
-                    "refired",
-                    at_ms=at,
-                    trigger_id=trig.trigger_id,
-                    due_ms=trig.due_ms,
-                    detail="re-fired by bulk reconcile"
-                    + (" (was missed)" if row.get("state") == ScheduleState.MISSED else ""),
-                )
-                done += 1
+                await self._refire(ScheduleRow(**row))
 
         await asyncio.gather(*(one(r) for r in rows))
-        return {"matched": len(rows), "refired": done, "truncated": truncated}
+        return {"matched": len(rows), "refired": len(rows), "truncated": truncated}
+
+    async def _refire(self, row: ScheduleRow) -> None:
+        """Emit ``row``'s trigger again with the next attempt number, and record it."""
+        events = await self.store.list_events(row.tenant, row.schedule_id)
+        attempt = 1 + sum(1 for e in events if e["event"] in ("fired", "refired"))
+        at = now_ms()
+        trig = trigger_for(row, emitted_ms=at, attempt=attempt)
+        await self.bridge.send_record(
+            self.bridge.catalog.fires.name,
+            trig.order_key.encode(),
+            encode_trigger(trig),
+            trigger_headers(trig),
+        )
+        was = " (was missed)" if row.state == ScheduleState.MISSED else ""
+        await self.store.record_event(
+            row.tenant,
+            row.schedule_id,
+            "refired",
+            at_ms=at,
+            trigger_id=trig.trigger_id,
+            due_ms=trig.due_ms,
+            detail="re-fired by bulk reconcile" + was,
+        )
