@@ -24,7 +24,11 @@ def _tocsin(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     )
     return subprocess.run(
         [sys.executable, "-m", "tocsin.cli", *args],
-        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

@@ -44,8 +44,12 @@ def test_consumer_group_commits_offsets(topics: Settings) -> None:
     assert producer.flush(30) == 0
 
     group = f"{topics.topics.prefix}group-{uuid.uuid4().hex[:6]}"
-    conf = {**topics.kafka.librdkafka(), "group.id": group, "auto.offset.reset": "earliest",
-            "enable.auto.commit": False}
+    conf = {
+        **topics.kafka.librdkafka(),
+        "group.id": group,
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    }
     consumer = Consumer(conf)
     consumer.subscribe([topic])
     values = _consume(consumer, 20)
@@ -62,8 +66,9 @@ def test_consumer_group_commits_offsets(topics: Settings) -> None:
 
 def test_transactional_produce_and_read_committed(topics: Settings) -> None:
     topic = _new_topic(topics, partitions=1)
-    producer = Producer({**topics.kafka.librdkafka(),
-                         "transactional.id": f"tx-{uuid.uuid4().hex[:6]}"})
+    producer = Producer(
+        {**topics.kafka.librdkafka(), "transactional.id": f"tx-{uuid.uuid4().hex[:6]}"}
+    )
     producer.init_transactions(30)
     producer.begin_transaction()
     producer.produce(topic, value=b"aborted")
@@ -73,8 +78,14 @@ def test_transactional_produce_and_read_committed(topics: Settings) -> None:
     producer.produce(topic, value=b"committed")
     producer.commit_transaction(30)
 
-    consumer = Consumer({**topics.kafka.librdkafka(), "group.id": f"g-{uuid.uuid4().hex[:6]}",
-                         "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    consumer = Consumer(
+        {
+            **topics.kafka.librdkafka(),
+            "group.id": f"g-{uuid.uuid4().hex[:6]}",
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+        }
+    )
     consumer.subscribe([topic])
     assert _consume(consumer, 1, timeout_s=20) == [b"committed"]
     # Nothing else becomes visible: the aborted record is filtered out.
@@ -86,8 +97,13 @@ def test_catalog_create_is_idempotent_and_verifies_partitions(topics: Settings) 
     specs = catalog(topics.topics).all()
     again = ensure_topics(topics.kafka, specs)
     assert set(again.values()) == {"ok"}
-    wrong = TopicSpec(name=specs[0].name, partitions=specs[0].partitions + 1,
-                      replication_factor=1, key="k", value="v")
+    wrong = TopicSpec(
+        name=specs[0].name,
+        partitions=specs[0].partitions + 1,
+        replication_factor=1,
+        key="k",
+        value="v",
+    )
     with pytest.raises(TopicMismatchError, match="partitions"):
         ensure_topics(topics.kafka, [wrong])
 
@@ -126,12 +142,23 @@ def test_setup_makes_an_existing_commands_topic_stamp_broker_time(topics: Settin
     from confluent_kafka.admin import ConfigResource, ResourceType
 
     spec = catalog(topics.topics).commands
-    old = TopicSpec(name=f"{spec.name}-old-{uuid.uuid4().hex[:6]}", partitions=1,
-                    replication_factor=1, key="k", value="v",
-                    config={**spec.config}, enforced=spec.enforced)
+    old = TopicSpec(
+        name=f"{spec.name}-old-{uuid.uuid4().hex[:6]}",
+        partitions=1,
+        replication_factor=1,
+        key="k",
+        value="v",
+        config={**spec.config},
+        enforced=spec.enforced,
+    )
     admin = AdminClient(topics.kafka.librdkafka())
-    created = admin.create_topics([NewTopic(old.name, num_partitions=1, replication_factor=1,
-                                            config={"retention.ms": "1234567"})])
+    created = admin.create_topics(
+        [
+            NewTopic(
+                old.name, num_partitions=1, replication_factor=1, config={"retention.ms": "1234567"}
+            )
+        ]
+    )
     created[old.name].result(30)
 
     def config() -> dict[str, str]:

@@ -31,8 +31,15 @@ def test_tally_counts_lost_duplicates_and_lateness() -> None:
     t.saw("b", 1_990)  # early (negative lateness)
     t.saw("zz", 5_000)  # never acknowledged: ignored
     f = t.figures()
-    assert f == {"acknowledged": 3, "triggers": 2, "lost": 1, "duplicated": 1, "early": 1,
-                 "max_lateness_ms": 50, "min_lateness_ms": -10}
+    assert f == {
+        "acknowledged": 3,
+        "triggers": 2,
+        "lost": 1,
+        "duplicated": 1,
+        "early": 1,
+        "max_lateness_ms": 50,
+        "min_lateness_ms": -10,
+    }
     assert t.missing() == {"c"}
 
 
@@ -46,8 +53,17 @@ def test_early_allowance_forgives_a_stated_skew_only() -> None:
 
 
 def clean(name: str, **more: Any) -> dict[str, Any]:
-    return {"scenario": name, "acknowledged": 10, "triggers": 10, "lost": 0, "duplicated": 0,
-            "early": 0, "codes": {"ok": 10, "unanswered": 0}, "order_violations": 0, **more}
+    return {
+        "scenario": name,
+        "acknowledged": 10,
+        "triggers": 10,
+        "lost": 0,
+        "duplicated": 0,
+        "early": 0,
+        "codes": {"ok": 10, "unanswered": 0},
+        "order_violations": 0,
+        **more,
+    }
 
 
 def test_a_clean_run_passes() -> None:
@@ -91,8 +107,13 @@ def test_a_failed_scenario_or_a_false_check_fails_the_run() -> None:
 
 
 def test_a_scenario_that_acknowledged_nothing_fails_the_run() -> None:
-    refused = clean("cassandra_slow", scheduled=600, acknowledged=0, triggers=0,
-                    codes={"invalid_url": 600, "unanswered": 0})
+    refused = clean(
+        "cassandra_slow",
+        scheduled=600,
+        acknowledged=0,
+        triggers=0,
+        codes={"invalid_url": 600, "unanswered": 0},
+    )
     v = verdict([refused])
     assert v.failed == ("cassandra_slow",) and not v.ok
 

@@ -15,9 +15,13 @@ from tocsin.infra import Stack, resolve_jars
 
 
 def test_jars_dir_and_clock_skew_settings(tmp_path: Path) -> None:
-    s = Settings.from_env({"TOCSIN_STATE_DIR": str(tmp_path / "st"),
-                           "TOCSIN_JARS_DIR": str(tmp_path / "jars"),
-                           "TOCSIN_CLOCK_SKEW_MS": "-2000"})
+    s = Settings.from_env(
+        {
+            "TOCSIN_STATE_DIR": str(tmp_path / "st"),
+            "TOCSIN_JARS_DIR": str(tmp_path / "jars"),
+            "TOCSIN_CLOCK_SKEW_MS": "-2000",
+        }
+    )
     assert s.stack.jars_dir == tmp_path / "jars"
     assert s.scheduler.clock_skew_ms == -2000
     d = Settings.from_env({})

@@ -31,8 +31,15 @@ def test_progress_before_any_fire_says_no_value_not_nan() -> None:
 def test_readme_sample_has_the_summary_shape_and_the_demo_default_count() -> None:
     sample = _readme_summary()
     produced = summary_lines(
-        count=3000, accepted=3000, rejected=0, fired=3000, duplicates=0, lateness=[1, 2, 30],
-        delivered=3000, duplicate_deliveries=0, delivery_lateness=[50, 60, 110],
+        count=3000,
+        accepted=3000,
+        rejected=0,
+        fired=3000,
+        duplicates=0,
+        lateness=[1, 2, 30],
+        delivered=3000,
+        duplicate_deliveries=0,
+        delivery_lateness=[50, 60, 110],
     )
     assert [_shape(x) for x in sample] == [_shape(x) for x in produced]
     # The count the sample shows is the one `make run` schedules.
@@ -54,7 +61,9 @@ def test_the_dev_receiver_prints_each_call_on_any_path(capsys: pytest.CaptureFix
     receiver = Receiver(port, echo=True)
     try:
         request = urllib.request.Request(
-            f"http://127.0.0.1:{port}/my/hook?x=1", data=b'{"hello":"world"}', method="POST",
+            f"http://127.0.0.1:{port}/my/hook?x=1",
+            data=b'{"hello":"world"}',
+            method="POST",
             headers={"Tocsin-Trigger-Id": "t1", "Tocsin-Schedule-Id": "s1", "Tocsin-Tenant": "me"},
         )
         with urllib.request.urlopen(request, timeout=5) as response:

@@ -33,8 +33,12 @@ def run_without_go(tmp_path: Path, **env: str) -> subprocess.CompletedProcess[st
         "HOME": str(tmp_path),
     }
     return subprocess.run(
-        [bash, str(INSTALLER)], env={**base, **env}, capture_output=True, text=True,
-        timeout=60, check=False,
+        [bash, str(INSTALLER)],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
 
 

@@ -37,13 +37,15 @@ def test_up_names_every_taken_port_before_resolving_jars(
     tmp_path: Path, busy: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     controller, storage = busy
-    settings = Settings.from_env({
-        "TOCSIN_STATE_DIR": str(tmp_path),
-        "TOCSIN_KAFKA_PORT": str(_free_port()),
-        "TOCSIN_KAFKA_CONTROLLER_PORT": str(controller),
-        "TOCSIN_CASSANDRA_PORT": str(_free_port()),
-        "TOCSIN_CASSANDRA_STORAGE_PORT": str(storage),
-    })
+    settings = Settings.from_env(
+        {
+            "TOCSIN_STATE_DIR": str(tmp_path),
+            "TOCSIN_KAFKA_PORT": str(_free_port()),
+            "TOCSIN_KAFKA_CONTROLLER_PORT": str(controller),
+            "TOCSIN_CASSANDRA_PORT": str(_free_port()),
+            "TOCSIN_CASSANDRA_STORAGE_PORT": str(storage),
+        }
+    )
     resolved: list[str] = []
     monkeypatch.setattr(infra, "resolve_jars", lambda name, *a, **k: resolved.append(name))
     with pytest.raises(InfraError) as err:

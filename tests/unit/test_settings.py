@@ -12,9 +12,11 @@ def test_defaults_point_at_the_local_stack() -> None:
     assert s.cassandra.contact_points == ("127.0.0.1",)
     conf = s.kafka.librdkafka()
     assert conf.pop("logger").name == "tocsin.librdkafka"
-    assert conf == {"bootstrap.servers": "127.0.0.1:9092",
-                    "security.protocol": "PLAINTEXT",
-                    "socket.nagle.disable": True}
+    assert conf == {
+        "bootstrap.servers": "127.0.0.1:9092",
+        "security.protocol": "PLAINTEXT",
+        "socket.nagle.disable": True,
+    }
 
 
 def test_cassandra_connections_disable_nagle() -> None:
@@ -50,14 +52,17 @@ def test_cassandra_protocol_version_comes_from_the_settings() -> None:
 
 
 def test_existing_clusters_with_sasl_and_tls() -> None:
-    s = Settings.from_env({
-        "TOCSIN_KAFKA_BOOTSTRAP_SERVERS": "b1:9093,b2:9093",
-        "TOCSIN_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
-        "TOCSIN_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
-        "TOCSIN_KAFKA_SASL_USERNAME": "u", "TOCSIN_KAFKA_SASL_PASSWORD": "p",
-        "TOCSIN_CASSANDRA_CONTACT_POINTS": "c1, c2",
-        "TOCSIN_CASSANDRA_REPLICATION": "NetworkTopologyStrategy:dc1=3,dc2=3",
-    })
+    s = Settings.from_env(
+        {
+            "TOCSIN_KAFKA_BOOTSTRAP_SERVERS": "b1:9093,b2:9093",
+            "TOCSIN_KAFKA_SECURITY_PROTOCOL": "SASL_SSL",
+            "TOCSIN_KAFKA_SASL_MECHANISM": "SCRAM-SHA-512",
+            "TOCSIN_KAFKA_SASL_USERNAME": "u",
+            "TOCSIN_KAFKA_SASL_PASSWORD": "p",
+            "TOCSIN_CASSANDRA_CONTACT_POINTS": "c1, c2",
+            "TOCSIN_CASSANDRA_REPLICATION": "NetworkTopologyStrategy:dc1=3,dc2=3",
+        }
+    )
     conf = s.kafka.librdkafka()
     assert conf["sasl.mechanism"] == "SCRAM-SHA-512" and conf["security.protocol"] == "SASL_SSL"
     assert s.cassandra.contact_points == ("c1", "c2")
@@ -66,8 +71,9 @@ def test_existing_clusters_with_sasl_and_tls() -> None:
     )
 
 
-@pytest.mark.parametrize("replication", ["NetworkTopologyStrategy:dc1", "Bogus:1",
-                                         "NetworkTopologyStrategy:"])
+@pytest.mark.parametrize(
+    "replication", ["NetworkTopologyStrategy:dc1", "Bogus:1", "NetworkTopologyStrategy:"]
+)
 def test_bad_replication_is_a_config_error(replication: str) -> None:
     with pytest.raises(ConfigError):
         CassandraSettings(replication=replication).replication_cql()
@@ -82,8 +88,9 @@ def test_command_batch_wait_and_api_linger_are_read_from_the_environment() -> No
     default = Settings.from_env({})
     assert default.scheduler.command_batch_wait_ms == 20
     assert default.api.produce_linger_ms == 2
-    s = Settings.from_env({"TOCSIN_COMMAND_BATCH_WAIT_MS": "5",
-                           "TOCSIN_API_PRODUCE_LINGER_MS": "0"})
+    s = Settings.from_env(
+        {"TOCSIN_COMMAND_BATCH_WAIT_MS": "5", "TOCSIN_API_PRODUCE_LINGER_MS": "0"}
+    )
     assert s.scheduler.command_batch_wait_ms == 5
     assert s.api.produce_linger_ms == 0
 
@@ -126,8 +133,9 @@ def test_boolean_settings_accept_1_true_yes_in_any_case() -> None:
     assert Settings.from_env({}).scheduler.require_signed_commands is True
     assert ProxySettings.from_env({}).allow_private_targets is False
     for raw, want in (("1", True), ("TRUE", True), ("Yes", True), ("0", False), ("no", False)):
-        s = Settings.from_env({"TOCSIN_REQUIRE_SIGNED_COMMANDS": raw,
-                               "TOCSIN_INLINE_HANDOVER": raw})
+        s = Settings.from_env(
+            {"TOCSIN_REQUIRE_SIGNED_COMMANDS": raw, "TOCSIN_INLINE_HANDOVER": raw}
+        )
         assert (s.scheduler.require_signed_commands, s.scheduler.inline_handover) == (want, want)
         proxy = ProxySettings.from_env({"TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": raw})
         assert proxy.allow_private_targets is want
@@ -145,8 +153,12 @@ def test_one_switch_allows_private_targets_for_worker_api_and_proxy() -> None:
     assert proxy_off.allow_private_targets is False
     proxy_on = ProxySettings.from_env({"TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": "true"})
     assert proxy_on.allow_private_targets is True
-    assert Settings.from_env({"TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": "true"}).scheduler \
-        .allow_private_targets is False
+    assert (
+        Settings.from_env(
+            {"TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": "true"}
+        ).scheduler.allow_private_targets
+        is False
+    )
 
 
 def test_one_port_offset_moves_every_listening_port() -> None:

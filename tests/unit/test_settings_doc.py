@@ -18,7 +18,8 @@ def test_every_variable_the_code_reads_is_documented_and_nothing_else() -> None:
 
 
 @pytest.mark.parametrize(
-    "doc", [s for s in sd.SETTINGS if s.default != sd.UNSET and s.default_checkable],
+    "doc",
+    [s for s in sd.SETTINGS if s.default != sd.UNSET and s.default_checkable],
     ids=lambda s: s.name,
 )
 def test_the_documented_default_is_the_one_the_code_applies(doc: sd.SettingDoc) -> None:

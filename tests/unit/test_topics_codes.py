@@ -31,7 +31,6 @@ def test_wire_doc_lists_every_code_with_its_status_and_decider() -> None:
         status, decided_by, meaning = rows[code.value]
         assert (status == "accepted") == (code in ACCEPTED_CODES), code
         assert ("scheduler" in decided_by) == (
-            code in STATEFUL_CODES
-            or code in (Code.OK, Code.DUE_IN_PAST, Code.PAYLOAD_TOO_LARGE)
+            code in STATEFUL_CODES or code in (Code.OK, Code.DUE_IN_PAST, Code.PAYLOAD_TOO_LARGE)
         ), code
         assert meaning.strip(), code

@@ -958,9 +958,7 @@ def test_a_public_literal_or_a_host_name_passes(url: str) -> None:
 @pytest.mark.parametrize("url", INTERNAL_URLS)
 def test_a_deployment_that_allows_private_targets_accepts_them(url: str) -> None:
     allowing = Limits(allow_private_targets=True)
-    assert decode(create(callback=http(url=url)), limits=allowing).callback == HttpCallback(
-        url=url
-    )
+    assert decode(create(callback=http(url=url)), limits=allowing).callback == HttpCallback(url=url)
     assert Limits.from_settings(SchedulerSettings(allow_private_targets=True)) == allowing
 
 
