@@ -1,8 +1,7 @@
 """Request-reply over Kafka for the API: produce a command, wait for its result.
 
-The pattern of the DataStax inventory design (seeds/datastax-scalable-inventory.txt): the
-HTTP layer puts the request on a queue and parks a future; the worker that owns the key
-answers on a response queue; the future is completed by correlation id. Here the request
+The HTTP layer puts the request on a queue and parks a future; the worker that owns the
+key answers on a response queue; the future is completed by correlation id. Here the request
 queue is the commands topic (keyed by schedule id, so the owning worker gets it), the
 response queue is command-results, and the correlation id is the command's ``request_id``
 (``api-<instance>-<n>``).
@@ -110,7 +109,7 @@ class CommandBridge:
                 "enable.auto.commit": False,
                 "auto.offset.reset": "latest",
                 # The broker answers a fetch as soon as one result is there (min bytes 1); the
-                # wait only bounds empty fetches, which at 5 ms were 200 requests/s per idle API.
+                # wait only bounds empty fetches (at 5 ms an idle API would send 200 a second).
                 "fetch.wait.max.ms": 100,
                 "fetch.min.bytes": 1,
             }

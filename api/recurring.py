@@ -104,7 +104,7 @@ def parent_status(row: Mapping[str, Any], *, now_ms: int, last_due_ms: int | Non
     if state == ScheduleState.CANCELLED:
         return ScheduleState.CANCELLED
     if state != ScheduleState.SCHEDULED:
-        return ScheduleState.COMPLETED  # not written by today's materialiser; read as finished
+        return ScheduleState.COMPLETED  # a state the materialiser never writes: finished
     if runs_out(row) and (last_due_ms is None or last_due_ms <= now_ms):
         return ScheduleState.COMPLETED
     return ScheduleState.SCHEDULED
