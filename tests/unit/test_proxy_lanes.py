@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +16,7 @@ from confluent_kafka import KafkaError
 from proxy.envelope import Envelope, prepare_generic
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
-from proxy.outbox import Outbox
+from proxy.outbox import Ack, Headers, Outbox, OutRecord, RecordSink
 from proxy.parker import Lane, Parker, ParkingLot, ParkReason, Step
 from proxy.parking import Origin
 from proxy.retry import ConnectFailure
@@ -40,9 +41,9 @@ class AckingOutbox:
 
     def __init__(self, partition: int = 0) -> None:
         self.partition = partition
-        self.records: list[Any] = []
+        self.records: list[OutRecord] = []
 
-    def send_all(self, records: Any, done: Any) -> None:
+    def send_all(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None:
         for rec in records:
             self.records.append(rec)
             on_written = getattr(rec, "on_written", None)
@@ -64,7 +65,7 @@ def settings(**kw: Any) -> ProxySettings:
 
 
 def writers(
-    outbox: Any, s: ProxySettings | None = None, bounds: Bounds | None = None
+    outbox: Outbox | AckingOutbox, s: ProxySettings | None = None, bounds: Bounds | None = None
 ) -> tuple[Writer, Writer, SharedState, ParkingLot]:
     s = s or settings()
     lot = ParkingLot(topic=RETRIES)
@@ -126,7 +127,9 @@ class Lanes:
         return self.metrics.registry.get_sample_value("tocsin_proxy_park_lines_evicted_total")
 
 
-def parkers(outbox: Any, s: ProxySettings | None = None, bounds: Bounds | None = None) -> Lanes:
+def parkers(
+    outbox: RecordSink, s: ProxySettings | None = None, bounds: Bounds | None = None
+) -> Lanes:
     lot = ParkingLot(topic=RETRIES)
     state = SharedState(bounds or Bounds())
     state.assign([("t", 0)])
@@ -157,6 +160,7 @@ def test_a_park_hands_the_record_to_kafka_and_settles_the_offset_on_its_ack() ->
     assert lanes.main.park(a, ParkReason.RETRYING, later())
     (rec,) = outbox.records
     assert rec.topic == RETRIES and rec.key == a.key and rec.value == a.value
+    assert rec.headers is not None and rec.fallback is not None
     assert [k for k, _ in rec.headers] == ["tocsin-retry"]
     assert rec.fallback.topic == "dlq"  # refused for good: its dead letter instead
     assert lanes.state.to_commit() == {("t", 0): 1} and lanes.handed.wakes == 1
@@ -236,7 +240,9 @@ def test_the_retry_lane_attempts_only_the_head_of_a_line_and_waits_for_not_befor
     assert lanes.retry.should_park(head, now)  # the retry lane keeps no failure in memory
 
 
-def retry_envelope(park_id: str, key: tuple[str, int, bytes], **kw: Any) -> Envelope:
+def retry_envelope(
+    park_id: str, key: tuple[str, int, bytes], not_before_s: float | None = None
+) -> Envelope:
     e = Envelope(
         topic=RETRIES,
         partition=0,
@@ -250,7 +256,7 @@ def retry_envelope(park_id: str, key: tuple[str, int, bytes], **kw: Any) -> Enve
     prepare_generic(e, url="http://127.0.0.1:9/", timeout_s=1.0)
     e.origin = Origin(topic=key[0], partition=key[1], offset=0, timestamp_ms=None)
     e.park_id = park_id
-    e.not_before_s = kw.get("not_before_s")
+    e.not_before_s = not_before_s
     return e
 
 
@@ -301,13 +307,20 @@ class RefusingProducer:
         self.written: list[str] = []
 
     def produce(
-        self, topic: str, *, value: bytes, key: bytes | None, headers: Any, on_delivery: Any
+        self,
+        topic: str,
+        *,
+        value: bytes,
+        key: bytes | None,
+        headers: Headers | None,
+        on_delivery: Ack,
+        partition: int | None = None,
     ) -> None:
         if topic == RETRIES:
-            on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), None)
+            on_delivery(KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED), None)  # type: ignore[arg-type]
         else:
             self.written.append(topic)
-            on_delivery(None, Msg(0))
+            on_delivery(None, Msg(0))  # type: ignore[arg-type]
 
 
 def refusing_outbox() -> tuple[Outbox, RefusingProducer]:
@@ -445,7 +458,7 @@ def test_a_message_failing_longer_than_park_after_is_parked_on_its_retry() -> No
 class ThreadAckingOutbox(AckingOutbox):
     """Acknowledges from another thread, as the real producer's callbacks do."""
 
-    def send_all(self, records: Any, done: Any) -> None:
+    def send_all(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None:
         threading.Timer(0.05, super().send_all, args=(records, done)).start()
 
 

@@ -86,8 +86,8 @@ def make_writer(
         state=state,
         settings=settings,
         metrics=ProxyMetrics(),
-        outbox=outbox or FakeOutbox(),
-        dead_letter_topic="dlq",  # type: ignore[arg-type]
+        outbox=outbox or FakeOutbox(),  # type: ignore[arg-type]
+        dead_letter_topic="dlq",
         deliveries_topic="out",
         http=http,
         kafka=kafka or FakeSender(),
