@@ -15,7 +15,9 @@ they are tested without servers.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import subprocess
 import sys
 import threading
 import time
@@ -23,16 +25,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
+from confluent_kafka.admin import AdminClient
+
 from base.errors import InfraError
-from base.settings import StackSettings
+from base.settings import CassandraSettings, Settings, StackSettings
 from tocsin.infra import (
     INFRA_DIR,
     CassandraServer,
     KafkaServer,
     ServerStatus,
-    _kafka_cluster_id,
-    _port_open,
     find_java,
+    kafka_cluster_id,
+    port_open,
+    ports_taken_message,
     resolve_jars,
 )
 
@@ -175,7 +180,7 @@ class KafkaNode(KafkaServer):
         ]
 
     def taken_ports(self) -> list[tuple[int, str]]:
-        return [(p, v) for p, v in self.ports() if _port_open(p, self.host)]
+        return [(p, v) for p, v in self.ports() if port_open(p, self.host)]
 
     def _prepare(self, jars: Path) -> None:
         self.config.parent.mkdir(parents=True, exist_ok=True)
@@ -185,8 +190,6 @@ class KafkaNode(KafkaServer):
         )
         if (self.data_dir / "meta.properties").exists():
             return
-        import subprocess
-
         proc = subprocess.run(
             [
                 find_java(self.stack),
@@ -206,10 +209,8 @@ class KafkaNode(KafkaServer):
 
     def ready(self) -> bool:
         """This node is registered as a broker (so a controller quorum exists)."""
-        if not _port_open(self.port, self.host):
+        if not port_open(self.port, self.host):
             return False
-        from confluent_kafka.admin import AdminClient
-
         admin = AdminClient(
             {
                 "bootstrap.servers": f"{self.host}:{self.port}",
@@ -229,7 +230,7 @@ def cluster_id(plan: ClusterPlan) -> str:
     path = plan.state_dir / "kafka-cluster.id"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(_kafka_cluster_id() + "\n")
+        path.write_text(kafka_cluster_id() + "\n")
     return path.read_text().strip()
 
 
@@ -256,7 +257,7 @@ class CassandraNode(CassandraServer):
         ]
 
     def taken_ports(self) -> list[tuple[int, str]]:
-        return [(p, v) for p, v in self.ports() if _port_open(p, self.host)]
+        return [(p, v) for p, v in self.ports() if port_open(p, self.host)]
 
     def _prepare(self, jars: Path) -> None:
         super()._prepare(jars)  # folders, logback, the single-node yaml (replaced below)
@@ -270,12 +271,13 @@ class CassandraNode(CassandraServer):
 
     def ready(self) -> bool:
         """This node answers a query itself (not through another node)."""
-        if not _port_open(self.port, self.host):
+        if not port_open(self.port, self.host):
             return False
+        # Imported here: tocsin.cli imports this module for every command, and these load
+        # the Cassandra driver.
         from cassandra.policies import WhiteListRoundRobinPolicy
 
         from base.cassandra import make_cluster
-        from base.settings import CassandraSettings
 
         cluster = make_cluster(
             CassandraSettings(contact_points=(self.host,), port=self.port, request_timeout_s=5),
@@ -315,8 +317,6 @@ class Cluster:
             for port, var in node.taken_ports()
         ]
         if taken:
-            from tocsin.infra import ports_taken_message
-
             raise InfraError(ports_taken_message(taken))
         java = find_java(self.stack)
         for name in ("kafka", "cassandra"):
@@ -421,10 +421,6 @@ def cmd_cluster(action: str, stack: StackSettings, *, nodes: int) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m tocsin.cluster up|down|status`` (what ``make cluster-up`` runs)."""
-    import argparse
-
-    from base.settings import Settings
-
     parser = argparse.ArgumentParser(prog="python -m tocsin.cluster", description=__doc__)
     parser.add_argument("action", choices=["up", "down", "status"])
     parser.add_argument("--nodes", type=int, default=3)

@@ -108,7 +108,7 @@ def _proc_cmdline(pid: int) -> str:
         return ""
 
 
-def _port_open(port: int, host: str = "127.0.0.1") -> bool:
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.settimeout(0.5)
         return sock.connect_ex((host, port)) == 0
@@ -323,7 +323,7 @@ class _Server:
         raise NotImplementedError
 
     def taken_ports(self) -> list[tuple[int, str]]:
-        return [(port, var) for port, var in self.ports() if _port_open(port)]
+        return [(port, var) for port, var in self.ports() if port_open(port)]
 
     @property
     def main_log(self) -> Path:
@@ -468,7 +468,7 @@ class KafkaServer(_Server):
             return
         # KRaft storage is formatted once per data folder with a fresh cluster id.
         java = find_java(self.stack)
-        cluster_id = _kafka_cluster_id()
+        cluster_id = kafka_cluster_id()
         proc = subprocess.run(
             [
                 java,
@@ -509,7 +509,7 @@ class KafkaServer(_Server):
         ]
 
     def ready(self) -> bool:
-        if not _port_open(self.port):
+        if not port_open(self.port):
             return False
         admin = AdminClient(
             {
@@ -524,7 +524,7 @@ class KafkaServer(_Server):
         return 1 in meta.brokers
 
 
-def _kafka_cluster_id() -> str:
+def kafka_cluster_id() -> str:
     # Kafka wants a base64url-encoded 16-byte uuid (what `kafka-storage random-uuid` prints).
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
 
@@ -601,7 +601,7 @@ class CassandraServer(_Server):
         ]
 
     def ready(self) -> bool:
-        if not _port_open(self.port):
+        if not port_open(self.port):
             return False
         # Imported here: tocsin.cli imports this module for every command, and this one loads
         # the Cassandra driver.
