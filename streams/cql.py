@@ -374,7 +374,3 @@ class CqlExecutor:
                 raise translate_error(exc, name) from exc
             paged.start(future)
             return await paged.done
-
-    # Private aliases: streams.materializer and api.recurring_io still call these names.
-    _run = run
-    _run_together = run_together

@@ -158,9 +158,6 @@ class ScheduleStore(EventStore):
         values = unset_none([getattr(row, c) for c in SCHEDULE_COLUMNS])
         return ("put_schedule", [*values, self.schedule_ttl_s(row, now_ms, retention_s)])
 
-    # Private alias: streams.materializer still calls this name.
-    _put_schedule_stmt = put_schedule_stmt
-
     def _put_bucket_stmt(self, row: BucketRow, now_ms: int) -> Stmt:
         values = unset_none([getattr(row, c) for c in _BUCKET_COLUMNS])
         return ("put_bucket", [*values, ttl_s(row.due_ms, now_ms, self.retention_s)])

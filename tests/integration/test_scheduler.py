@@ -32,10 +32,15 @@ def now_ms() -> int:
 
 def create(tenant: str, sid: str, due_ms: int, **kw: Any) -> CreateCommand:
     return CreateCommand(
-        tenant=tenant, schedule_id=sid, request_id=f"r-{sid}", due_ms=due_ms,
-        payload=orjson.dumps({"n": sid}), payload_type=PayloadType.JSON,
+        tenant=tenant,
+        schedule_id=sid,
+        request_id=f"r-{sid}",
+        due_ms=due_ms,
+        payload=orjson.dumps({"n": sid}),
+        payload_type=PayloadType.JSON,
         callback=HttpCallback(url="https://receiver.example/cb"),
-        misfire_tolerance_s=kw.pop("misfire_tolerance_s", 3600), **kw,
+        misfire_tolerance_s=kw.pop("misfire_tolerance_s", 3600),
+        **kw,
     )
 
 
@@ -101,13 +106,15 @@ def test_worker_consumer_uses_the_configured_fetch_wait(worker: Any) -> None:
     assert used == [float(want)], worker.log_tail()
 
 
-def test_worker_uses_the_fast_record_hand_over(worker: Any, real_stack: Settings,
-                                               tenant: str) -> None:
+def test_worker_uses_the_fast_record_hand_over(
+    worker: Any, real_stack: Settings, tenant: str
+) -> None:
     """The worker hands fetched records to its command stream inline (streams.drain)
     rather than through Faust's per-record task race. The hand-over shadows a method of
     Faust's consumer, so this checks that the running worker really takes that path: its
     inline counter grows by at least the commands sent (a removed ``install``, or a Faust
     that no longer calls ``wait_first``, leaves it flat)."""
+
     def inline() -> float:
         return sum(worker_metric(worker, 'tocsin_consumer_handovers_total{path="inline"}'))
 
@@ -124,8 +131,9 @@ def test_worker_uses_the_fast_record_hand_over(worker: Any, real_stack: Settings
     assert "worker edges connected" in log and "uvloop" not in log, worker.log_tail()
 
 
-def test_reschedule_cancel_and_already_fired(worker: Any, real_stack: Settings,
-                                             tenant: str) -> None:
+def test_reschedule_cancel_and_already_fired(
+    worker: Any, real_stack: Settings, tenant: str
+) -> None:
     client, results = CommandClient(real_stack), ResultWatcher(real_stack)
     fires = FireWatcher(real_stack)
     due = now_ms() + 5_000
@@ -157,11 +165,16 @@ def test_reschedule_cancel_and_already_fired(worker: Any, real_stack: Settings,
     assert results.wait_for([fired], 30)[fired].code == "already_fired"
 
 
-def test_bad_commands_get_their_own_codes_and_never_block(worker: Any, real_stack: Settings,
-                                                          tenant: str) -> None:
+def test_bad_commands_get_their_own_codes_and_never_block(
+    worker: Any, real_stack: Settings, tenant: str
+) -> None:
     client, results = CommandClient(real_stack), ResultWatcher(real_stack)
-    base = {"type": "create", "tenant": tenant, "due": now_ms() + 60_000,
-            "callback": {"type": "http", "url": "https://ok.example/cb"}}
+    base = {
+        "type": "create",
+        "tenant": tenant,
+        "due": now_ms() + 60_000,
+        "callback": {"type": "http", "url": "https://ok.example/cb"},
+    }
     cases = {
         "malformed_json": b"{not json",
         "unknown_command_type": orjson.dumps({**base, "type": "explode"}),
@@ -201,9 +214,13 @@ def test_compressed_commands_are_read_whatever_the_producer_codec(
     sids = {}
     for codec in ("gzip", "snappy", "lz4", "zstd"):
         client = CommandClient(real_stack)
-        client.producer = Producer({**real_stack.kafka.librdkafka(),
-                                    "partitioner": "murmur2_random",
-                                    "compression.type": codec})
+        client.producer = Producer(
+            {
+                **real_stack.kafka.librdkafka(),
+                "partitioner": "murmur2_random",
+                "compression.type": codec,
+            }
+        )
         sid = f"{codec}-{uuid.uuid4().hex[:8]}"
         sids[sid] = codec
         client.send(create(tenant, sid, now_ms() + 600_000))
@@ -229,8 +246,9 @@ def test_duplicate_create_is_idempotent_and_conflict_is_rejected(
     assert results.wait_for([sid], 30)[sid].code == "conflict"
 
 
-def test_late_create_within_tolerance_fires_at_once(worker: Any, real_stack: Settings,
-                                                    tenant: str) -> None:
+def test_late_create_within_tolerance_fires_at_once(
+    worker: Any, real_stack: Settings, tenant: str
+) -> None:
     client, results = CommandClient(real_stack), ResultWatcher(real_stack)
     fires = FireWatcher(real_stack)
     sid = f"late-{uuid.uuid4().hex[:8]}"
@@ -334,8 +352,9 @@ def test_worker_refuses_a_keyspace_of_another_deployment(
     """Workers of two prefixes on one keyspace lose each other's triggers (streams.binding),
     so a worker of another prefix exits at once, before joining any consumer group."""
     check_keyspace(own_stack, owner="test")  # what this deployment's first worker does
-    other = replace(own_stack, topics=replace(own_stack.topics,
-                                              prefix=f"{own_stack.topics.prefix}other."))
+    other = replace(
+        own_stack, topics=replace(own_stack.topics, prefix=f"{own_stack.topics.prefix}other.")
+    )
     w = worker_factory.make("intruder", other)
     assert w.proc is not None
     assert w.proc.wait(60) == 1

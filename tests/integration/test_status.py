@@ -35,7 +35,11 @@ def _tocsin(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     )
     return subprocess.run(
         [sys.executable, "-m", "tocsin.cli", *args],
-        env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=120,
+        env=env,
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -72,10 +76,16 @@ def test_status_reports_a_tenants_schedules(
     }
     ids = {key: f"{key}-{uuid.uuid4().hex[:6]}" for key in due}
     for key, at in due.items():
-        client.send(CreateCommand(
-            tenant=name, schedule_id=ids[key], request_id=f"r-{ids[key]}", due_ms=at,
-            callback=HttpCallback(url="https://receiver.example/cb"), misfire_tolerance_s=3600,
-        ))
+        client.send(
+            CreateCommand(
+                tenant=name,
+                schedule_id=ids[key],
+                request_id=f"r-{ids[key]}",
+                due_ms=at,
+                callback=HttpCallback(url="https://receiver.example/cb"),
+                misfire_tolerance_s=3600,
+            )
+        )
     client.flush()
     answers = results.wait_for(list(ids.values()), timeout_s=60)
     assert {sid: str(a.status) for sid, a in answers.items()} == {
@@ -83,8 +93,10 @@ def test_status_reports_a_tenants_schedules(
     }
     client.send(CancelCommand(tenant=name, schedule_id=ids["cancelled"], request_id="r-c"))
     client.flush()
-    assert str(results.wait_for([ids["cancelled"]], timeout_s=60)[ids["cancelled"]].status) \
+    assert (
+        str(results.wait_for([ids["cancelled"]], timeout_s=60)[ids["cancelled"]].status)
         == "accepted"
+    )
     results.close()
 
     fired = ids["soon"]
@@ -97,9 +109,19 @@ def test_status_reports_a_tenants_schedules(
         time.sleep(0.5)
     assert row is not None and row["state"] == "fired", row
     # The outcome the worker records when the proxy reports a delivery.
-    _store_call(real_stack, lambda s: s.record_delivery(
-        name, fired, outcome="delivered", status_code=200, attempts=1, at_ms=now_ms(),
-        trigger_id=row["trigger_id"], due_ms=row["due_ms"]))
+    _store_call(
+        real_stack,
+        lambda s: s.record_delivery(
+            name,
+            fired,
+            outcome="delivered",
+            status_code=200,
+            attempts=1,
+            at_ms=now_ms(),
+            trigger_id=row["trigger_id"],
+            due_ms=row["due_ms"],
+        ),
+    )
 
     out = _tocsin(real_stack, "status", "--json")
     assert out.returncode == 0, out.stderr

@@ -749,14 +749,29 @@ async def test_commit_groups_of_large_rows_stay_under_the_stock_batch_limit(
         partition = 40
         changes = []
         for i in range(16):
-            row = schedule(f"large-{i}", now + 500_000 + i, partition=partition,
-                           payload=b"x" * (32 * 1024))
-            changes.append(ScheduleChange(row=row, new_bucket=BucketRow.for_schedule(row, shards=1),
-                                          old_bucket=None, now_ms=now, event="created"))
+            row = schedule(
+                f"large-{i}", now + 500_000 + i, partition=partition, payload=b"x" * (32 * 1024)
+            )
+            changes.append(
+                ScheduleChange(
+                    row=row,
+                    new_bucket=BucketRow.for_schedule(row, shards=1),
+                    old_bucket=None,
+                    now_ms=now,
+                    event="created",
+                )
+            )
         # A row over the limit on its own is written alone (a single-partition batch).
         huge = schedule("huge-0", now + 500_000, partition=partition, payload=b"y" * 60_000)
-        changes.append(ScheduleChange(row=huge, new_bucket=BucketRow.for_schedule(huge, shards=1),
-                                      old_bucket=None, now_ms=now, event="created"))
+        changes.append(
+            ScheduleChange(
+                row=huge,
+                new_bucket=BucketRow.for_schedule(huge, shards=1),
+                old_bucket=None,
+                now_ms=now,
+                event="created",
+            )
+        )
         await s.apply_schedule_changes(changes)
         for change in changes:
             got = await s.get_schedule("acme", change.row.schedule_id)

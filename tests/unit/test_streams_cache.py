@@ -30,8 +30,7 @@ class Loader:
 
 
 def cache_with(loader: Loader, now: list[float]) -> TtlCache[str, str | None]:
-    return TtlCache(loader, ttl_s=lambda v: 5.0 if v is not None else 1.0,
-                    clock=lambda: now[0])
+    return TtlCache(loader, ttl_s=lambda v: 5.0 if v is not None else 1.0, clock=lambda: now[0])
 
 
 async def test_concurrent_misses_share_one_load() -> None:
