@@ -168,9 +168,7 @@ def stamp_retry(callback: Callback, policy: RetryPolicyConfig) -> Callback:
         return callback
     return replace(
         callback,
-        retry=DeliveryRetry(
-            max_retry_age_s=policy.max_retry_age_s, retries_6xx=policy.retries_6xx
-        ),
+        retry=DeliveryRetry(max_retry_age_s=policy.max_retry_age_s, retries_6xx=policy.retries_6xx),
     )
 
 
@@ -207,9 +205,7 @@ def topic_allowed(topic: str, allowed: tuple[str, ...]) -> bool:
     """Exact names, or a prefix ending in ``*`` (``acme.*``); empty list: every topic."""
     if not allowed:
         return True
-    return any(
-        topic.startswith(e[:-1]) if e.endswith("*") else topic == e for e in allowed
-    )
+    return any(topic.startswith(e[:-1]) if e.endswith("*") else topic == e for e in allowed)
 
 
 # -- quotas ------------------------------------------------------------------------------
