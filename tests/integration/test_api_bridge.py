@@ -59,14 +59,19 @@ class Responder:
         self.forge = forge
         cat = catalog(settings.topics)
         self.commands, self.results = cat.commands.name, cat.command_results.name
-        self.consumer = Consumer({**settings.kafka.librdkafka(),
-                                  "group.id": f"responder-{uuid.uuid4().hex[:6]}",
-                                  "enable.auto.commit": False})
+        self.consumer = Consumer(
+            {
+                **settings.kafka.librdkafka(),
+                "group.id": f"responder-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+            }
+        )
         meta = self.consumer.list_topics(self.commands, timeout=10)
         tps = []
         for p in meta.topics[self.commands].partitions:
             _, high = self.consumer.get_watermark_offsets(
-                TopicPartition(self.commands, p), timeout=10)
+                TopicPartition(self.commands, p), timeout=10
+            )
             tps.append(TopicPartition(self.commands, p, high))
         self.consumer.assign(tps)
         self.producer = Producer({**settings.kafka.librdkafka(), "linger.ms": 1})
@@ -92,8 +97,7 @@ class Responder:
             cmd = orjson.loads(m.value())
             self.seen.append(cmd)
             answers: list[tuple[str, str, str | None, str]] = [
-                (f"api-someone-else-{len(self.seen)}", cmd["tenant"], cmd.get("reply_nonce"),
-                 "ok"),
+                (f"api-someone-else-{len(self.seen)}", cmd["tenant"], cmd.get("reply_nonce"), "ok"),
             ]
             if self.forge:
                 answers += [
@@ -104,10 +108,16 @@ class Responder:
             answers.append((cmd["request_id"], cmd["tenant"], cmd.get("reply_nonce"), "ok"))
             for rid, tenant, nonce, message in answers:
                 doc = {
-                    "schedule_id": cmd["schedule_id"], "tenant": tenant,
-                    "request_id": rid, "command": cmd["type"], "status": "accepted",
-                    "code": "ok", "message": message, "at_ms": 0,
-                    "partition": m.partition(), "offset": m.offset(),
+                    "schedule_id": cmd["schedule_id"],
+                    "tenant": tenant,
+                    "request_id": rid,
+                    "command": cmd["type"],
+                    "status": "accepted",
+                    "code": "ok",
+                    "message": message,
+                    "at_ms": 0,
+                    "partition": m.partition(),
+                    "offset": m.offset(),
                 }
                 if nonce is not None:
                     doc["reply_nonce"] = nonce
@@ -119,8 +129,15 @@ def _command(bridge: CommandBridge, n: int) -> tuple[bytes, bytes, str, Expected
     sid = f"b-{uuid.uuid4().hex[:8]}-{n}"
     rid = bridge.new_request_id()
     expected = Expected(reply_nonce=new_reply_nonce(), tenant="acme", schedule_id=sid)
-    value = orjson.dumps({"type": "create", "tenant": "acme", "schedule_id": sid,
-                          "request_id": rid, "reply_nonce": expected.reply_nonce})
+    value = orjson.dumps(
+        {
+            "type": "create",
+            "tenant": "acme",
+            "schedule_id": sid,
+            "request_id": rid,
+            "reply_nonce": expected.reply_nonce,
+        }
+    )
     return sid.encode(), value, rid, expected
 
 
@@ -130,11 +147,14 @@ async def test_each_request_gets_its_own_result(own_topics: Settings) -> None:
     try:
         with Responder(own_topics) as responder:
             commands = [_command(bridge, n) for n in range(300)]
-            answers = await asyncio.gather(*(
-                bridge.send_command(key, value, [], request_id=rid, expected=expected,
-                                    timeout_s=60)
-                for key, value, rid, expected in commands
-            ))
+            answers = await asyncio.gather(
+                *(
+                    bridge.send_command(
+                        key, value, [], request_id=rid, expected=expected, timeout_s=60
+                    )
+                    for key, value, rid, expected in commands
+                )
+            )
         for (key, _value, rid, _), answer in zip(commands, answers, strict=True):
             assert answer is not None, f"no result for {rid}"
             assert answer["request_id"] == rid and answer["schedule_id"] == key.decode()
@@ -155,11 +175,14 @@ async def test_a_forged_reply_does_not_answer_a_waiting_request(own_topics: Sett
     try:
         with Responder(own_topics, forge=True):
             commands = [_command(bridge, n) for n in range(20)]
-            answers = await asyncio.gather(*(
-                bridge.send_command(key, value, [], request_id=rid, expected=expected,
-                                    timeout_s=60)
-                for key, value, rid, expected in commands
-            ))
+            answers = await asyncio.gather(
+                *(
+                    bridge.send_command(
+                        key, value, [], request_id=rid, expected=expected, timeout_s=60
+                    )
+                    for key, value, rid, expected in commands
+                )
+            )
         for (_key, _value, rid, expected), answer in zip(commands, answers, strict=True):
             assert answer is not None, f"no result for {rid}"
             assert answer["message"] == "ok", answer
@@ -177,14 +200,19 @@ async def test_no_result_in_time_is_none_and_the_command_was_still_produced(
     await bridge.start()
     try:
         key, value, rid, expected = _command(bridge, 0)
-        consumer = Consumer({**own_topics.kafka.librdkafka(),
-                             "group.id": f"check-{uuid.uuid4().hex[:6]}",
-                             "enable.auto.commit": False})
+        consumer = Consumer(
+            {
+                **own_topics.kafka.librdkafka(),
+                "group.id": f"check-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+            }
+        )
         topic = bridge.catalog.commands.name
         part = partition_for(key, bridge.partitions)
         _, high = consumer.get_watermark_offsets(TopicPartition(topic, part), timeout=10)
-        answer = await bridge.send_command(key, value, [], request_id=rid, expected=expected,
-                                           timeout_s=1.0)
+        answer = await bridge.send_command(
+            key, value, [], request_id=rid, expected=expected, timeout_s=1.0
+        )
         assert answer is None
         assert bridge._pending == {}
         consumer.assign([TopicPartition(topic, part, high)])
@@ -200,16 +228,23 @@ async def test_no_result_in_time_is_none_and_the_command_was_still_produced(
 
 
 async def test_service_answers_504_with_the_ids_when_no_result_comes(
-    own_topics: Settings, tenant: str,
+    own_topics: Settings,
+    tenant: str,
 ) -> None:
     service = Service(own_topics)
     await service.start()
     try:
         sid = f"s-{uuid.uuid4().hex[:8]}"
         cmd = create_command(
-            {"due": 4_000_000_000_000, "payload": {"x": 1},
-             "callback": {"type": "http", "url": "https://receiver.example/hook"}},
-            tenant=tenant, schedule_id=sid, request_id=service.bridge.new_request_id())
+            {
+                "due": 4_000_000_000_000,
+                "payload": {"x": 1},
+                "callback": {"type": "http", "url": "https://receiver.example/hook"},
+            },
+            tenant=tenant,
+            schedule_id=sid,
+            request_id=service.bridge.new_request_id(),
+        )
         with pytest.raises(ApiError) as caught:
             await service.send(cmd, wait=True, timeout_s=1.0)
         assert caught.value.status == 504 and caught.value.code == "timeout"
@@ -236,8 +271,11 @@ async def test_a_command_kafka_refuses_fails_with_kafka_error_not_a_timeout(
 
     def set_max_bytes(value: str | None) -> None:
         op = AlterConfigOpType.SET if value is not None else AlterConfigOpType.DELETE
-        resource = ConfigResource("topic", topic, incremental_configs=[
-            ConfigEntry("max.message.bytes", value, incremental_operation=op)])
+        resource = ConfigResource(
+            "topic",
+            topic,
+            incremental_configs=[ConfigEntry("max.message.bytes", value, incremental_operation=op)],
+        )
         for fut in admin.incremental_alter_configs([resource]).values():
             fut.result(30)
 
@@ -245,11 +283,17 @@ async def test_a_command_kafka_refuses_fails_with_kafka_error_not_a_timeout(
     await bridge.start()
     try:
         key, _, rid, expected = _command(bridge, 0)
-        big = orjson.dumps({"type": "create", "tenant": "acme", "schedule_id": key.decode(),
-                            "request_id": rid, "payload": "x" * 10_000})
+        big = orjson.dumps(
+            {
+                "type": "create",
+                "tenant": "acme",
+                "schedule_id": key.decode(),
+                "request_id": rid,
+                "payload": "x" * 10_000,
+            }
+        )
         with pytest.raises(KafkaError):
-            await bridge.send_command(key, big, [], request_id=rid, expected=expected,
-                                      timeout_s=60)
+            await bridge.send_command(key, big, [], request_id=rid, expected=expected, timeout_s=60)
         assert bridge._pending == {}
     finally:
         await bridge.close()

@@ -16,8 +16,12 @@ def test_goscheduler_round_trip(api_server: Any) -> None:
     app_id = f"go-{uuid.uuid4().hex[:8]}"
     assert api_server.call("GET", "/goscheduler/healthcheck")[0] == 200
 
-    st, body = api_server.call("POST", "/goscheduler/apps", key=admin,
-                               body={"appId": app_id, "partitions": 5, "active": True})
+    st, body = api_server.call(
+        "POST",
+        "/goscheduler/apps",
+        key=admin,
+        body={"appId": app_id, "partitions": 5, "active": True},
+    )
     assert st == 201 and body["status"]["statusType"] == "Success", body
     assert body["data"]["appId"] == app_id and body["data"]["active"] is True
     key = body["data"]["apiKey"]
@@ -25,10 +29,19 @@ def test_goscheduler_round_trip(api_server: Any) -> None:
     assert app_id in [a["appId"] for a in body["data"]["apps"]]
 
     when = int(time.time()) + 3600
-    schedule = {"appId": app_id, "payload": "{}", "scheduleTime": when,
-                "callback": {"type": "http", "details": {
-                    "url": "https://receiver.example/hook", "method": "GET",
-                    "headers": {"Content-Type": "application/json"}}}}
+    schedule = {
+        "appId": app_id,
+        "payload": "{}",
+        "scheduleTime": when,
+        "callback": {
+            "type": "http",
+            "details": {
+                "url": "https://receiver.example/hook",
+                "method": "GET",
+                "headers": {"Content-Type": "application/json"},
+            },
+        },
+    }
     st, body = api_server.call("POST", "/goscheduler/schedules", key=key, body=schedule)
     assert st == 201, body
     created = body["data"]["schedule"]
@@ -41,8 +54,11 @@ def test_goscheduler_round_trip(api_server: Any) -> None:
     st, body = api_server.call("GET", f"/goscheduler/schedules/{sid}/runs", key=key)
     assert st == 404 and body["status"]["statusType"] == "Fail"
     st, body = api_server.call(
-        "GET", f"/goscheduler/apps/{app_id}/schedules?start_time={when - 60}"
-        f"&end_time={when + 60}&status=SCHEDULED", key=key)
+        "GET",
+        f"/goscheduler/apps/{app_id}/schedules?start_time={when - 60}"
+        f"&end_time={when + 60}&status=SCHEDULED",
+        key=key,
+    )
     assert st == 200 and sid in [s["scheduleId"] for s in body["data"]["schedules"]]
 
     st, body = api_server.call("DELETE", f"/goscheduler/schedules/{sid}", key=key)
@@ -50,8 +66,12 @@ def test_goscheduler_round_trip(api_server: Any) -> None:
     assert api_server.call("DELETE", "/goscheduler/schedules/nope", key=key)[0] == 404
 
     # Another app's key, or a body naming another app, cannot reach this app's schedules.
-    st, other = api_server.call("POST", "/goscheduler/apps", key=admin,
-                                body={"appId": app_id + "x", "partitions": 1, "active": True})
+    st, other = api_server.call(
+        "POST",
+        "/goscheduler/apps",
+        key=admin,
+        body={"appId": app_id + "x", "partitions": 1, "active": True},
+    )
     okey = other["data"]["apiKey"]
     assert api_server.call("GET", f"/goscheduler/schedules/{sid}", key=okey)[0] == 404
     st, body = api_server.call("POST", "/goscheduler/schedules", key=okey, body=schedule)
@@ -65,8 +85,9 @@ def test_goscheduler_round_trip(api_server: Any) -> None:
     deadline = time.monotonic() + 60
     status = ""
     while status != "SUCCESS" and time.monotonic() < deadline:
-        status = api_server.call("GET", f"/goscheduler/schedules/{fired_id}",
-                                 key=key)[1]["data"]["schedule"]["status"]
+        status = api_server.call("GET", f"/goscheduler/schedules/{fired_id}", key=key)[1]["data"][
+            "schedule"
+        ]["status"]
         time.sleep(0.3)
     assert status == "SUCCESS"
     st, body = api_server.call("GET", f"/goscheduler/schedules/{fired_id}/runs", key=key)

@@ -24,18 +24,24 @@ HOOK = {"type": "http", "url": "https://receiver.example/hook"}
 
 @pytest.fixture(scope="module")
 def acct(api_server: Any) -> dict[str, Any]:
-    status, body = api_server.call("POST", "/v1/tenants", key=api_server.admin_key,
-                                   body={"tenant": uid("rec")})
+    status, body = api_server.call(
+        "POST", "/v1/tenants", key=api_server.admin_key, body={"tenant": uid("rec")}
+    )
     assert status == 201, body
     return body  # type: ignore[no-any-return]
 
 
-def test_cron_schedule_create_get_runs_list_update_cancel(api_server: Any,
-                                                         acct: dict[str, Any]) -> None:
+def test_cron_schedule_create_get_runs_list_update_cancel(
+    api_server: Any, acct: dict[str, Any]
+) -> None:
     key, sid = acct["api_key"], uid("cron")
     # Every two seconds (six fields, seconds first), in a zone with DST.
-    body = {"schedule_id": sid, "payload": {"n": 1}, "callback": HOOK,
-            "recurrence": {"cron": "*/2 * * * * *", "time_zone": "Europe/London"}}
+    body = {
+        "schedule_id": sid,
+        "payload": {"n": 1},
+        "callback": HOOK,
+        "recurrence": {"cron": "*/2 * * * * *", "time_zone": "Europe/London"},
+    }
     st, res = api_server.call("POST", "/v1/schedules", key=key, body=body)
     assert st == 201 and res["code"] == "ok", res
     st, res = api_server.call("POST", "/v1/schedules", key=key, body=body)
@@ -58,8 +64,7 @@ def test_cron_schedule_create_get_runs_list_update_cancel(api_server: Any,
         assert s == 200, got
         return [r for r in got["past"] if r["status"] == "fired"]
 
-    fired = until(lambda: fired_runs() if len(fired_runs()) >= 2 else None, 90,
-                  "two runs to fire")
+    fired = until(lambda: fired_runs() if len(fired_runs()) >= 2 else None, 90, "two runs to fire")
     run = fired[0]
     assert run["run_id"] == f"{sid}@{run['nominal_ms']}" and run["fired_ms"] >= run["due_ms"]
     st, one = api_server.call("GET", f"/v1/schedules/{run['run_id']}", key=key)
@@ -68,14 +73,19 @@ def test_cron_schedule_create_get_runs_list_update_cancel(api_server: Any,
     assert one["due_ms"] == run["due_ms"]
     # Paging back through the history with `before`.
     st, older = api_server.call(
-        "GET", f"/v1/schedules/{sid}/runs?past=1&next=0&before={run['nominal_ms']}", key=key)
+        "GET", f"/v1/schedules/{sid}/runs?past=1&next=0&before={run['nominal_ms']}", key=key
+    )
     assert st == 200 and older["next"] == []
     assert all(r["nominal_ms"] < run["nominal_ms"] for r in older["past"])
 
     # The listing: a one-shot in the window and the cron, merged in due order over pages.
     other = uid("one")
-    st, _ = api_server.call("POST", "/v1/schedules", key=key, body={
-        "schedule_id": other, "due": now_ms() + 1_800_000, "callback": HOOK})
+    st, _ = api_server.call(
+        "POST",
+        "/v1/schedules",
+        key=key,
+        body={"schedule_id": other, "due": now_ms() + 1_800_000, "callback": HOOK},
+    )
     assert st == 201
     lo, hi = now_ms(), now_ms() + 3_600_000
     seen: list[dict[str, Any]] = []
@@ -93,19 +103,23 @@ def test_cron_schedule_create_get_runs_list_update_cancel(api_server: Any,
     cron_entry = seen[ids.index(sid)]
     assert cron_entry["recurring"] is True and cron_entry["status"] == "scheduled"
     assert lo <= cron_entry["due_ms"] < hi and cron_entry["next_run_ms"] >= cron_entry["due_ms"]
-    st, page = api_server.call("GET", f"/v1/schedules?from={lo}&to={hi}&status=completed",
-                               key=key)
+    st, page = api_server.call("GET", f"/v1/schedules?from={lo}&to={hi}&status=completed", key=key)
     assert st == 200 and sid not in [s["schedule_id"] for s in page["schedules"]]
 
     # Update: a new rule for the runs to come.
-    st, res = api_server.call("PATCH", f"/v1/schedules/{sid}", key=key,
-                              body={"recurrence": {"every_s": 3600}, "payload": {"n": 2}})
+    st, res = api_server.call(
+        "PATCH",
+        f"/v1/schedules/{sid}",
+        key=key,
+        body={"recurrence": {"every_s": 3600}, "payload": {"n": 2}},
+    )
     assert st == 200 and res["code"] == "ok", res
     st, view = api_server.call("GET", f"/v1/schedules/{sid}", key=key)
     assert view["recurrence"]["every_s"] == 3600 and view["payload"] == {"n": 2}
     assert view["next_run_ms"] > now_ms() + 3_000_000
-    st, res = api_server.call("POST", f"/v1/schedules/{sid}/reschedule", key=key,
-                              body={"due": now_ms() + 60_000})
+    st, res = api_server.call(
+        "POST", f"/v1/schedules/{sid}/reschedule", key=key, body={"due": now_ms() + 60_000}
+    )
     assert st == 400 and res["code"] == "invalid_field"
 
     st, res = api_server.call("DELETE", f"/v1/schedules/{sid}", key=key)
@@ -114,7 +128,8 @@ def test_cron_schedule_create_get_runs_list_update_cancel(api_server: Any,
     assert view["status"] == "cancelled" and view["next_run_ms"] is None
     assert view["runs"]["next"] == []
     st, page = api_server.call(
-        "GET", f"/v1/schedules?from={lo - 60_000}&to={hi}&status=cancelled", key=key)
+        "GET", f"/v1/schedules?from={lo - 60_000}&to={hi}&status=cancelled", key=key
+    )
     assert sid in [s["schedule_id"] for s in page["schedules"]]
 
     st, res = api_server.call("GET", f"/v1/schedules/{other}/runs", key=key)
@@ -126,9 +141,12 @@ def test_cron_schedule_create_get_runs_list_update_cancel(api_server: Any,
 
 def test_a_finished_schedule_is_completed(api_server: Any, acct: dict[str, Any]) -> None:
     key, sid = acct["api_key"], uid("two")
-    st, res = api_server.call("POST", "/v1/schedules", key=key, body={
-        "schedule_id": sid, "callback": HOOK,
-        "recurrence": {"every_s": 1, "max_runs": 2}})
+    st, res = api_server.call(
+        "POST",
+        "/v1/schedules",
+        key=key,
+        body={"schedule_id": sid, "callback": HOOK, "recurrence": {"every_s": 1, "max_runs": 2}},
+    )
     assert st == 201 and res["code"] == "ok", res
 
     def status() -> str:
@@ -140,20 +158,25 @@ def test_a_finished_schedule_is_completed(api_server: Any, acct: dict[str, Any])
     st, got = api_server.call("GET", f"/v1/schedules/{sid}/runs", key=key)
     assert st == 200 and got["next"] == [] and len(got["past"]) == 2
     st, page = api_server.call(
-        "GET", f"/v1/schedules?from={now_ms() - 600_000}&to={now_ms()}&status=completed",
-        key=key)
+        "GET", f"/v1/schedules?from={now_ms() - 600_000}&to={now_ms()}&status=completed", key=key
+    )
     assert sid in [s["schedule_id"] for s in page["schedules"]]
 
 
 def test_recurring_schedules_and_the_tenant_horizon(api_server: Any) -> None:
-    st, t = api_server.call("POST", "/v1/tenants", key=api_server.admin_key, body={
-        "tenant": uid("hz"), "config": {"max_horizon_s": 3600}})
+    st, t = api_server.call(
+        "POST",
+        "/v1/tenants",
+        key=api_server.admin_key,
+        body={"tenant": uid("hz"), "config": {"max_horizon_s": 3600}},
+    )
     assert st == 201, t
     key = t["api_key"]
 
     def post(rec: dict[str, Any]) -> tuple[int, Any]:
         return api_server.call(  # type: ignore[no-any-return]
-            "POST", "/v1/schedules", key=key, body={"callback": HOOK, "recurrence": rec})
+            "POST", "/v1/schedules", key=key, body={"callback": HOOK, "recurrence": rec}
+        )
 
     st, r = post({"cron": "*/10 * * * *"})
     assert st == 201, r
@@ -172,13 +195,23 @@ def test_recurring_schedules_and_the_tenant_horizon(api_server: Any) -> None:
 def test_goscheduler_cron_round_trip(api_server: Any) -> None:
     admin = api_server.admin_key
     app_id = f"gocron-{uuid.uuid4().hex[:8]}"
-    st, body = api_server.call("POST", "/goscheduler/apps", key=admin,
-                               body={"appId": app_id, "partitions": 2, "active": True})
+    st, body = api_server.call(
+        "POST",
+        "/goscheduler/apps",
+        key=admin,
+        body={"appId": app_id, "partitions": 2, "active": True},
+    )
     assert st == 201, body
     key = body["data"]["apiKey"]
-    cron = {"appId": app_id, "payload": '{"kind": "cron"}', "cronExpression": "* * * * *",
-            "callback": {"type": "http", "details": {
-                "url": "https://receiver.example/cron", "method": "POST", "headers": {}}}}
+    cron = {
+        "appId": app_id,
+        "payload": '{"kind": "cron"}',
+        "cronExpression": "* * * * *",
+        "callback": {
+            "type": "http",
+            "details": {"url": "https://receiver.example/cron", "method": "POST", "headers": {}},
+        },
+    }
     st, body = api_server.call("POST", "/goscheduler/schedules", key=key, body=cron)
     assert st == 201 and body["status"]["statusType"] == "Success", body
     created = body["data"]["schedule"]
@@ -189,49 +222,65 @@ def test_goscheduler_cron_round_trip(api_server: Any) -> None:
     st, body = api_server.call("GET", f"/goscheduler/schedules/{sid}", key=key)
     assert st == 200 and body["data"]["schedule"]["cronExpression"] == "* * * * *"
     # Future runs page by page, each a one-time schedule at a minute boundary.
-    st, body = api_server.call("GET", f"/goscheduler/schedules/{sid}/runs?when=future&size=3",
-                               key=key)
+    st, body = api_server.call(
+        "GET", f"/goscheduler/schedules/{sid}/runs?when=future&size=3", key=key
+    )
     assert st == 200, body
     first = body["data"]["schedules"]
     assert len(first) == 3 and all(r["scheduleTime"] % 60 == 0 for r in first)
     assert [r["status"] for r in first] == ["SCHEDULED"] * 3
     token = body["data"]["continuationToken"]
     st, body = api_server.call(
-        "GET", f"/goscheduler/schedules/{sid}/runs?when=future&size=3&continuation_token={token}",
-        key=key)
+        "GET",
+        f"/goscheduler/schedules/{sid}/runs?when=future&size=3&continuation_token={token}",
+        key=key,
+    )
     second = body["data"]["schedules"]
     assert [r["scheduleTime"] for r in second] == [
-        first[-1]["scheduleTime"] + 60 * i for i in (1, 2, 3)]
+        first[-1]["scheduleTime"] + 60 * i for i in (1, 2, 3)
+    ]
     st, body = api_server.call("GET", f"/goscheduler/crons/schedules?app_id={app_id}", key=key)
     assert st == 200 and sid in [c["scheduleId"] for c in body["data"]], body
     now_s = int(time.time())
     st, body = api_server.call(
-        "GET", f"/goscheduler/apps/{app_id}/schedules?start_time={now_s}&end_time={now_s + 300}",
-        key=key)
+        "GET",
+        f"/goscheduler/apps/{app_id}/schedules?start_time={now_s}&end_time={now_s + 300}",
+        key=key,
+    )
     assert st == 200 and sid in [s["scheduleId"] for s in body["data"]["schedules"]], body
 
     # go-scheduler's AND of the day fields: the first Monday of the month at 09:00.
-    st, body = api_server.call("POST", "/goscheduler/schedules", key=key,
-                               body={**cron, "cronExpression": "0 9 1-7 * 1"})
+    st, body = api_server.call(
+        "POST", "/goscheduler/schedules", key=key, body={**cron, "cronExpression": "0 9 1-7 * 1"}
+    )
     assert st == 201, body
     monday = body["data"]["schedule"]["scheduleId"]
     st, native = api_server.call("GET", f"/v1/schedules/{monday}", key=key)
     assert st == 200 and native["recurrence"] == {
-        "cron": "0 0 9 1-7 * 1", "day_match": "all", "time_zone": "UTC", "ambiguous": "twice",
-        "nonexistent": "skip", "jitter_s": 0, "misfire": "fire_latest"}, native
-    st, body = api_server.call("GET", f"/goscheduler/schedules/{monday}/runs?when=future&size=4",
-                               key=key)
+        "cron": "0 0 9 1-7 * 1",
+        "day_match": "all",
+        "time_zone": "UTC",
+        "ambiguous": "twice",
+        "nonexistent": "skip",
+        "jitter_s": 0,
+        "misfire": "fire_latest",
+    }, native
+    st, body = api_server.call(
+        "GET", f"/goscheduler/schedules/{monday}/runs?when=future&size=4", key=key
+    )
     for run in body["data"]["schedules"]:
         moment = datetime.fromtimestamp(run["scheduleTime"], UTC)
         assert moment.weekday() == 0 and moment.day <= 7 and moment.hour == 9, moment
     st, body = api_server.call("DELETE", f"/goscheduler/schedules/{monday}", key=key)
     assert st == 200 and body["data"]["schedule"]["status"] == "DELETED"
 
-    st, body = api_server.call("POST", "/goscheduler/schedules", key=key,
-                               body={**cron, "cronExpression": "0 0 * */2 *"})
+    st, body = api_server.call(
+        "POST", "/goscheduler/schedules", key=key, body={**cron, "cronExpression": "0 0 * */2 *"}
+    )
     assert st == 400 and body["status"]["errorCode"] == "invalid_cron", body
-    st, body = api_server.call("POST", "/goscheduler/schedules", key=key,
-                               body={**cron, "scheduleTime": now_s + 600})
+    st, body = api_server.call(
+        "POST", "/goscheduler/schedules", key=key, body={**cron, "scheduleTime": now_s + 600}
+    )
     assert st == 400 and body["status"]["statusType"] == "Fail"
 
     # The every-minute cron fires through the worker: a past run, reported SUCCESS.
@@ -240,18 +289,19 @@ def test_goscheduler_cron_round_trip(api_server: Any) -> None:
         return b["data"]["schedules"] if s == 200 else []
 
     # A past run reads SCHEDULED until its fire is recorded (moments after it is emitted).
-    runs = until(lambda: [r for r in past() if r["status"] == "SUCCESS"], 150,
-                 "the cron's first fired run")
+    runs = until(
+        lambda: [r for r in past() if r["status"] == "SUCCESS"], 150, "the cron's first fired run"
+    )
     assert runs[0]["scheduleId"].startswith(sid + "@")
-    st, body = api_server.call("GET", f"/goscheduler/schedules/{runs[0]['scheduleId']}",
-                               key=key)
+    st, body = api_server.call("GET", f"/goscheduler/schedules/{runs[0]['scheduleId']}", key=key)
     assert st == 200 and body["data"]["schedule"]["status"] == "SUCCESS", body
     assert body["data"]["schedule"]["scheduleTime"] == runs[0]["scheduleTime"]
     assert body["data"]["schedule"]["payload"] == '{"kind": "cron"}'
     st, body = api_server.call("DELETE", f"/goscheduler/schedules/{sid}", key=key)
     assert st == 200 and body["data"]["schedule"]["status"] == "DELETED"
     st, body = api_server.call(
-        "GET", f"/goscheduler/crons/schedules?app_id={app_id}&status=SCHEDULED", key=key)
+        "GET", f"/goscheduler/crons/schedules?app_id={app_id}&status=SCHEDULED", key=key
+    )
     assert st == 404, body
 
 
@@ -259,10 +309,31 @@ def test_cli_recurring_flags(api_server: Any) -> None:
     tocsin = cli_runner(api_server)
     name = uid("clirec")
     assert tocsin("tenant", "register", name).returncode == 0
-    out = tocsin("schedule", "create", name, "c1", "--cron", "*/5 * * * * *",
-                 "--tz", "Europe/London", "--max-runs", "1000", "--jitter-s", "2",
-                 "--misfire", "skip", "--dst-gap", "shift_forward", "--dst-overlap", "twice",
-                 "--url", "https://h.example/x", "--payload", '{"a": 1}', "--json")
+    out = tocsin(
+        "schedule",
+        "create",
+        name,
+        "c1",
+        "--cron",
+        "*/5 * * * * *",
+        "--tz",
+        "Europe/London",
+        "--max-runs",
+        "1000",
+        "--jitter-s",
+        "2",
+        "--misfire",
+        "skip",
+        "--dst-gap",
+        "shift_forward",
+        "--dst-overlap",
+        "twice",
+        "--url",
+        "https://h.example/x",
+        "--payload",
+        '{"a": 1}',
+        "--json",
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert json.loads(out.stdout)[0]["code"] == "ok"
     out = tocsin("schedule", "get", name, "c1", "--json")
@@ -270,17 +341,32 @@ def test_cli_recurring_flags(api_server: Any) -> None:
     view = json.loads(out.stdout)
     assert view["recurring"] is True and view["status"] == "scheduled"
     assert view["recurrence"] == {
-        "cron": "*/5 * * * * *", "time_zone": "Europe/London", "max_runs": 1000,
-        "jitter_s": 2, "misfire": "skip", "nonexistent": "shift_forward",
-        "ambiguous": "twice"}
+        "cron": "*/5 * * * * *",
+        "time_zone": "Europe/London",
+        "max_runs": 1000,
+        "jitter_s": 2,
+        "misfire": "skip",
+        "nonexistent": "shift_forward",
+        "ambiguous": "twice",
+    }
     assert view["misfire_tolerance_s"] == 60
     out = tocsin("schedule", "runs", name, "c1", "--next", "3", "--past", "0", "--json")
     assert out.returncode == 0 and len(json.loads(out.stdout)["next"]) == 3, out.stderr
     out = tocsin("schedule", "get", name, "c1")  # readable
     assert out.returncode == 0 and "recurrence" in out.stdout and "next" in out.stdout
 
-    out = tocsin("schedule", "create", name, "c2", "--every-s", "3600", "--start",
-                 str(now_ms() + 600_000), "--topic", "acme.ticks")
+    out = tocsin(
+        "schedule",
+        "create",
+        name,
+        "c2",
+        "--every-s",
+        "3600",
+        "--start",
+        str(now_ms() + 600_000),
+        "--topic",
+        "acme.ticks",
+    )
     assert out.returncode == 0 and "accepted" in out.stdout, out.stdout + out.stderr
     assert "tocsin schedule runs" in out.stdout
     lo, hi = now_ms(), now_ms() + 3_600_000
@@ -291,20 +377,65 @@ def test_cli_recurring_flags(api_server: Any) -> None:
     assert listed["c2"]["due_ms"] == listed["c2"]["next_run_ms"]
 
     # Rejected by the contract's decoder (exit 4, the code printed), usage errors (exit 2).
-    out = tocsin("schedule", "create", name, "c3", "--cron", "0 0 31 2 *", "--url",
-                 "https://h.example/x")
+    out = tocsin(
+        "schedule", "create", name, "c3", "--cron", "0 0 31 2 *", "--url", "https://h.example/x"
+    )
     assert out.returncode == 4 and "invalid_field" in out.stdout, out.stdout + out.stderr
-    out = tocsin("schedule", "create", name, "c3", "--cron", "* * * * *", "--tz", "Nowhere/X",
-                 "--url", "https://h.example/x", "--json")
+    out = tocsin(
+        "schedule",
+        "create",
+        name,
+        "c3",
+        "--cron",
+        "* * * * *",
+        "--tz",
+        "Nowhere/X",
+        "--url",
+        "https://h.example/x",
+        "--json",
+    )
     assert out.returncode == 4 and json.loads(out.stdout)[0]["code"] == "invalid_field"
-    out = tocsin("schedule", "create", name, "c3", "--cron", "* * * * *", "--due",
-                 str(now_ms() + 60_000), "--url", "https://h.example/x")
+    out = tocsin(
+        "schedule",
+        "create",
+        name,
+        "c3",
+        "--cron",
+        "* * * * *",
+        "--due",
+        str(now_ms() + 60_000),
+        "--url",
+        "https://h.example/x",
+    )
     assert out.returncode == 2 and "exactly one of --due" in out.stderr
-    out = tocsin("schedule", "create", name, "c3", "--due", str(now_ms() + 60_000),
-                 "--max-runs", "3", "--url", "https://h.example/x")
+    out = tocsin(
+        "schedule",
+        "create",
+        name,
+        "c3",
+        "--due",
+        str(now_ms() + 60_000),
+        "--max-runs",
+        "3",
+        "--url",
+        "https://h.example/x",
+    )
     assert out.returncode == 2 and "--max-runs" in out.stderr
-    assert tocsin("schedule", "create", name, "c3", "--cron", "* * * * *", "--misfire",
-                  "later", "--url", "https://h.example/x").returncode == 2  # argparse choices
+    assert (
+        tocsin(
+            "schedule",
+            "create",
+            name,
+            "c3",
+            "--cron",
+            "* * * * *",
+            "--misfire",
+            "later",
+            "--url",
+            "https://h.example/x",
+        ).returncode
+        == 2
+    )  # argparse choices
     assert tocsin("schedule", "cancel", name, "c1").returncode == 0
     out = tocsin("schedule", "get", name, "c1", "--json")
     assert json.loads(out.stdout)["status"] == "cancelled"

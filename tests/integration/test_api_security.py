@@ -46,17 +46,25 @@ def uid(prefix: str = "s") -> str:
 def two(api_server: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     out = []
     for name in ("alice", "mallory"):
-        st, body = api_server.call("POST", "/v1/tenants", key=api_server.admin_key,
-                                   body={"tenant": uid(name)})
+        st, body = api_server.call(
+            "POST", "/v1/tenants", key=api_server.admin_key, body={"tenant": uid(name)}
+        )
         assert st == 201
         out.append(body)
     return out[0], out[1]
 
 
 def _create(api_server: Any, acct: dict[str, Any], sid: str) -> None:
-    st, res = api_server.call("POST", "/v1/schedules", key=acct["api_key"], body={
-        "schedule_id": sid, "due": now_ms() + 3_600_000,
-        "callback": {"type": "http", "url": "https://h.example/x"}})
+    st, res = api_server.call(
+        "POST",
+        "/v1/schedules",
+        key=acct["api_key"],
+        body={
+            "schedule_id": sid,
+            "due": now_ms() + 3_600_000,
+            "callback": {"type": "http", "url": "https://h.example/x"},
+        },
+    )
     assert st == 201, res
 
 
@@ -69,14 +77,16 @@ def test_authentication_is_required(api_server: Any, two: Any) -> None:
     # Tenant keys cannot use admin endpoints; the admin key cannot act as a tenant.
     st, body = api_server.call("GET", "/v1/tenants", key=alice["api_key"])
     assert st == 403 and body["error"]["code"] == "admin_required"
-    st, body = api_server.call("POST", "/v1/tenants", key=alice["api_key"],
-                               body={"tenant": uid("x")})
+    st, body = api_server.call(
+        "POST", "/v1/tenants", key=alice["api_key"], body={"tenant": uid("x")}
+    )
     assert st == 403
     st, body = api_server.call("GET", "/v1/schedules/x", key=api_server.admin_key)
     assert st == 403 and body["error"]["code"] == "tenant_key_required"
     # X-Api-Key works like the bearer header.
-    st, _ = api_server.call("GET", f"/v1/tenants/{alice['tenant']}",
-                            headers={"X-Api-Key": alice["api_key"]})
+    st, _ = api_server.call(
+        "GET", f"/v1/tenants/{alice['tenant']}", headers={"X-Api-Key": alice["api_key"]}
+    )
     assert st == 200
 
 
@@ -90,8 +100,9 @@ def test_a_tenant_cannot_touch_another_tenants_schedules_via_the_api(
     assert api_server.call("GET", f"/v1/schedules/{sid}", key=mk)[0] == 404
     st, res = api_server.call("DELETE", f"/v1/schedules/{sid}", key=mk)
     assert st == 404 and res["code"] == "not_found"
-    st, res = api_server.call("PATCH", f"/v1/schedules/{sid}", key=mk,
-                              body={"due": now_ms() + 60_000})
+    st, res = api_server.call(
+        "PATCH", f"/v1/schedules/{sid}", key=mk, body={"due": now_ms() + 60_000}
+    )
     assert st == 404
     lo, hi = now_ms(), now_ms() + 7_200_000
     st, page = api_server.call("GET", f"/v1/schedules?from={lo}&to={hi}", key=mk)
@@ -116,10 +127,20 @@ def test_a_tenant_cannot_forge_commands_on_the_topic(api_server: Any, two: Any) 
         # 1. unsigned, 2. signed with mallory's key, 3. alice's key, signed an hour before
         # the broker appended it
         client.send_raw(key, cancel)
-        client.send_raw(key, cancel, headers=sign_headers(
-            mallory["signing_key"], signed_at_ms=now_ms(), key=key, value=cancel))
-        client.send_raw(key, cancel, headers=sign_headers(
-            alice["signing_key"], signed_at_ms=now_ms() - 3_600_000, key=key, value=cancel))
+        client.send_raw(
+            key,
+            cancel,
+            headers=sign_headers(
+                mallory["signing_key"], signed_at_ms=now_ms(), key=key, value=cancel
+            ),
+        )
+        client.send_raw(
+            key,
+            cancel,
+            headers=sign_headers(
+                alice["signing_key"], signed_at_ms=now_ms() - 3_600_000, key=key, value=cancel
+            ),
+        )
         client.flush()
         seen: list[Any] = []
         deadline = time.monotonic() + 60
@@ -127,8 +148,13 @@ def test_a_tenant_cannot_forge_commands_on_the_topic(api_server: Any, two: Any) 
             seen += [r for r in results.poll() if r.schedule_id == sid]
         assert [str(r.code) for r in seen] == ["bad_signature"] * 2 + ["stale_command"], seen
         # The real owner's signed cancel works (the signature scheme is not just a wall).
-        client.send_raw(key, cancel, headers=sign_headers(
-            alice["signing_key"], signed_at_ms=now_ms(), key=key, value=cancel))
+        client.send_raw(
+            key,
+            cancel,
+            headers=sign_headers(
+                alice["signing_key"], signed_at_ms=now_ms(), key=key, value=cancel
+            ),
+        )
         client.flush()
         got = results.wait_for([sid], timeout_s=60)
         assert str(got[sid].code) == "ok"
@@ -140,8 +166,9 @@ def _commands_of(settings: Settings, sid: str) -> list[Message]:
     """The records of the commands topic keyed ``sid``, oldest first."""
     spec = catalog(settings.topics).commands
     key = sid.encode()
-    consumer = Consumer({**settings.kafka.librdkafka(), "group.id": uid("read"),
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {**settings.kafka.librdkafka(), "group.id": uid("read"), "enable.auto.commit": False}
+    )
     tp = TopicPartition(spec.name, partition_for(key, spec.partitions))
     low, high = consumer.get_watermark_offsets(tp, timeout=10)
     consumer.assign([TopicPartition(spec.name, tp.partition, low)])
@@ -182,13 +209,18 @@ def test_a_reply_another_producer_provokes_does_not_answer_an_api_call(
     assert worker is not None and worker.proc is not None
     sid = uid("taken")
     _create(api_server, alice, sid)
-    series, n = orjson.loads(_commands_of(settings, sid)[-1].value())["request_id"].rsplit(
-        "-", 1)
+    series, n = orjson.loads(_commands_of(settings, sid)[-1].value())["request_id"].rsplit("-", 1)
     key = sid.encode()
-    forged = orjson.dumps({
-        "type": "create", "tenant": mallory["tenant"], "schedule_id": sid,
-        "request_id": f"{series}-{int(n) + 1}", "due": now_ms() + 3_600_000,
-        "callback": {"type": "http", "url": "https://h.example/x"}})
+    forged = orjson.dumps(
+        {
+            "type": "create",
+            "tenant": mallory["tenant"],
+            "schedule_id": sid,
+            "request_id": f"{series}-{int(n) + 1}",
+            "due": now_ms() + 3_600_000,
+            "callback": {"type": "http", "url": "https://h.example/x"},
+        }
+    )
     spec = catalog(settings.topics).commands
     tp = TopicPartition(spec.name, partition_for(key, spec.partitions))
     watch = Consumer({**settings.kafka.librdkafka(), "group.id": uid("watch")})
@@ -196,15 +228,28 @@ def test_a_reply_another_producer_provokes_does_not_answer_an_api_call(
     answer: dict[str, Any] = {}
 
     def conflicting_create() -> None:
-        answer["http"] = api_server.call("POST", "/v1/schedules", key=alice["api_key"], body={
-            "schedule_id": sid, "due": now_ms() + 7_200_000,
-            "callback": {"type": "http", "url": "https://h.example/x"}}, timeout_s=90)
+        answer["http"] = api_server.call(
+            "POST",
+            "/v1/schedules",
+            key=alice["api_key"],
+            body={
+                "schedule_id": sid,
+                "due": now_ms() + 7_200_000,
+                "callback": {"type": "http", "url": "https://h.example/x"},
+            },
+            timeout_s=90,
+        )
 
     call = threading.Thread(target=conflicting_create)
     os.killpg(worker.proc.pid, signal.SIGSTOP)
     try:
-        client.send_raw(key, forged, headers=sign_headers(
-            mallory["signing_key"], signed_at_ms=now_ms(), key=key, value=forged))
+        client.send_raw(
+            key,
+            forged,
+            headers=sign_headers(
+                mallory["signing_key"], signed_at_ms=now_ms(), key=key, value=forged
+            ),
+        )
         client.flush()
         _, after_forged = watch.get_watermark_offsets(tp, timeout=10)
         call.start()
@@ -234,18 +279,30 @@ def test_a_signed_update_replayed_later_is_refused(api_server: Any, two: Any) ->
     st, before = api_server.call("GET", f"/v1/schedules/{sid}", key=alice["api_key"])
     key = sid.encode()
     signed_at = now_ms() - 600_000
-    update = orjson.dumps({"type": "update", "tenant": alice["tenant"], "schedule_id": sid,
-                           "due": now_ms() + 7_200_000})
+    update = orjson.dumps(
+        {
+            "type": "update",
+            "tenant": alice["tenant"],
+            "schedule_id": sid,
+            "due": now_ms() + 7_200_000,
+        }
+    )
     spec = catalog(settings.topics).commands
     producer = Producer(settings.kafka.librdkafka())
     results = ResultWatcher(settings)
     try:
         delivered: list[Any] = []
-        producer.produce(spec.name, key=key, value=update, timestamp=signed_at,
-                         partition=partition_for(key, spec.partitions),
-                         headers=sign_headers(alice["signing_key"], signed_at_ms=signed_at,
-                                              key=key, value=update),
-                         on_delivery=lambda err, msg: delivered.append(msg))
+        producer.produce(
+            spec.name,
+            key=key,
+            value=update,
+            timestamp=signed_at,
+            partition=partition_for(key, spec.partitions),
+            headers=sign_headers(
+                alice["signing_key"], signed_at_ms=signed_at, key=key, value=update
+            ),
+            on_delivery=lambda err, msg: delivered.append(msg),
+        )
         producer.flush(30)
         assert delivered and delivered[0].error() is None
         result = _result_of(results, sid, delivered[0].offset())
@@ -267,11 +324,13 @@ def test_a_signed_update_copied_within_the_window_cannot_revert_a_later_one(
     _create(api_server, alice, sid)
     first_due, second_due = now_ms() + 7_200_000, now_ms() + 10_800_000
     for due in (first_due, second_due):
-        st, res = api_server.call("PATCH", f"/v1/schedules/{sid}", key=alice["api_key"],
-                                  body={"due": due})
+        st, res = api_server.call(
+            "PATCH", f"/v1/schedules/{sid}", key=alice["api_key"], body={"due": due}
+        )
         assert st == 200, res
-    captured = next(m for m in _commands_of(settings, sid)
-                    if orjson.loads(m.value()).get("due") == first_due)
+    captured = next(
+        m for m in _commands_of(settings, sid) if orjson.loads(m.value()).get("due") == first_due
+    )
     client, results = CommandClient(settings), ResultWatcher(settings)
     try:
         client.send_raw(captured.key(), captured.value(), headers=captured.headers())
@@ -290,8 +349,9 @@ def test_deactivated_tenant_is_refused_everywhere(api_server: Any) -> None:
     admin = api_server.admin_key
     st, t = api_server.call("POST", "/v1/tenants", key=admin, body={"tenant": uid("gone")})
     assert st == 201
-    st, _ = api_server.call("PATCH", f"/v1/tenants/{t['tenant']}", key=admin,
-                            body={"active": False})
+    st, _ = api_server.call(
+        "PATCH", f"/v1/tenants/{t['tenant']}", key=admin, body={"active": False}
+    )
     assert st == 200
     st, body = api_server.call("GET", "/v1/schedules/x", key=t["api_key"])
     assert st == 403 and body["error"]["code"] == "inactive_tenant"
@@ -303,11 +363,22 @@ def test_deactivated_tenant_is_refused_everywhere(api_server: Any) -> None:
         deadline = time.monotonic() + 60
         while code != "inactive_tenant" and time.monotonic() < deadline:
             sid = uid("late")
-            body_ = orjson.dumps({"type": "create", "tenant": t["tenant"], "schedule_id": sid,
-                                  "due": now_ms() + 60_000,
-                                  "callback": {"type": "http", "url": "https://h.example/x"}})
-            client.send_raw(sid.encode(), body_, headers=sign_headers(
-                t["signing_key"], signed_at_ms=now_ms(), key=sid.encode(), value=body_))
+            body_ = orjson.dumps(
+                {
+                    "type": "create",
+                    "tenant": t["tenant"],
+                    "schedule_id": sid,
+                    "due": now_ms() + 60_000,
+                    "callback": {"type": "http", "url": "https://h.example/x"},
+                }
+            )
+            client.send_raw(
+                sid.encode(),
+                body_,
+                headers=sign_headers(
+                    t["signing_key"], signed_at_ms=now_ms(), key=sid.encode(), value=body_
+                ),
+            )
             client.flush()
             got = results.wait_for([sid], timeout_s=30)
             code = str(got[sid].code) if sid in got else None
@@ -318,12 +389,13 @@ def test_deactivated_tenant_is_refused_everywhere(api_server: Any) -> None:
 
 
 def test_proxy_refuses_internal_targets(
-    real_stack: Settings, receiver: Receiver, proxies: list[ProxyApp]  # noqa: F811
+    real_stack: Settings,
+    receiver: Receiver,  # noqa: F811
+    proxies: list[ProxyApp],  # noqa: F811
 ) -> None:
     """SSRF: loopback, metadata, private and a name resolving to loopback are refused (and
     dead-lettered at once); the receiver on 127.0.0.1 is never called."""
-    fires, dlq, deliveries = (f"ssrf-{n}-{uuid.uuid4().hex[:8]}"
-                              for n in ("fires", "dlq", "out"))
+    fires, dlq, deliveries = (f"ssrf-{n}-{uuid.uuid4().hex[:8]}" for n in ("fires", "dlq", "out"))
     create_topics(real_stack, [fires, dlq, deliveries])
     targets = {
         "loopback": f"http://127.0.0.1:{receiver.port}/hook",
@@ -334,15 +406,29 @@ def test_proxy_refuses_internal_targets(
     }
 
     def trigger(sid: str, url: str) -> bytes:
-        return orjson.dumps({"trigger_id": f"t-{sid}", "schedule_id": sid, "tenant": "acme",
-                             "due_ms": 1_700_000_000_000, "emitted_ms": 1_700_000_000_001,
-                             "attempt": 1, "order_key": sid, "payload": {"n": sid},
-                             "callback": {"type": "http", "url": url, "timeout_s": 5}})
+        return orjson.dumps(
+            {
+                "trigger_id": f"t-{sid}",
+                "schedule_id": sid,
+                "tenant": "acme",
+                "due_ms": 1_700_000_000_000,
+                "emitted_ms": 1_700_000_000_001,
+                "attempt": 1,
+                "order_key": sid,
+                "payload": {"n": sid},
+                "callback": {"type": "http", "url": url, "timeout_s": 5},
+            }
+        )
 
     produce(real_stack, fires, [(s.encode(), trigger(s, u), None) for s, u in targets.items()])
-    ps = fast_settings(mode="fires", source_topic=fires, endpoint_url="",
-                       dead_letter_topic=dlq, deliveries_topic=deliveries,
-                       allow_private_targets=False)
+    ps = fast_settings(
+        mode="fires",
+        source_topic=fires,
+        endpoint_url="",
+        dead_letter_topic=dlq,
+        deliveries_topic=deliveries,
+        allow_private_targets=False,
+    )
     start_proxy(real_stack, ps, proxies)
     outcomes = read_topic(real_stack, deliveries, expect=len(targets), timeout_s=60)
     docs = {orjson.loads(m.value())["schedule_id"]: orjson.loads(m.value()) for m in outcomes}
