@@ -25,6 +25,7 @@ from typing import Any
 from base.errors import StoreError
 from streams import ports
 from streams.buckets import BucketKey
+from streams.decisions import DueEntry
 from streams.model import (
     BucketRow,
     Deployment,
@@ -35,6 +36,7 @@ from streams.model import (
     Stmt,
 )
 from streams.ports import CqlRow
+from streams.recurring_store import RecurringRuns
 
 StatementHandler = Callable[[Sequence[Any]], list[CqlRow]]
 
@@ -577,7 +579,7 @@ class FakeStore:
             if r.materialize_key is not None and (never is None or r.materialize_key < never)
         ]
 
-    async def put_due(self, entries: Sequence[Any]) -> None:
+    async def put_due(self, entries: Sequence[DueEntry]) -> None:
         await self._enter("put_due", entries)
         for e in entries:
             self.due.setdefault((e.partition, e.slot_ms), set()).add(
@@ -610,14 +612,22 @@ class FakeStore:
         self, partition: int, ids: Sequence[tuple[str, str]]
     ) -> list[ScheduleRow]:
         await self._enter("get_parents", partition, ids)
-        return [self.schedules[key] for key in ids if key in self.schedules]
+        return [
+            row
+            for key in ids
+            if (row := self.schedules.get(key)) is not None and row.partition == partition
+        ]
 
     async def write_runs(self, buckets: Sequence[BucketRow], *, now_ms: int) -> None:
         await self._enter("write_runs", buckets, now_ms=now_ms)
         self._write_buckets(buckets, ())
 
     async def commit(
-        self, rows: Sequence[tuple[ScheduleRow, Any]], *, now_ms: int, runs: Any = None
+        self,
+        rows: Sequence[tuple[ScheduleRow, str | None]],
+        *,
+        now_ms: int,
+        runs: Sequence[Sequence[BucketRow]] | None = None,
     ) -> None:
         await self._enter("commit", rows, now_ms=now_ms)
         for row, _ in rows:
@@ -640,6 +650,7 @@ def _answers_every_port(
     ports.StatusStore,
     ports.TenantAdminStore,
     ports.TickerStore,
+    RecurringRuns,
 ]:
     """Never called: ``mypy tests/fakes.py`` proves the fake answers every Protocol."""
-    return (store, store, store, store, store, store, store, store)
+    return (store, store, store, store, store, store, store, store, store)
