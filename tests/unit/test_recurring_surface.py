@@ -20,7 +20,7 @@ from base.settings import Settings
 from streams.decisions import check_recurring_horizon, recurring_index_changes
 from streams.model import ScheduleChange, ScheduleRow
 from streams.recurring import NEVER_MS, occurrences, plan
-from tocsin.scheduler_cli import _create_command, _Usage
+from tocsin.schedule_cli import _create_command, _Usage
 from topics.codec import recurrence_from_json, recurrence_to_json
 from topics.codes import Code
 from topics.ids import parse_iso_ms
