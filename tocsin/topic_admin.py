@@ -129,29 +129,7 @@ def _align_enforced(admin: AdminClient, specs: list[TopicSpec], timeout_s: float
             request_timeout=timeout_s,
         )
         current = {res.name: fut.result(timeout=timeout_s) for res, fut in described.items()}
-        changes = []
-        for spec in specs:
-            entries = current.get(spec.name, {})
-            wrong = [
-                name
-                for name in sorted(spec.enforced)
-                if name not in entries or entries[name].value != spec.config[name]
-            ]
-            if wrong:
-                changes.append(
-                    ConfigResource(
-                        ResourceType.TOPIC,
-                        spec.name,
-                        incremental_configs=[
-                            ConfigEntry(
-                                name,
-                                spec.config[name],
-                                incremental_operation=AlterConfigOpType.SET,
-                            )
-                            for name in wrong
-                        ],
-                    )
-                )
+        changes = [c for spec in specs if (c := _enforced_change(spec, current)) is not None]
         if changes:
             done = admin.incremental_alter_configs(changes, request_timeout=timeout_s)
             for res, fut in done.items():
@@ -172,6 +150,29 @@ def _align_enforced(admin: AdminClient, specs: list[TopicSpec], timeout_s: float
             "topic configuration aligned with the catalog", extra={"topics": sorted(altered)}
         )
     return altered
+
+
+def _enforced_change(
+    spec: TopicSpec, current: dict[str, dict[str, ConfigEntry]]
+) -> ConfigResource | None:
+    """The incremental change that sets ``spec``'s enforced entries its topic lacks or has
+    with another value (``current``: topic -> its described entries); None when none do."""
+    entries = current.get(spec.name, {})
+    wrong = [
+        name
+        for name in sorted(spec.enforced)
+        if name not in entries or entries[name].value != spec.config[name]
+    ]
+    if not wrong:
+        return None
+    return ConfigResource(
+        ResourceType.TOPIC,
+        spec.name,
+        incremental_configs=[
+            ConfigEntry(name, spec.config[name], incremental_operation=AlterConfigOpType.SET)
+            for name in wrong
+        ],
+    )
 
 
 def _wait_for_offsets(admin: AdminClient, specs: list[TopicSpec], timeout_s: float) -> None:
