@@ -44,8 +44,9 @@ import secrets
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict, cast
 
 import orjson
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -64,6 +65,22 @@ def new_reply_nonce() -> str:
     return secrets.token_hex(16)
 
 
+class ResultDoc(TypedDict):
+    """A command result as the commands' worker writes it (``topics.codec.encode_result``)."""
+
+    schedule_id: str | None
+    tenant: str | None
+    request_id: str | None
+    command: str | None
+    status: str
+    code: str
+    message: str
+    at_ms: int
+    partition: int
+    offset: int
+    reply_nonce: NotRequired[str]
+
+
 @dataclass(frozen=True, slots=True)
 class Expected:
     """What the answer to one request must carry."""
@@ -72,7 +89,7 @@ class Expected:
     tenant: str
     schedule_id: str
 
-    def matches(self, doc: dict[str, Any]) -> bool:
+    def matches(self, doc: Mapping[str, object]) -> bool:
         """Whether a result document answers this request (its request id already does)."""
         nonce = doc.get("reply_nonce")
         return (
@@ -90,7 +107,7 @@ class CommandBridge:
         self.partitions = self.catalog.commands.partitions
         self.instance = f"{uuid.uuid4().hex[:8]}"
         self._ids = itertools.count(1)
-        self._pending: dict[str, tuple[asyncio.Future[dict[str, Any]], Expected]] = {}
+        self._pending: dict[str, tuple[asyncio.Future[ResultDoc], Expected]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self.ready = False
@@ -173,12 +190,12 @@ class CommandBridge:
         request_id: str,
         expected: Expected | None,
         timeout_s: float,
-    ) -> dict[str, Any] | None:
+    ) -> ResultDoc | None:
         """Produce a command. With ``expected`` (the reply_nonce the command carries, its
         tenant and schedule id), return its result (None when no result arrived within
         ``timeout_s``, which bounds the whole exchange); otherwise return None once Kafka
         acknowledged the command. Raises KafkaError when Kafka refused it."""
-        result: asyncio.Future[dict[str, Any]] | None = None
+        result: asyncio.Future[ResultDoc] | None = None
         if expected is not None:
             result = asyncio.get_running_loop().create_future()
             self._pending[request_id] = (result, expected)
@@ -235,7 +252,7 @@ class CommandBridge:
                 time.sleep(0.5)
                 continue
             pending = self._pending
-            found: list[tuple[asyncio.Future[dict[str, Any]], dict[str, Any]]] = []
+            found: list[tuple[asyncio.Future[ResultDoc], ResultDoc]] = []
             for m in msgs:
                 if not pending or m.error() is not None:
                     continue
@@ -249,13 +266,15 @@ class CommandBridge:
                 rid = doc.get("request_id") if isinstance(doc, dict) else None
                 waiting = pending.get(rid) if isinstance(rid, str) else None
                 if waiting is not None and waiting[1].matches(doc):
-                    found.append((waiting[0], doc))
+                    # A worker wrote it (the nonce matched, and only a verified command's
+                    # result carries one): it has the shape encode_result gives.
+                    found.append((waiting[0], cast(ResultDoc, doc)))
             if found:
                 with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
                     loop.call_soon_threadsafe(_resolve_all, found)
 
 
-def _fail_unless_acked(result: asyncio.Future[Any], acked: asyncio.Future[Any]) -> None:
+def _fail_unless_acked(result: asyncio.Future[ResultDoc], acked: asyncio.Future[Any]) -> None:
     """Kafka refused the command: its result will never come."""
     if acked.cancelled():
         return
@@ -264,7 +283,7 @@ def _fail_unless_acked(result: asyncio.Future[Any], acked: asyncio.Future[Any]) 
         result.set_exception(err)
 
 
-def _resolve_all(found: list[tuple[asyncio.Future[dict[str, Any]], dict[str, Any]]]) -> None:
+def _resolve_all(found: list[tuple[asyncio.Future[ResultDoc], ResultDoc]]) -> None:
     """On the event loop: complete the futures of one poll round's results."""
     for fut, doc in found:
         if not fut.done():

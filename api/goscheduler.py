@@ -14,6 +14,7 @@ from api.context import caller, json_response, read_json
 from api.service import Service, now_ms
 from api.views import ApiError
 from base.errors import CommandRejected, ConfigError
+from streams.ports import CqlRow
 from streams.recurring import parse_run_id
 from streams.tenants import TenantConfig
 from topics.codes import Code
@@ -31,7 +32,7 @@ def error_response(exc: ApiError) -> web.Response:
     return json_response(gv.error_body(exc), exc.status)
 
 
-def _app_view(row: dict[str, Any]) -> dict[str, object]:
+def _app_view(row: CqlRow) -> dict[str, object]:
     return {
         "appId": row["tenant"],
         "partitions": 0,
@@ -40,7 +41,7 @@ def _app_view(row: dict[str, Any]) -> dict[str, object]:
     }
 
 
-async def _run_view(svc: Service, row: dict[str, Any]) -> dict[str, object]:
+async def _run_view(svc: Service, row: CqlRow) -> dict[str, object]:
     """A cron's run (<cron id>@<nominal ms>) that fired: its row holds the outcome, its
     cron the payload and callback."""
     parsed = parse_run_id(str(row["schedule_id"]))
@@ -60,7 +61,7 @@ async def _run_view(svc: Service, row: dict[str, Any]) -> dict[str, object]:
     return gv.go_run(shown, cron)
 
 
-async def _schedule_view(svc: Service, row: dict[str, Any]) -> dict[str, object]:
+async def _schedule_view(svc: Service, row: CqlRow) -> dict[str, object]:
     if recurring.is_parent(row):
         status, _, _ = await recurring_io.parent_state(svc.store, row, now_ms=now_ms())
         return gv.go_cron_schedule(row, status)
@@ -70,13 +71,13 @@ async def _schedule_view(svc: Service, row: dict[str, Any]) -> dict[str, object]
 
 
 def _cron_listed(
-    row: dict[str, Any], *, status: str, position_ms: int, next_ms: int | None
+    row: CqlRow, *, status: str, position_ms: int, next_ms: int | None
 ) -> dict[str, object]:
     return gv.go_cron_schedule(row, status)
 
 
 async def _cron_runs_of(
-    svc: Service, row: dict[str, Any], when: gv.When, size: int, token_ms: int | None
+    svc: Service, row: CqlRow, when: gv.When, size: int, token_ms: int | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """(past runs newest first, future runs soonest first) of a cron, as ``when`` asks."""
     tenant, sid, now = row["tenant"], row["schedule_id"], now_ms()
@@ -224,9 +225,7 @@ class Facade:
             raise ApiError(404, "not_found", "No runs found")
         return _ok({"schedules": out, "continuationToken": ""}, count=len(out))
 
-    async def _cron_runs(
-        self, request: web.Request, svc: Service, row: dict[str, Any]
-    ) -> web.Response:
+    async def _cron_runs(self, request: web.Request, svc: Service, row: CqlRow) -> web.Response:
         """go-scheduler's runs of a cron: ``when=past`` (newest first), ``future`` (soonest
         first) or neither (the future runs, latest first, then the past ones: newest
         first throughout); ``size`` (15) and a ``continuation_token`` for past/future."""

@@ -14,7 +14,7 @@ from typing import Any, Literal, overload
 
 import orjson
 
-from api.bridge import CommandBridge, Expected, new_reply_nonce
+from api.bridge import CommandBridge, Expected, ResultDoc, new_reply_nonce
 from api.views import (
     ApiError,
     cancel_command,
@@ -201,17 +201,17 @@ class Service:
 
     @overload
     async def send(
-        self, command: dict[str, Any], *, wait: Literal[True], timeout_s: float | None = None
-    ) -> dict[str, Any]: ...
+        self, command: dict[str, object], *, wait: Literal[True], timeout_s: float | None = None
+    ) -> ResultDoc: ...
 
     @overload
     async def send(
-        self, command: dict[str, Any], *, wait: Literal[False], timeout_s: float | None = None
+        self, command: dict[str, object], *, wait: Literal[False], timeout_s: float | None = None
     ) -> None: ...
 
     async def send(
         self, command: dict[str, object], *, wait: bool, timeout_s: float | None = None
-    ) -> dict[str, Any] | None:
+    ) -> ResultDoc | None:
         """Validate locally (fast 4xx), sign with the tenant's key, produce; with ``wait``
         the command's result, else None once Kafka has it. Raises ApiError(504) when no
         result arrives in time."""
