@@ -110,17 +110,27 @@ def breakdown(settings: Settings, since_ms: int, until_ms: int) -> str:
     from confluent_kafka import Consumer, TopicPartition
 
     topics = catalog(settings.topics)
-    consumer = Consumer({**settings.kafka.librdkafka(), "group.id": f"bench-{uuid.uuid4().hex}",
-                         "enable.auto.commit": False})
+    consumer = Consumer(
+        {
+            **settings.kafka.librdkafka(),
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+        }
+    )
     try:
+
         def read(topic: str, partitions: int) -> list[Any]:
             tps = consumer.offsets_for_times(
-                [TopicPartition(topic, p, since_ms) for p in range(partitions)], 10)
-            ends = [consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
-                    for p in range(partitions)]
+                [TopicPartition(topic, p, since_ms) for p in range(partitions)], 10
+            )
+            ends = [
+                consumer.get_watermark_offsets(TopicPartition(topic, p), 10)[1]
+                for p in range(partitions)
+            ]
             consumer.assign(tps)
-            left = sum(max(0, end - tp.offset) for tp, end in zip(tps, ends, strict=True)
-                       if tp.offset >= 0)
+            left = sum(
+                max(0, end - tp.offset) for tp, end in zip(tps, ends, strict=True) if tp.offset >= 0
+            )
             out = []
             while left > 0:
                 batch = consumer.consume(10_000, 2.0)
@@ -151,9 +161,14 @@ def breakdown(settings: Settings, since_ms: int, until_ms: int) -> str:
     def leg(name: str, xs: list[int]) -> str:
         return f"{name} p50 {pct(xs, 0.5):.0f} / p99 {pct(xs, 0.99):.0f} ms"
 
-    return (f"{len(total)} commands: " + leg("command produced -> worker batch start", to_start)
-            + "; " + leg("batch start -> result produced", in_worker) + "; "
-            + leg("command -> result", total))
+    return (
+        f"{len(total)} commands: "
+        + leg("command produced -> worker batch start", to_start)
+        + "; "
+        + leg("batch start -> result produced", in_worker)
+        + "; "
+        + leg("command -> result", total)
+    )
 
 
 def wait_partitions_owned(total: int, deadline: float) -> None:
@@ -402,12 +417,16 @@ def main() -> int:
     parser.add_argument("--latency-s", type=float, default=20)
     parser.add_argument("--api-port", type=int, default=0, help="0: a free port")
     parser.add_argument(
-        "--workers", type=int, default=1,
+        "--workers",
+        type=int,
+        default=1,
         help="worker processes (they split the commands partitions; one Python process is "
-             "bound to about one core, as in bench-cron)",
+        "bound to about one core, as in bench-cron)",
     )
     parser.add_argument(
-        "--worker-store", choices=("cassandra", "none"), default="cassandra",
+        "--worker-store",
+        choices=("cassandra", "none"),
+        default="cassandra",
         help="none: workers that skip Cassandra (bench.storeless_worker), the path's floor",
     )
     parser.add_argument("--api-metrics-port", type=int, default=0, help="0: a free port")
@@ -440,10 +459,16 @@ def main() -> int:
     state.mkdir(parents=True, exist_ok=True)
     storeless = args.worker_store == "none"
     if storeless:
-        print("[floor] workers skip Cassandra (bench.storeless_worker): NOTHING is stored; "
-              "these figures are the path's floor, not the scheduler's", flush=True)
+        print(
+            "[floor] workers skip Cassandra (bench.storeless_worker): NOTHING is stored; "
+            "these figures are the path's floor, not the scheduler's",
+            flush=True,
+        )
     workers = start_workers(
-        env, state / f"bench-api-worker-{run}.log", args.workers, ports=free_port,
+        env,
+        state / f"bench-api-worker-{run}.log",
+        args.workers,
+        ports=free_port,
         command=("bench.storeless_worker",) if storeless else WORKER_COMMAND,
     )
     api_log = state / f"bench-api-{run}.log"
@@ -523,8 +548,7 @@ def main() -> int:
             f"p99 {pct([int(x) for x in lat], 0.99):.0f} ms; " + meter.report(),
             flush=True,
         )
-        print(f"[latency] breakdown: {breakdown(settings, latency_from_ms, now_ms())}",
-              flush=True)
+        print(f"[latency] breakdown: {breakdown(settings, latency_from_ms, now_ms())}", flush=True)
         suffix = "_storeless" if storeless else ""
         results += [
             f"RESULT api_create_p50_ms{suffix}={pct([int(x) for x in lat], 0.5):.0f} ms",

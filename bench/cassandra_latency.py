@@ -150,8 +150,11 @@ def main() -> int:
             for version in (4, 5):
                 us = cpu_per_request(version, args)
                 cpu[version].append(us)
-                print(f"[protocol v{version}] client CPU per request: "
-                      + ", ".join(f"{k} {v:.0f} us" for k, v in us.items()), flush=True)
+                print(
+                    f"[protocol v{version}] client CPU per request: "
+                    + ", ".join(f"{k} {v:.0f} us" for k, v in us.items()),
+                    flush=True,
+                )
     finally:
         cluster = make_cluster(Settings.from_env().cassandra)
         try:

@@ -38,8 +38,10 @@ def main() -> int:
 
     # Patching a name the command agent no longer uses would silently measure the real
     # worker: refuse to start instead.
-    for owner, name in ((streams.commands, "load_schedule_rows"),
-                        (streams.commands.CommandProcessor, "_persist")):
+    for owner, name in (
+        (streams.commands, "load_schedule_rows"),
+        (streams.commands.CommandProcessor, "_persist"),
+    ):
         if not callable(getattr(owner, name, None)):
             raise SystemExit(f"bench.storeless_worker: {owner.__name__}.{name} is gone; update it")
     streams.commands.load_schedule_rows = _no_rows  # type: ignore[assignment]

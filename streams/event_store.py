@@ -36,9 +36,6 @@ class EventStore(CqlExecutor):
         values = unset_none([tenant, schedule_id, at_ms, event, trigger_id, due_ms, detail])
         return ("record_event", [*values, self.keep_s(retention_s)])
 
-    # Private alias: tests/unit/test_tenant_enforcement.py still calls this name.
-    _event_stmt = event_stmt
-
     async def record_event(
         self,
         tenant: str,

@@ -86,8 +86,7 @@ def keyspace(stack: Settings) -> Iterator[Settings]:
     yield stack
     cluster = make_cluster(stack.cassandra)
     try:
-        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {stack.cassandra.keyspace}",
-                                  timeout=60)
+        cluster.connect().execute(f"DROP KEYSPACE IF EXISTS {stack.cassandra.keyspace}", timeout=60)
     finally:
         cluster.shutdown()
 

@@ -31,8 +31,10 @@ from topics.signing import new_signing_key
 # Worker/API ports for subprocesses; TOCSIN_TEST_PORT_BASE lets two test runs share a machine.
 # Moved by TOCSIN_PORT_OFFSET like every other port, so a second checkout's suite on one
 # machine does not take the first one's worker ports.
-_ports = itertools.count(int(os.environ.get("TOCSIN_TEST_PORT_BASE", "19500"))
-                         + int(os.environ.get("TOCSIN_PORT_OFFSET", "0")))
+_ports = itertools.count(
+    int(os.environ.get("TOCSIN_TEST_PORT_BASE", "19500"))
+    + int(os.environ.get("TOCSIN_PORT_OFFSET", "0"))
+)
 
 
 class WorkerProcess:
@@ -45,8 +47,12 @@ class WorkerProcess:
     def start(self) -> WorkerProcess:
         with self.log_path.open("ab") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tocsin.cli", "worker"], env=self.env, cwd=REPO_ROOT,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                [sys.executable, "-m", "tocsin.cli", "worker"],
+                env=self.env,
+                cwd=REPO_ROOT,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         return self
 
@@ -72,7 +78,10 @@ class WorkerProcess:
 
 
 def wait_worker_ready(
-    settings: Settings, tenant: str, *, worker: WorkerProcess | None = None,
+    settings: Settings,
+    tenant: str,
+    *,
+    worker: WorkerProcess | None = None,
     timeout_s: float = 90.0,
 ) -> None:
     """A probe create answered means a worker has joined and owns the partitions (the
@@ -82,10 +91,15 @@ def wait_worker_ready(
 
     client, results = CommandClient(settings), ResultWatcher(settings)
     sid = f"probe-{os.urandom(4).hex()}"
-    client.send(CreateCommand(tenant=tenant, schedule_id=sid,
-                              due_ms=time.time_ns() // 10**6 + 3_600_000,
-                              callback=HttpCallback(url="https://probe.example/x"),
-                              misfire_tolerance_s=60))
+    client.send(
+        CreateCommand(
+            tenant=tenant,
+            schedule_id=sid,
+            due_ms=time.time_ns() // 10**6 + 3_600_000,
+            callback=HttpCallback(url="https://probe.example/x"),
+            misfire_tolerance_s=60,
+        )
+    )
     client.flush()
     got = results.wait_for([sid], timeout_s=timeout_s)
     results.close()
@@ -95,19 +109,21 @@ def wait_worker_ready(
 
 def _env_for(settings: Settings, metrics_port: int, web_port: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.update({
-        "TOCSIN_TOPIC_PREFIX": settings.topics.prefix,
-        "TOCSIN_CASSANDRA_KEYSPACE": settings.cassandra.keyspace,
-        "TOCSIN_COMMAND_PARTITIONS": str(settings.topics.command_partitions),
-        "TOCSIN_FIRE_PARTITIONS": str(settings.topics.fire_partitions),
-        "TOCSIN_METRICS_PORT": str(metrics_port),
-        "TOCSIN_WORKER_WEB_PORT": str(web_port),
-        "TOCSIN_SESSION_TIMEOUT_S": "10",
-        "TOCSIN_LOG_FORMAT": "text",
-        "TOCSIN_DEFAULT_MISFIRE_TOLERANCE_S": "3600",
-        # The tests' receivers listen on 127.0.0.1, which a deployment refuses by default.
-        "TOCSIN_ALLOW_PRIVATE_TARGETS": "true",
-    })
+    env.update(
+        {
+            "TOCSIN_TOPIC_PREFIX": settings.topics.prefix,
+            "TOCSIN_CASSANDRA_KEYSPACE": settings.cassandra.keyspace,
+            "TOCSIN_COMMAND_PARTITIONS": str(settings.topics.command_partitions),
+            "TOCSIN_FIRE_PARTITIONS": str(settings.topics.fire_partitions),
+            "TOCSIN_METRICS_PORT": str(metrics_port),
+            "TOCSIN_WORKER_WEB_PORT": str(web_port),
+            "TOCSIN_SESSION_TIMEOUT_S": "10",
+            "TOCSIN_LOG_FORMAT": "text",
+            "TOCSIN_DEFAULT_MISFIRE_TOLERANCE_S": "3600",
+            # The tests' receivers listen on 127.0.0.1, which a deployment refuses by default.
+            "TOCSIN_ALLOW_PRIVATE_TARGETS": "true",
+        }
+    )
     return env
 
 
@@ -119,12 +135,20 @@ def register_tenants(settings: Settings) -> str:
         store = Store(settings.cassandra)
         await store.connect()
         try:
-            await store.put_tenant("acme", active=True, created_ms=time.time_ns() // 10**6,
-                                   config="{}",
-                                  signing_secret=new_signing_key())
-            await store.put_tenant("sleepy", active=False, created_ms=time.time_ns() // 10**6,
-                                   config="{}",
-                                  signing_secret=new_signing_key())
+            await store.put_tenant(
+                "acme",
+                active=True,
+                created_ms=time.time_ns() // 10**6,
+                config="{}",
+                signing_secret=new_signing_key(),
+            )
+            await store.put_tenant(
+                "sleepy",
+                active=False,
+                created_ms=time.time_ns() // 10**6,
+                config="{}",
+                signing_secret=new_signing_key(),
+            )
         finally:
             await store.close()
 
@@ -158,8 +182,7 @@ def isolated_stack(real_stack: Settings, name: str) -> Iterator[Settings]:
     settings = replace(
         real_stack,
         topics=replace(real_stack.topics, prefix=f"{real_stack.topics.prefix}{name}."),
-        cassandra=replace(real_stack.cassandra,
-                          keyspace=f"{real_stack.cassandra.keyspace}_{name}"),
+        cassandra=replace(real_stack.cassandra, keyspace=f"{real_stack.cassandra.keyspace}_{name}"),
     )
     ensure_topics(settings.kafka, catalog(settings.topics).all())
     migrate(settings.cassandra)
@@ -168,15 +191,17 @@ def isolated_stack(real_stack: Settings, name: str) -> Iterator[Settings]:
         yield settings
     finally:
         admin = AdminClient(settings.kafka.librdkafka())
-        names = [n for n in admin.list_topics(timeout=10).topics
-                 if n.startswith(settings.topics.prefix)]
-        for fut in (admin.delete_topics(names, operation_timeout=30).values() if names else ()):
+        names = [
+            n for n in admin.list_topics(timeout=10).topics if n.startswith(settings.topics.prefix)
+        ]
+        for fut in admin.delete_topics(names, operation_timeout=30).values() if names else ():
             with contextlib.suppress(Exception):  # (the session's cleanup catches leftovers)
                 fut.result(timeout=30)
         cluster = make_cluster(settings.cassandra)
         try:
             cluster.connect().execute(
-                f"DROP KEYSPACE IF EXISTS {settings.cassandra.keyspace}", timeout=60)
+                f"DROP KEYSPACE IF EXISTS {settings.cassandra.keyspace}", timeout=60
+            )
         finally:
             cluster.shutdown()
 
@@ -193,9 +218,7 @@ def own_stack(real_stack: Settings) -> Iterator[Settings]:
 
 
 @pytest.fixture
-def worker_factory(real_stack: Settings, tenant: str, tmp_path: Path) -> Iterator[
-    type[object]
-]:
+def worker_factory(real_stack: Settings, tenant: str, tmp_path: Path) -> Iterator[type[object]]:
     """Start workers with ``make()`` (on ``real_stack`` or the ``settings`` given, e.g.
     ``own_stack``); all are stopped at the end of the test."""
     started: list[WorkerProcess] = []
@@ -222,16 +245,25 @@ def worker_factory(real_stack: Settings, tenant: str, tmp_path: Path) -> Iterato
 class ApiServer:
     """A running ``tocsin api`` subprocess plus a worker; ``call`` makes HTTP requests."""
 
-    def __init__(self, settings: Settings, base: str, admin_key: str,
-                 worker: WorkerProcess | None = None) -> None:
+    def __init__(
+        self, settings: Settings, base: str, admin_key: str, worker: WorkerProcess | None = None
+    ) -> None:
         self.settings = settings
         self.base = base
         self.admin_key = admin_key
         self.worker = worker  # its one worker (a test may pause it; see test_api_security)
 
-    def call(self, method: str, path: str, *, key: str | None = None, body: object = None,
-             raw: bytes | None = None, headers: dict[str, str] | None = None,
-             timeout_s: float = 30.0) -> tuple[int, object]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        key: str | None = None,
+        body: object = None,
+        raw: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float = 30.0,
+    ) -> tuple[int, object]:
         import http.client
         import json
         from urllib.parse import urlsplit
@@ -263,8 +295,9 @@ def api_stack(real_stack: Settings) -> Iterator[Settings]:
 
 
 @pytest.fixture(scope="session")
-def api_server(api_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPathFactory
-               ) -> Iterator[ApiServer]:
+def api_server(
+    api_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ApiServer]:
     import socket
     import urllib.request
 
@@ -276,13 +309,22 @@ def api_server(api_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPa
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     admin = "admin-" + os.urandom(8).hex()
-    api_env = dict(env, TOCSIN_API_PORT=str(port), TOCSIN_ADMIN_KEY=admin,
-                   TOCSIN_METRICS_PORT=str(next(_ports)))
+    api_env = dict(
+        env,
+        TOCSIN_API_PORT=str(port),
+        TOCSIN_ADMIN_KEY=admin,
+        TOCSIN_METRICS_PORT=str(next(_ports)),
+    )
     api_log = logs / "api.log"
     with api_log.open("ab") as out:
-        api = subprocess.Popen([sys.executable, "-m", "tocsin.cli", "api"], env=api_env,
-                               cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT,
-                               start_new_session=True)
+        api = subprocess.Popen(
+            [sys.executable, "-m", "tocsin.cli", "api"],
+            env=api_env,
+            cwd=REPO_ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60

@@ -30,15 +30,18 @@ def test_schedules_are_delivered_and_outcomes_recorded(
 
 
 def _deliver_and_record(settings: Settings, tenant: str, tmp_path: Path) -> None:
-    worker = WorkerProcess(settings, _env_for(settings, next(_ports), next(_ports)),
-                           tmp_path / "worker.log").start()
+    worker = WorkerProcess(
+        settings, _env_for(settings, next(_ports), next(_ports)), tmp_path / "worker.log"
+    ).start()
 
     def behave(hit: Any, n: int) -> int:
         return 700 if hit.path == "/reject" else 200  # 7xx: dead-letter at once (MPS)
 
     receiver = Receiver(behave=behave).start()
-    proxy = ProxyApp(settings, fast_settings(mode="fires", source_topic="",
-                                             group_id=f"e2e-{uuid.uuid4().hex[:6]}"))
+    proxy = ProxyApp(
+        settings,
+        fast_settings(mode="fires", source_topic="", group_id=f"e2e-{uuid.uuid4().hex[:6]}"),
+    )
     proxy.start()
     try:
         client, results = CommandClient(settings), ResultWatcher(settings)
@@ -46,12 +49,17 @@ def _deliver_and_record(settings: Settings, tenant: str, tmp_path: Path) -> None
         sids = [f"e2e-{uuid.uuid4().hex[:6]}-{i}" for i in range(10)]
         for i, sid in enumerate(sids):
             path = "/reject" if i == 0 else "/ok"
-            client.send(CreateCommand(
-                tenant=tenant, schedule_id=sid, due_ms=due + i * 100,
-                payload=orjson.dumps({"i": i}), payload_type=PayloadType.JSON,
-                callback=HttpCallback(url=f"http://127.0.0.1:{receiver.port}{path}"),
-                misfire_tolerance_s=3600,
-            ))
+            client.send(
+                CreateCommand(
+                    tenant=tenant,
+                    schedule_id=sid,
+                    due_ms=due + i * 100,
+                    payload=orjson.dumps({"i": i}),
+                    payload_type=PayloadType.JSON,
+                    callback=HttpCallback(url=f"http://127.0.0.1:{receiver.port}{path}"),
+                    misfire_tolerance_s=3600,
+                )
+            )
         client.flush()
         answered = results.wait_for(sids, timeout_s=90)
         assert {r.code for r in answered.values()} == {"ok"}, worker.log_tail()

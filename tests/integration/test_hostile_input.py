@@ -29,9 +29,14 @@ def worker(worker_factory: Any, real_stack: Settings, tenant: str) -> Any:
 
 def _create(tenant: str, sid: str, payload_bytes: int) -> CreateCommand:
     return CreateCommand(
-        tenant=tenant, schedule_id=sid, request_id=f"r-{sid}", due_ms=now_ms() + 3_600_000,
-        payload=orjson.dumps({"pad": "x" * payload_bytes}), payload_type=PayloadType.JSON,
-        callback=HttpCallback(url="https://receiver.example/cb"), misfire_tolerance_s=3600,
+        tenant=tenant,
+        schedule_id=sid,
+        request_id=f"r-{sid}",
+        due_ms=now_ms() + 3_600_000,
+        payload=orjson.dumps({"pad": "x" * payload_bytes}),
+        payload_type=PayloadType.JSON,
+        callback=HttpCallback(url="https://receiver.example/cb"),
+        misfire_tolerance_s=3600,
     )
 
 

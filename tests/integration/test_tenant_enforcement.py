@@ -86,14 +86,21 @@ class Stack:
     def add_tenant(self, name: str, config: dict[str, Any] | None = None) -> str:
         """Register ``name`` with a signing key; returns the key."""
         key = new_signing_key()
-        self.store_call(lambda s: s.put_tenant(
-            name, active=True, created_ms=now_ms(), config=orjson.dumps(config or {}).decode(),
-            signing_secret=key))
+        self.store_call(
+            lambda s: s.put_tenant(
+                name,
+                active=True,
+                created_ms=now_ms(),
+                config=orjson.dumps(config or {}).decode(),
+                signing_secret=key,
+            )
+        )
         return key
 
     def metric(self, name: str, labels: dict[str, str]) -> float:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics",
-                                    timeout=10) as r:
+        with urllib.request.urlopen(
+            f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10
+        ) as r:
             text = r.read().decode()
         want = ",".join(f'{k}="{v}"' for k, v in labels.items())
         for line in text.splitlines():
@@ -131,8 +138,9 @@ def _te_stack(own: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterat
         worker.stop()
 
 
-def send_all(settings: Settings, commands: list[CreateCommand], *,
-             signing_key: str | None = None) -> dict[str, Any]:
+def send_all(
+    settings: Settings, commands: list[CreateCommand], *, signing_key: str | None = None
+) -> dict[str, Any]:
     client, results = CommandClient(settings), ResultWatcher(settings)
     try:
         for cmd in commands:
@@ -175,14 +183,19 @@ def test_fire_quota_defers_a_burst_without_losses_and_other_tenants_fire_on_time
     cb = HttpCallback(url="https://receiver.example/cb")
     a_ids = ids_per_partition(f"{a}-", per_partition)
     b_ids = [f"{b}-{i}" for i in range(40)]
-    commands = [CreateCommand(tenant=t, schedule_id=sid, due_ms=due, callback=cb,
-                              misfire_tolerance_s=tolerance_s)
-                for t, sids in ((a, a_ids), (b, b_ids)) for sid in sids]
+    commands = [
+        CreateCommand(
+            tenant=t, schedule_id=sid, due_ms=due, callback=cb, misfire_tolerance_s=tolerance_s
+        )
+        for t, sids in ((a, a_ids), (b, b_ids))
+        for sid in sids
+    ]
     fires = FireWatcher(te.settings, from_start=True)
     try:
         results = send_all(te.settings, commands)
         assert {r.code for r in results.values()} == {Code.OK}, Counter(
-            r.code for r in results.values())
+            r.code for r in results.values()
+        )
         assert now_ms() < due, "setup took longer than the lead time; raise it"
         seen: dict[str, Trigger] = {}
         want = set(a_ids) | set(b_ids)
@@ -236,17 +249,30 @@ def test_tenant_retention_is_the_ttl_of_fired_and_cancelled_rows(te: Stack) -> N
     cb = HttpCallback(url="https://receiver.example/cb")
 
     def create(tenant: str, sid: str, due_ms: int) -> CreateCommand:
-        return CreateCommand(tenant=tenant, schedule_id=sid, due_ms=due_ms, callback=cb,
-                             misfire_tolerance_s=60, payload=b"x")
+        return CreateCommand(
+            tenant=tenant,
+            schedule_id=sid,
+            due_ms=due_ms,
+            callback=cb,
+            misfire_tolerance_s=60,
+            payload=b"x",
+        )
 
-    results = send_all(te.settings, [create(short, "fire-s", due),
-                                     create(default, "fire-d", due),
-                                     create(short, "later", due + 3_600_000)])
+    results = send_all(
+        te.settings,
+        [
+            create(short, "fire-s", due),
+            create(default, "fire-d", due),
+            create(short, "later", due + 3_600_000),
+        ],
+    )
     assert [r.code for r in results.values()] == [Code.OK] * 3
     # Scheduled: lives until due + retention (an hour and 2 s ahead, + 600 s).
     ks = te.settings.cassandra.keyspace
-    row = te.cql(f"SELECT TTL(state) AS t FROM {ks}.schedules WHERE tenant=%s AND "
-                 "schedule_id=%s", (short, "later"))
+    row = te.cql(
+        f"SELECT TTL(state) AS t FROM {ks}.schedules WHERE tenant=%s AND schedule_id=%s",
+        (short, "later"),
+    )
     assert 3_600 + 500 < row.t <= 3_602 + 600, row
 
     def fired(tenant: str, sid: str) -> bool:
@@ -254,15 +280,23 @@ def test_tenant_retention_is_the_ttl_of_fired_and_cancelled_rows(te: Stack) -> N
         return r is not None and r["state"] == "fired"
 
     wait_for(lambda: fired(short, "fire-s") and fired(default, "fire-d"), 60, "both fired")
-    for tenant, sid, expect in ((short, "fire-s", 600),
-                                (default, "fire-d", te.settings.scheduler.fired_retention_s)):
-        row = te.cql(f"SELECT TTL(state) AS s, TTL(fired_ms) AS f, TTL(payload) AS p FROM "
-                     f"{ks}.schedules WHERE tenant=%s AND schedule_id=%s", (tenant, sid))
+    for tenant, sid, expect in (
+        (short, "fire-s", 600),
+        (default, "fire-d", te.settings.scheduler.fired_retention_s),
+    ):
+        row = te.cql(
+            f"SELECT TTL(state) AS s, TTL(fired_ms) AS f, TTL(payload) AS p FROM "
+            f"{ks}.schedules WHERE tenant=%s AND schedule_id=%s",
+            (tenant, sid),
+        )
         assert expect - 60 < row.s <= expect and expect - 60 < row.f <= expect, (tenant, row)
         assert expect - 60 < row.p <= expect + 10, (tenant, row)  # due + retention
-        event = te.cql(f"SELECT TTL(trigger_id) AS t FROM {ks}.schedule_events WHERE "
-                       "tenant=%s AND schedule_id=%s AND event='fired' "
-                       "ALLOW FILTERING", (tenant, sid))
+        event = te.cql(
+            f"SELECT TTL(trigger_id) AS t FROM {ks}.schedule_events WHERE "
+            "tenant=%s AND schedule_id=%s AND event='fired' "
+            "ALLOW FILTERING",
+            (tenant, sid),
+        )
         assert expect - 60 < event.t <= expect, (tenant, event)
     # A cancel is terminal too: the row is kept the tenant's retention from now.
     client, watcher = CommandClient(te.settings), ResultWatcher(te.settings)
@@ -272,8 +306,10 @@ def test_tenant_retention_is_the_ttl_of_fired_and_cancelled_rows(te: Stack) -> N
         assert watcher.wait_for(["later"], 60)["later"].code == Code.OK
     finally:
         watcher.close()
-    row = te.cql(f"SELECT TTL(state) AS t FROM {ks}.schedules WHERE tenant=%s AND "
-                 "schedule_id=%s", (short, "later"))
+    row = te.cql(
+        f"SELECT TTL(state) AS t FROM {ks}.schedules WHERE tenant=%s AND schedule_id=%s",
+        (short, "later"),
+    )
     assert 540 < row.t <= 600
 
 
@@ -281,7 +317,9 @@ def test_tenant_retention_is_the_ttl_of_fired_and_cancelled_rows(te: Stack) -> N
 
 
 def test_tenant_default_retry_policy_is_stamped_and_the_proxy_applies_it(
-    te: Stack, receiver: Receiver, proxies: list[ProxyApp]  # noqa: F811
+    te: Stack,
+    receiver: Receiver,
+    proxies: list[ProxyApp],  # noqa: F811
 ) -> None:
     tenant = uid("rp")
     te.add_tenant(tenant, {"retry_policy": {"retries_6xx": 1}})
@@ -293,18 +331,30 @@ def test_tenant_default_retry_policy_is_stamped_and_the_proxy_applies_it(
     base = f"http://127.0.0.1:{receiver.port}"
     due = now_ms() + 2_000
     commands = [
-        CreateCommand(tenant=tenant, schedule_id="default", due_ms=due, payload=b"default",
-                      callback=HttpCallback(url=base + "/default"), misfire_tolerance_s=60),
-        CreateCommand(tenant=tenant, schedule_id="own", due_ms=due, payload=b"own",
-                      callback=HttpCallback(url=base + "/own",
-                                            retry=DeliveryRetry(retries_6xx=0)),
-                      misfire_tolerance_s=60),
+        CreateCommand(
+            tenant=tenant,
+            schedule_id="default",
+            due_ms=due,
+            payload=b"default",
+            callback=HttpCallback(url=base + "/default"),
+            misfire_tolerance_s=60,
+        ),
+        CreateCommand(
+            tenant=tenant,
+            schedule_id="own",
+            due_ms=due,
+            payload=b"own",
+            callback=HttpCallback(url=base + "/own", retry=DeliveryRetry(retries_6xx=0)),
+            misfire_tolerance_s=60,
+        ),
     ]
     results = send_all(te.settings, commands)
     assert {r.code for r in results.values()} == {Code.OK}
     stored = te.store_call(lambda s: s.get_schedules(tenant, ["default", "own"]))
     assert orjson.loads(stored["default"]["callback"])["retry"] == {
-        "max_retry_age_s": None, "retries_6xx": 1}
+        "max_retry_age_s": None,
+        "retries_6xx": 1,
+    }
     assert orjson.loads(stored["own"]["callback"])["retry"]["retries_6xx"] == 0
     # The proxy's own policy would retry a 6xx three times.
     ps = fast_settings(mode="fires", source_topic="", endpoint_url="", retries_6xx=3)
@@ -314,8 +364,11 @@ def test_tenant_default_retry_policy_is_stamped_and_the_proxy_applies_it(
         row = te.store_call(lambda s: s.get_schedule(tenant, sid))
         return row.get("delivery_outcome") if row else None
 
-    wait_for(lambda: outcome("default") == "dead_lettered" and outcome("own") == "dead_lettered",
-             90, "both dead-lettered")
+    wait_for(
+        lambda: outcome("default") == "dead_lettered" and outcome("own") == "dead_lettered",
+        90,
+        "both dead-lettered",
+    )
     attempts: dict[str, int] = defaultdict(int)
     for h in receiver.hits:
         attempts[h.path] += 1
@@ -327,11 +380,19 @@ def test_tenant_default_retry_policy_is_stamped_and_the_proxy_applies_it(
 
 
 def rotate_cli(settings: Settings, tenant: str, *extra: str) -> dict[str, Any]:
-    env = dict(os.environ, TOCSIN_CASSANDRA_KEYSPACE=settings.cassandra.keyspace,
-               TOCSIN_TOPIC_PREFIX=settings.topics.prefix)
+    env = dict(
+        os.environ,
+        TOCSIN_CASSANDRA_KEYSPACE=settings.cassandra.keyspace,
+        TOCSIN_TOPIC_PREFIX=settings.topics.prefix,
+    )
     out = subprocess.run(
         [sys.executable, "-m", "tocsin.cli", "tenant", "rotate-key", tenant, "--json", *extra],
-        env=env, cwd=Path(REPO_ROOT), capture_output=True, timeout=120, check=False)
+        env=env,
+        cwd=Path(REPO_ROOT),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr.decode()
     result: dict[str, Any] = orjson.loads(out.stdout)
     return result
@@ -344,8 +405,9 @@ def test_signing_key_rotation_old_key_valid_until_retired(te: Stack) -> None:
     due = now_ms() + 3_600_000
 
     def code_of(sid: str, key: str | None) -> Code:
-        cmd = CreateCommand(tenant=tenant, schedule_id=sid, due_ms=due, callback=cb,
-                            misfire_tolerance_s=60)
+        cmd = CreateCommand(
+            tenant=tenant, schedule_id=sid, due_ms=due, callback=cb, misfire_tolerance_s=60
+        )
         return send_all(te.settings, [cmd], signing_key=key)[sid].code
 
     assert code_of("before", old) == Code.OK
@@ -368,8 +430,7 @@ def test_signing_key_rotation_old_key_valid_until_retired(te: Stack) -> None:
 
     # A tenant from before signing keys gets its first one the same way.
     legacy = uid("legacy")
-    te.store_call(lambda s: s.put_tenant(legacy, active=True, created_ms=now_ms(),
-                                         config="{}"))
+    te.store_call(lambda s: s.put_tenant(legacy, active=True, created_ms=now_ms(), config="{}"))
     first = rotate_cli(te.settings, legacy)
     assert first["signing_key"] and not first["previous_key"]
     row = te.store_call(lambda s: s.get_tenant(legacy))
@@ -378,14 +439,16 @@ def test_signing_key_rotation_old_key_valid_until_retired(te: Stack) -> None:
 
 
 def test_signing_key_rotation_through_the_admin_api(api_server: Any) -> None:
-    st, t = api_server.call("POST", "/v1/tenants", key=api_server.admin_key,
-                            body={"tenant": uid("apirot")})
+    st, t = api_server.call(
+        "POST", "/v1/tenants", key=api_server.admin_key, body={"tenant": uid("apirot")}
+    )
     assert st == 201
     name, old = t["tenant"], t["signing_key"]
     path = f"/v1/tenants/{name}/signing-key"
     assert api_server.call("POST", path, key=t["api_key"])[0] == 403  # admin only
-    st, rotated = api_server.call("POST", path, key=api_server.admin_key,
-                                  body={"previous_valid_s": 3600})
+    st, rotated = api_server.call(
+        "POST", path, key=api_server.admin_key, body={"previous_valid_s": 3600}
+    )
     assert st == 201 and rotated["signing_key"] not in (old, None), rotated
     assert rotated["previous_expires_ms"] > now_ms()
     st, view = api_server.call("GET", f"/v1/tenants/{name}", key=api_server.admin_key)
@@ -393,9 +456,16 @@ def test_signing_key_rotation_through_the_admin_api(api_server: Any) -> None:
     assert old not in orjson.dumps(view).decode()
 
     def create(sid: str) -> int:
-        status, _ = api_server.call("POST", "/v1/schedules", key=t["api_key"], body={
-            "schedule_id": sid, "due": now_ms() + 3_600_000,
-            "callback": {"type": "http", "url": "https://h.example/x"}})
+        status, _ = api_server.call(
+            "POST",
+            "/v1/schedules",
+            key=t["api_key"],
+            body={
+                "schedule_id": sid,
+                "due": now_ms() + 3_600_000,
+                "callback": {"type": "http", "url": "https://h.example/x"},
+            },
+        )
         return int(status)
 
     assert create("during") == 201  # the API signs with the new key at once
@@ -407,10 +477,14 @@ def test_signing_key_rotation_through_the_admin_api(api_server: Any) -> None:
     assert st == 409 and again["error"]["code"] == "no_previous_key"
     assert create("after") == 201
     time.sleep(2.5)  # the API's worker caches tenants for 1 s
-    cmd = CreateCommand(tenant=name, schedule_id=uid("old-key-"), due_ms=now_ms() + 60_000,
-                        callback=HttpCallback(url="https://h.example/x"), misfire_tolerance_s=60)
+    cmd = CreateCommand(
+        tenant=name,
+        schedule_id=uid("old-key-"),
+        due_ms=now_ms() + 60_000,
+        callback=HttpCallback(url="https://h.example/x"),
+        misfire_tolerance_s=60,
+    )
     got = send_all(api_server.settings, [cmd], signing_key=old)
     assert got[cmd.schedule_id].code == Code.SIGNING_KEY_RETIRED
-    st, _ = api_server.call("POST", "/v1/tenants/nobody-here/signing-key",
-                            key=api_server.admin_key)
+    st, _ = api_server.call("POST", "/v1/tenants/nobody-here/signing-key", key=api_server.admin_key)
     assert st == 404

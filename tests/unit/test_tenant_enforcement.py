@@ -46,12 +46,20 @@ OLD, NEW, OLDER = new_signing_key(), new_signing_key(), new_signing_key()
 # -- signing-key rotation ------------------------------------------------------------------
 
 
-def check(keys: SigningKeys, secret: str, *, record_ms: int = NOW, now_ms: int = NOW
-          ) -> tuple[Code, str] | None:
+def check(
+    keys: SigningKeys, secret: str, *, record_ms: int = NOW, now_ms: int = NOW
+) -> tuple[Code, str] | None:
     key, value = b"s1", b'{"type":"cancel"}'
     headers = header_map(sign_headers(secret, signed_at_ms=record_ms, key=key, value=value))
-    return check_signature(keys, headers, key=key, value=value, record_ms=record_ms,
-                           timestamp_type=TimestampType.LOG_APPEND_TIME, now_ms=now_ms)
+    return check_signature(
+        keys,
+        headers,
+        key=key,
+        value=value,
+        record_ms=record_ms,
+        timestamp_type=TimestampType.LOG_APPEND_TIME,
+        now_ms=now_ms,
+    )
 
 
 def code(result: tuple[Code, str] | None) -> Code | None:
@@ -85,8 +93,7 @@ def test_a_key_rotated_out_earlier_is_recognised_as_retired() -> None:
     assert code(check(keys, OLDER)) == Code.SIGNING_KEY_RETIRED
 
 
-def test_records_from_before_the_retirement_verify_briefly_and_back_dating_does_not_help(
-) -> None:
+def test_records_from_before_the_retirement_verify_briefly_and_back_dating_does_not_help() -> None:
     retired_at = NOW
     keys = SigningKeys(current=NEW, previous=OLD, previous_expires_ms=retired_at)
     # Produced a second before the retirement, checked (or replayed) a minute after it.
@@ -102,17 +109,29 @@ def test_records_from_before_the_retirement_verify_briefly_and_back_dating_does_
 
 def test_missing_headers_are_a_bad_signature_not_a_retirement() -> None:
     keys = SigningKeys(current=NEW, previous=OLD, previous_expires_ms=NOW - 1)
-    result = check_signature(keys, {}, key=b"k", value=b"v", record_ms=NOW,
-                             timestamp_type=TimestampType.LOG_APPEND_TIME, now_ms=NOW)
+    result = check_signature(
+        keys,
+        {},
+        key=b"k",
+        value=b"v",
+        record_ms=NOW,
+        timestamp_type=TimestampType.LOG_APPEND_TIME,
+        now_ms=NOW,
+    )
     assert code(result) == Code.BAD_SIGNATURE
 
 
 def test_keys_and_status_from_a_tenant_row() -> None:
-    row = {"signing_secret": NEW, "previous_signing_secret": OLD,
-           "previous_signing_expires_ms": NOW, "retired_signing_secret": None,
-           "signing_rotated_ms": NOW - 5}
-    assert SigningKeys.of_row(row) == SigningKeys(current=NEW, previous=OLD,
-                                                  previous_expires_ms=NOW)
+    row = {
+        "signing_secret": NEW,
+        "previous_signing_secret": OLD,
+        "previous_signing_expires_ms": NOW,
+        "retired_signing_secret": None,
+        "signing_rotated_ms": NOW - 5,
+    }
+    assert SigningKeys.of_row(row) == SigningKeys(
+        current=NEW, previous=OLD, previous_expires_ms=NOW
+    )
     assert SigningKeys.of_row(None) == SigningKeys(current=None)
     assert signing_status(row, NOW - 1)["previous_key"] == "valid"
     assert signing_status(row, NOW)["previous_key"] == "retired"
@@ -124,14 +143,30 @@ def test_keys_and_status_from_a_tenant_row() -> None:
 
 
 def create(callback: dict[str, object]) -> bytes:
-    return orjson.dumps({"type": "create", "tenant": "acme", "schedule_id": "s1",
-                         "due": NOW + 60_000, "callback": callback})
+    return orjson.dumps(
+        {
+            "type": "create",
+            "tenant": "acme",
+            "schedule_id": "s1",
+            "due": NOW + 60_000,
+            "callback": callback,
+        }
+    )
 
 
 def test_callback_retry_round_trips_and_is_optional() -> None:
-    cmd = decode_command(create({"type": "http", "url": "https://h.test/cb",
-                                 "retry": {"retries_6xx": 1, "max_retry_age_s": 30}}),
-                         key=b"s1", now_ms=NOW, limits=Limits())
+    cmd = decode_command(
+        create(
+            {
+                "type": "http",
+                "url": "https://h.test/cb",
+                "retry": {"retries_6xx": 1, "max_retry_age_s": 30},
+            }
+        ),
+        key=b"s1",
+        now_ms=NOW,
+        limits=Limits(),
+    )
     assert isinstance(cmd, CreateCommand)
     assert cmd.callback.retry == DeliveryRetry(max_retry_age_s=30.0, retries_6xx=1)
     assert callback_from_json(callback_to_json(cmd.callback)) == cmd.callback
@@ -142,23 +177,45 @@ def test_callback_retry_round_trips_and_is_optional() -> None:
     assert callback_from_json(callback_to_json(kafka)) == kafka
 
 
-@pytest.mark.parametrize("retry", [
-    {"retries_6xx": -1}, {"retries_6xx": 1.5}, {"retries_6xx": True}, {"retries_6xx": 1001},
-    {"max_retry_age_s": -1}, {"max_retry_age_s": "60"}, {"max_retry_age_s": 1e12},
-    {"other": 1}, [1], "x",
-])
+@pytest.mark.parametrize(
+    "retry",
+    [
+        {"retries_6xx": -1},
+        {"retries_6xx": 1.5},
+        {"retries_6xx": True},
+        {"retries_6xx": 1001},
+        {"max_retry_age_s": -1},
+        {"max_retry_age_s": "60"},
+        {"max_retry_age_s": 1e12},
+        {"other": 1},
+        [1],
+        "x",
+    ],
+)
 def test_bad_callback_retry_is_invalid_callback(retry: object) -> None:
     with pytest.raises(CommandRejected) as info:
-        decode_command(create({"type": "http", "url": "https://h.test/cb", "retry": retry}),
-                       key=b"s1", now_ms=NOW, limits=Limits())
+        decode_command(
+            create({"type": "http", "url": "https://h.test/cb", "retry": retry}),
+            key=b"s1",
+            now_ms=NOW,
+            limits=Limits(),
+        )
     assert info.value.code == Code.INVALID_CALLBACK
 
 
 def test_trigger_carries_the_callback_retry_to_the_proxy() -> None:
-    trig = Trigger(trigger_id="t", schedule_id="s", tenant="acme", due_ms=NOW, emitted_ms=NOW,
-                   attempt=1, order_key="s", payload=b"{}", payload_type=PayloadType.JSON,
-                   callback=HttpCallback(url="https://h.test/cb",
-                                         retry=DeliveryRetry(retries_6xx=1)))
+    trig = Trigger(
+        trigger_id="t",
+        schedule_id="s",
+        tenant="acme",
+        due_ms=NOW,
+        emitted_ms=NOW,
+        attempt=1,
+        order_key="s",
+        payload=b"{}",
+        payload_type=PayloadType.JSON,
+        callback=HttpCallback(url="https://h.test/cb", retry=DeliveryRetry(retries_6xx=1)),
+    )
     assert decode_trigger(encode_trigger(trig)).callback == trig.callback
 
 
@@ -187,16 +244,25 @@ def test_stamp_retry_only_fills_a_missing_policy() -> None:
 
 
 def existing_row(callback: str) -> ScheduleRow:
-    return ScheduleRow(tenant="acme", schedule_id="s1", partition=0, state="scheduled",
-                       due_ms=NOW, version=1, created_ms=NOW, updated_ms=NOW,
-                       callback=callback)
+    return ScheduleRow(
+        tenant="acme",
+        schedule_id="s1",
+        partition=0,
+        state="scheduled",
+        due_ms=NOW,
+        version=1,
+        created_ms=NOW,
+        updated_ms=NOW,
+        callback=callback,
+    )
 
 
 def test_commands_get_the_tenant_default_and_repeats_compare_with_what_was_stored() -> None:
     cfg = TenantConfig(retry_policy=RetryPolicyConfig(retries_6xx=1))
     cb = HttpCallback(url="https://h.test/cb")
-    cmd = CreateCommand(tenant="acme", schedule_id="s1", due_ms=NOW, callback=cb,
-                        misfire_tolerance_s=60)
+    cmd = CreateCommand(
+        tenant="acme", schedule_id="s1", due_ms=NOW, callback=cb, misfire_tolerance_s=60
+    )
     stamped = with_default_retry(cmd, cfg, None)
     assert isinstance(stamped, CreateCommand)
     assert stamped.callback.retry == DeliveryRetry(retries_6xx=1)
@@ -221,8 +287,9 @@ def test_the_proxy_applies_a_callbacks_retry_over_its_own_policy() -> None:
     decisions = []
     state = AttemptState()
     for i in range(3):
-        decision, state = decide(mine, state, HttpResult(status=600), now_s=float(i),
-                                 rand=lambda: 0.0)
+        decision, state = decide(
+            mine, state, HttpResult(status=600), now_s=float(i), rand=lambda: 0.0
+        )
         decisions.append(type(decision).__name__)
     assert decisions == ["Retry", "DeadLetter", "DeadLetter"]  # 1 retry, not the proxy's 3
 
@@ -237,14 +304,13 @@ def test_schedule_rows_and_events_take_the_tenants_retention() -> None:
     assert store.schedule_ttl_s(row, NOW, 600) == 600  # due now: retention from now
     assert store.schedule_ttl_s(replace(row, due_ms=NOW + 10_000), NOW, 600) == 610
     assert store.schedule_ttl_s(replace(row, state="fired"), NOW, 600) == 600
-    stmt = store._event_stmt("acme", "s1", "fired", NOW, None, None, NOW, 600)
+    stmt = store.event_stmt("acme", "s1", "fired", NOW, None, None, NOW, 600)
     assert stmt[1][-1] == 600
-    assert store._event_stmt("acme", "s1", "fired", NOW, None, None, NOW)[1][-1] == 7 * 86_400
+    assert store.event_stmt("acme", "s1", "fired", NOW, None, None, NOW)[1][-1] == 7 * 86_400
 
 
 def test_with_retention_applies_to_one_shots_not_recurring_parents() -> None:
-    change = ScheduleChange(row=existing_row("{}"), new_bucket=None, old_bucket=None,
-                            now_ms=NOW)
+    change = ScheduleChange(row=existing_row("{}"), new_bucket=None, old_bucket=None, now_ms=NOW)
     cfg = TenantConfig(retention_s=600)
     assert with_retention(change, cfg).retention_s == 600
     assert with_retention(change, TenantConfig()).retention_s is None
