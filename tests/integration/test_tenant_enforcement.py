@@ -318,7 +318,7 @@ def test_tenant_retention_is_the_ttl_of_fired_and_cancelled_rows(te: Stack) -> N
 
 def test_tenant_default_retry_policy_is_stamped_and_the_proxy_applies_it(
     te: Stack,
-    receiver: Receiver,
+    receiver: Receiver,  # noqa: F811
     proxies: list[ProxyApp],  # noqa: F811
 ) -> None:
     tenant = uid("rp")
