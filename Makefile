@@ -64,6 +64,7 @@ api: setup
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
@@ -77,6 +78,7 @@ integration: up
 # The second command: every check, the same locally and in CI (.ci/run calls exactly this).
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory deploy-check
 	$(TOCSIN) infra up
