@@ -64,7 +64,15 @@ import aiohttp
 import orjson
 
 from base.settings import REPO_ROOT, Settings
-from bench.scheduler import WORKER_COMMAND, WORKER_PORTS, cleanup, metric, pct, start_workers
+from bench.scheduler import (
+    WORKER_COMMAND,
+    WORKER_PORTS,
+    Worker,
+    cleanup,
+    metric,
+    pct,
+    start_workers,
+)
 from topics.catalog import catalog
 
 
@@ -409,7 +417,7 @@ async def phase_latency(
     return latencies, failed
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rate-s", type=float, default=20)
     parser.add_argument("--concurrency", type=int, default=256)
@@ -434,7 +442,119 @@ def main() -> int:
     parser.add_argument(
         "--client", choices=sorted(CLIENTS), default="raw", help="the load generator's HTTP client"
     )
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def wait_ready(base: str, api_log: Path) -> None:
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the API did not start; see {api_log}")
+        time.sleep(0.2)
+
+
+def create_tenant(base: str, admin: str) -> str:
+    req = urllib.request.Request(
+        base + "/v1/tenants",
+        data=orjson.dumps({"tenant": "bench"}),
+        method="POST",
+        headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(req, timeout=10) as r:
+        key: str = orjson.loads(r.read())["api_key"]
+    return key
+
+
+def warm_up(base: str, key: str, settings: Settings) -> None:
+    # The first create waits until the worker owns its partitions.
+    probe_deadline = time.monotonic() + 120
+    while asyncio.run(phase_rate(base, key, 0.01, 1)) == 0:
+        if time.monotonic() > probe_deadline:
+            raise SystemExit("the worker does not answer")
+    wait_partitions_owned(catalog(settings.topics).commands.partitions, probe_deadline)
+
+
+def measured_pids(
+    api: subprocess.Popen[bytes], workers: list[Worker], state: Path
+) -> dict[str, int]:
+    pids = {"api": api.pid, "client": os.getpid()}
+    for i, worker in enumerate(workers):
+        assert worker.proc is not None
+        pids[f"worker{i}" if len(workers) > 1 else "worker"] = worker.proc.pid
+    # The local stack's servers too (shared with whatever else runs on the machine).
+    for name in ("kafka", "cassandra"):
+        pid_file = state / name / "server.pid"
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text().split()[0])
+            cpu_s(pid)
+            pids[name] = pid
+    return pids
+
+
+def start_spies(
+    prefix: str | None, pids: dict[str, int], seconds: float
+) -> list[subprocess.Popen[bytes]]:
+    if not prefix:
+        return []
+    return [
+        p
+        for name, pid in pids.items()
+        if name != "client"
+        if (p := py_spy(pid, f"{prefix}-{name}.txt", seconds)) is not None
+    ]
+
+
+def measure(
+    args: argparse.Namespace, base: str, key: str, settings: Settings, pids: dict[str, int]
+) -> list[str]:
+    storeless = args.worker_store == "none"
+    spies = start_spies(args.py_spy, pids, args.rate_s)
+    meter = CpuMeter(pids)
+    rate = asyncio.run(phase_rate(base, key, args.rate_s, args.concurrency, args.client))
+    print(
+        f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients; "
+        + meter.report(),
+        flush=True,
+    )
+    for spy in spies:
+        spy.wait(60)
+    meter = CpuMeter(pids)
+    latency_from_ms = now_ms()
+    lat, failed = asyncio.run(
+        phase_latency(base, key, args.latency_rate, args.latency_s, args.client)
+    )
+    print(
+        f"[latency] {len(lat)} ok, {failed} failed at {args.latency_rate}/s: "
+        f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms, "
+        f"p99 {pct([int(x) for x in lat], 0.99):.0f} ms; " + meter.report(),
+        flush=True,
+    )
+    print(f"[latency] breakdown: {breakdown(settings, latency_from_ms, now_ms())}", flush=True)
+    suffix = "_storeless" if storeless else ""
+    return [
+        f"RESULT api_create_p50_ms{suffix}={pct([int(x) for x in lat], 0.5):.0f} ms",
+        f"RESULT api_create_rate{suffix}={rate:.0f} creates/s",
+        f"RESULT api_create_p99_ms{suffix}={pct([int(x) for x in lat], 0.99):.0f} ms",
+    ]
+
+
+def stop_api(api: subprocess.Popen[bytes]) -> None:
+    if api.poll() is None:
+        os.killpg(api.pid, signal.SIGTERM)
+        try:
+            api.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(api.pid, signal.SIGKILL)
+
+
+def main() -> int:
+    args = parse_args()
 
     run = uuid.uuid4().hex[:6]
     port = args.api_port or free_port()
@@ -484,84 +604,12 @@ def main() -> int:
     base = f"http://127.0.0.1:{port}"
     results: list[str] = []
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit(f"the API did not start; see {api_log}")
-            time.sleep(0.2)
-        req = urllib.request.Request(
-            base + "/v1/tenants",
-            data=orjson.dumps({"tenant": "bench"}),
-            method="POST",
-            headers={"Authorization": f"Bearer {admin}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=10) as r:
-            key = orjson.loads(r.read())["api_key"]
-        # Warm up: the first create waits until the worker owns its partitions.
-        probe_deadline = time.monotonic() + 120
-        while asyncio.run(phase_rate(base, key, 0.01, 1)) == 0:
-            if time.monotonic() > probe_deadline:
-                raise SystemExit("the worker does not answer")
-        wait_partitions_owned(catalog(settings.topics).commands.partitions, probe_deadline)
-        pids = {"api": api.pid, "client": os.getpid()}
-        for i, worker in enumerate(workers):
-            assert worker.proc is not None
-            pids[f"worker{i}" if len(workers) > 1 else "worker"] = worker.proc.pid
-        # The local stack's servers too (shared with whatever else runs on the machine).
-        for name in ("kafka", "cassandra"):
-            pid_file = state / name / "server.pid"
-            with contextlib.suppress(OSError, ValueError):
-                pid = int(pid_file.read_text().split()[0])
-                cpu_s(pid)
-                pids[name] = pid
-        spies = []
-        if args.py_spy:
-            spies = [
-                p
-                for name, pid in pids.items()
-                if name != "client"
-                if (p := py_spy(pid, f"{args.py_spy}-{name}.txt", args.rate_s)) is not None
-            ]
-        meter = CpuMeter(pids)
-        rate = asyncio.run(phase_rate(base, key, args.rate_s, args.concurrency, args.client))
-        print(
-            f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients; "
-            + meter.report(),
-            flush=True,
-        )
-        for spy in spies:
-            spy.wait(60)
-        meter = CpuMeter(pids)
-        latency_from_ms = now_ms()
-        lat, failed = asyncio.run(
-            phase_latency(base, key, args.latency_rate, args.latency_s, args.client)
-        )
-        print(
-            f"[latency] {len(lat)} ok, {failed} failed at {args.latency_rate}/s: "
-            f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms, "
-            f"p99 {pct([int(x) for x in lat], 0.99):.0f} ms; " + meter.report(),
-            flush=True,
-        )
-        print(f"[latency] breakdown: {breakdown(settings, latency_from_ms, now_ms())}", flush=True)
-        suffix = "_storeless" if storeless else ""
-        results += [
-            f"RESULT api_create_p50_ms{suffix}={pct([int(x) for x in lat], 0.5):.0f} ms",
-            f"RESULT api_create_rate{suffix}={rate:.0f} creates/s",
-            f"RESULT api_create_p99_ms{suffix}={pct([int(x) for x in lat], 0.99):.0f} ms",
-        ]
+        wait_ready(base, api_log)
+        key = create_tenant(base, admin)
+        warm_up(base, key, settings)
+        results = measure(args, base, key, settings, measured_pids(api, workers, state))
     finally:
-        if api.poll() is None:
-            os.killpg(api.pid, signal.SIGTERM)
-            try:
-                api.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(api.pid, signal.SIGKILL)
+        stop_api(api)
         for worker in workers:
             worker.stop()
         cleanup(settings)

@@ -1469,6 +1469,40 @@ def fmt(r: dict[str, Any]) -> str:
     return f"{r['scenario']:<10} {head} {orjson.dumps(rest, default=str).decode()}"
 
 
+def run_scenario(chaos: Chaos, name: str) -> dict[str, Any]:
+    """One scenario's figures; a scenario that raises is reported, not fatal to the run."""
+    say(f"=== scenario {name}")
+    t = time.monotonic()
+    try:
+        # The broker or Cassandra may have been left down by a failed scenario.
+        if name != "state_dir":
+            chaos.stack.up()
+        r = SCENARIOS[name](chaos)
+    except Exception as exc:
+        traceback.print_exc()
+        r = {"scenario": name, "error": repr(exc), "lost": 0, "duplicated": 0}
+    r["seconds"] = round(time.monotonic() - t)
+    say(fmt(r))
+    return r
+
+
+def print_summary(results: list[dict[str, Any]]) -> int:
+    """Prints the figures, the breaches and the RESULT lines; the exit status."""
+    print("\nscenario   figures", flush=True)
+    for r in results:
+        print(fmt(r))
+    v = verdict(results)
+    dups = sum(int(r.get("duplicated", 0)) for r in results)
+    if v.failed:
+        print(f"FAILED scenarios: {list(v.failed)}")
+    for line in v.breaches:
+        print(f"BREACH {line}")
+    for line in v.result_lines():
+        print(line)
+    print(f"RESULT chaos_duplicates={dups} triggers")
+    return 0 if v.ok else 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -1495,35 +1529,11 @@ def main() -> int:
         if needs_stack:
             chaos.up()
         for name in names:
-            say(f"=== scenario {name}")
-            t = time.monotonic()
-            try:
-                # The broker or Cassandra may have been left down by a failed scenario.
-                if name != "state_dir":
-                    chaos.stack.up()
-                r = SCENARIOS[name](chaos)
-            except Exception as exc:
-                traceback.print_exc()
-                r = {"scenario": name, "error": repr(exc), "lost": 0, "duplicated": 0}
-            r["seconds"] = round(time.monotonic() - t)
-            results.append(r)
-            say(fmt(r))
+            results.append(run_scenario(chaos, name))
     finally:
         if needs_stack and not args.keep_stack:
             chaos.down()
-    print("\nscenario   figures", flush=True)
-    for r in results:
-        print(fmt(r))
-    v = verdict(results)
-    dups = sum(int(r.get("duplicated", 0)) for r in results)
-    if v.failed:
-        print(f"FAILED scenarios: {list(v.failed)}")
-    for line in v.breaches:
-        print(f"BREACH {line}")
-    for line in v.result_lines():
-        print(line)
-    print(f"RESULT chaos_duplicates={dups} triggers")
-    return 0 if v.ok else 1
+    return print_summary(results)
 
 
 if __name__ == "__main__":
