@@ -77,8 +77,9 @@ def layer_violations(modules: list[tuple[str, Path]]) -> list[str]:
     return sorted(bad.values())
 
 
-def module_cycles(modules: list[tuple[str, Path]]) -> list[list[str]]:
-    """Strongly connected groups of more than one module in the import graph."""
+def import_graph(modules: list[tuple[str, Path]]) -> dict[str, set[str]]:
+    """Each module -> the modules of ours it imports (a name imported from a module counts
+    as that module)."""
     names = {m.removesuffix(".__init__") for m, _ in modules}
     graph: dict[str, set[str]] = {}
     for module, path in modules:
@@ -90,37 +91,52 @@ def module_cycles(modules: list[tuple[str, Path]]) -> list[list[str]]:
             if name and name != me:
                 targets.add(name)
         graph[me] = targets
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    groups: list[list[str]] = []
+    return graph
 
-    def visit(v: str) -> None:
-        index[v] = low[v] = len(index)
-        stack.append(v)
-        on_stack.add(v)
-        for w in graph.get(v, ()):
-            if w not in index:
-                visit(w)
-                low[v] = min(low[v], low[w])
-            elif w in on_stack:
-                low[v] = min(low[v], index[w])
-        if low[v] == index[v]:
-            group = []
-            while True:
-                w = stack.pop()
-                on_stack.discard(w)
-                group.append(w)
-                if w == v:
-                    break
-            if len(group) > 1:
-                groups.append(sorted(group))
 
-    for v in sorted(graph):
-        if v not in index:
-            visit(v)
-    return groups
+class StronglyConnected:
+    """Tarjan's walk over ``graph``: ``groups`` are its strongly connected groups of more
+    than one node."""
+
+    def __init__(self, graph: dict[str, set[str]]) -> None:
+        self.graph = graph
+        self.index: dict[str, int] = {}
+        self.low: dict[str, int] = {}
+        self.stack: list[str] = []
+        self.on_stack: set[str] = set()
+        self.groups: list[list[str]] = []
+        for v in sorted(graph):
+            if v not in self.index:
+                self.visit(v)
+
+    def visit(self, v: str) -> None:
+        self.index[v] = self.low[v] = len(self.index)
+        self.stack.append(v)
+        self.on_stack.add(v)
+        for w in self.graph.get(v, ()):
+            if w not in self.index:
+                self.visit(w)
+                self.low[v] = min(self.low[v], self.low[w])
+            elif w in self.on_stack:
+                self.low[v] = min(self.low[v], self.index[w])
+        if self.low[v] == self.index[v]:
+            self.pop_group(v)
+
+    def pop_group(self, root: str) -> None:
+        group = []
+        while True:
+            w = self.stack.pop()
+            self.on_stack.discard(w)
+            group.append(w)
+            if w == root:
+                break
+        if len(group) > 1:
+            self.groups.append(sorted(group))
+
+
+def module_cycles(modules: list[tuple[str, Path]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module in the import graph."""
+    return StronglyConnected(import_graph(modules)).groups
 
 
 def test_every_package_is_in_a_layer() -> None:
