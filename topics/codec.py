@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import base64
 import functools
-from typing import Any
 
 import orjson
 
@@ -84,34 +83,34 @@ def _bad(field: str, expected: str, value: object) -> CommandRejected:
     return CommandRejected(Code.INVALID_FIELD, f"{field} must be {expected}, got {shown}")
 
 
-def _required(obj: dict[str, Any], field: str) -> object:
+def _required(obj: dict[str, object], field: str) -> object:
     if field not in obj:
         raise CommandRejected(Code.MISSING_FIELD, f"missing required field {field!r}")
     return obj[field]
 
 
-def _str(obj: dict[str, Any], field: str) -> str:
+def _str(obj: dict[str, object], field: str) -> str:
     value = _required(obj, field)
     if not isinstance(value, str) or not value:
         raise _bad(field, "a non-empty string", value)
     return value
 
 
-def _opt_str(obj: dict[str, Any], field: str) -> str | None:
+def _opt_str(obj: dict[str, object], field: str) -> str | None:
     value = _required(obj, field)
     if value is not None and not isinstance(value, str):
         raise _bad(field, "a string or null", value)
     return value
 
 
-def _int(obj: dict[str, Any], field: str, *, minimum: int = 0) -> int:
+def _int(obj: dict[str, object], field: str, *, minimum: int = 0) -> int:
     value = _required(obj, field)
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise _bad(field, f"an integer >= {minimum}", value)
     return value
 
 
-def _payload_fields(payload: bytes, payload_type: PayloadType) -> dict[str, Any]:
+def _payload_fields(payload: bytes, payload_type: PayloadType) -> dict[str, object]:
     if payload_type is PayloadType.JSON:
         # Embedded as is: the bytes are canonical JSON already, and re-parsing 64 KiB per
         # trigger would cost more than the rest of the encoding.
@@ -122,9 +121,9 @@ def _payload_fields(payload: bytes, payload_type: PayloadType) -> dict[str, Any]
 # -- callbacks ----------------------------------------------------------------------------
 
 
-def callback_to_dict(callback: Callback) -> dict[str, Any]:
+def callback_to_dict(callback: Callback) -> dict[str, object]:
     """The JSON object form of a callback, every field spelled out."""
-    out: dict[str, Any]
+    out: dict[str, object]
     if isinstance(callback, HttpCallback):
         out = {
             "type": "http",
@@ -166,9 +165,9 @@ def callback_from_json(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) ->
 # -- recurrences --------------------------------------------------------------------------
 
 
-def recurrence_to_dict(recurrence: Recurrence) -> dict[str, Any]:
+def recurrence_to_dict(recurrence: Recurrence) -> dict[str, object]:
     """The JSON object form of a recurrence (times as epoch ms), defaults spelled out."""
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     if recurrence.cron is not None:
         out["cron"] = recurrence.cron
     if recurrence.every_s is not None:
@@ -218,9 +217,9 @@ def _stored_recurrence(text: str) -> Recurrence:
 # -- commands -----------------------------------------------------------------------------
 
 
-def command_to_dict(command: Command) -> dict[str, Any]:
+def command_to_dict(command: Command) -> dict[str, object]:
     """The JSON object of a command; ``due`` as epoch ms, defaults left out."""
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "type": str(command.type),
         "tenant": command.tenant,
         "schedule_id": command.schedule_id,
@@ -307,7 +306,7 @@ def decode_result(raw: bytes) -> CommandResult:
         raise CommandRejected(Code.INVALID_FIELD, str(exc)) from None
 
 
-def _str_or_empty(obj: dict[str, Any], field: str) -> str:
+def _str_or_empty(obj: dict[str, object], field: str) -> str:
     value = _required(obj, field)
     if not isinstance(value, str):
         raise _bad(field, "a string", value)

@@ -13,7 +13,6 @@ import math
 import re
 from dataclasses import dataclass
 from dataclasses import field as dataclass_field
-from typing import Any
 
 import orjson
 
@@ -128,7 +127,7 @@ def kind_of(value: object) -> str:
     return type(value).__name__
 
 
-def load_object(raw: bytes) -> dict[str, Any]:
+def load_object(raw: bytes) -> dict[str, object]:
     """Parse JSON bytes that must hold an object (``malformed_json`` / ``not_an_object``)."""
     try:
         obj = orjson.loads(raw)
@@ -142,7 +141,7 @@ def load_object(raw: bytes) -> dict[str, Any]:
 
 
 def check_fields(
-    obj: dict[str, Any], fields: Fields, *, where: str, code: Code = Code.INVALID_FIELD
+    obj: dict[str, object], fields: Fields, *, where: str, code: Code = Code.INVALID_FIELD
 ) -> None:
     """Reject keys outside ``fields`` (typos would otherwise be silently ignored) and absent
     required keys (``missing_field`` at top level, ``code`` inside a nested object)."""
@@ -264,7 +263,7 @@ def when(epoch_ms: int) -> str:
 
 
 def parse_payload(
-    obj: dict[str, Any], *, max_bytes: int | None
+    obj: dict[str, object], *, max_bytes: int | None
 ) -> tuple[bytes, PayloadType] | tuple[None, None]:
     """The payload of a command or trigger object; ``(None, None)`` when it carries none.
 

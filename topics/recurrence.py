@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import re
 from importlib import resources
-from typing import Any
 
 from base.errors import CommandRejected
 from topics.codes import Code
@@ -193,7 +192,7 @@ def _zone_exists(name: str) -> bool:
         return False
 
 
-def _choice(obj: dict[str, Any], name: str, default: str, allowed: frozenset[str]) -> str:
+def _choice(obj: dict[str, object], name: str, default: str, allowed: frozenset[str]) -> str:
     value = obj.get(name, default)
     if not isinstance(value, str) or value not in allowed:
         raise CommandRejected(
@@ -203,7 +202,7 @@ def _choice(obj: dict[str, Any], name: str, default: str, allowed: frozenset[str
     return value
 
 
-def _bounded(obj: dict[str, Any], name: str, low: int, high: int) -> int | None:
+def _bounded(obj: dict[str, object], name: str, low: int, high: int) -> int | None:
     if name not in obj:
         return None
     value = integer(obj[name], f"recurrence.{name}", Code.INVALID_FIELD)

@@ -46,7 +46,6 @@ from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from topics.codes import Code
 
@@ -170,6 +169,11 @@ def _matches(secret: str, signed: tuple[int, bytes], key: bytes | None, value: b
     return hmac.compare_digest(expected, signed[1])
 
 
+def _stored_key(value: object) -> str | None:
+    """A key column's value; None when the column is empty (null or "")."""
+    return value if isinstance(value, str) and value else None
+
+
 @dataclass(frozen=True, kw_only=True)
 class SigningKeys:
     """A tenant's signing keys (columns of ``tenants``, migration 006)."""
@@ -181,13 +185,14 @@ class SigningKeys:
     retired: str | None = None  # the key rotated out before ``previous`` (recognised only)
 
     @classmethod
-    def of_row(cls, row: Mapping[str, Any] | None) -> SigningKeys:
+    def of_row(cls, row: Mapping[str, object] | None) -> SigningKeys:
         row = row or {}
+        expires = row.get("previous_signing_expires_ms")
         return cls(
-            current=row.get("signing_secret") or None,
-            previous=row.get("previous_signing_secret") or None,
-            previous_expires_ms=row.get("previous_signing_expires_ms"),
-            retired=row.get("retired_signing_secret") or None,
+            current=_stored_key(row.get("signing_secret")),
+            previous=_stored_key(row.get("previous_signing_secret")),
+            previous_expires_ms=expires if isinstance(expires, int) else None,
+            retired=_stored_key(row.get("retired_signing_secret")),
         )
 
     def previous_valid(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import re
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import orjson
 
@@ -108,7 +108,7 @@ class Salvaged(NamedTuple):
     command: CommandType | None
 
 
-def _command_type(obj: dict[str, Any]) -> CommandType:
+def _command_type(obj: dict[str, object]) -> CommandType:
     if "type" not in obj:
         raise CommandRejected(Code.MISSING_FIELD, "missing required field 'type'")
     value = obj["type"]
@@ -177,7 +177,7 @@ def check_reply_nonce(value: object) -> str:
 
 
 def _create(
-    obj: dict[str, Any],
+    obj: dict[str, object],
     tenant: str,
     schedule_id: str,
     request_id: str | None,
@@ -231,7 +231,7 @@ def _create(
 
 
 def _update(
-    obj: dict[str, Any],
+    obj: dict[str, object],
     tenant: str,
     schedule_id: str,
     request_id: str | None,
