@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import socket
 import ssl
-from typing import Any
 
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
@@ -17,8 +16,8 @@ def make_cluster(
     settings: CassandraSettings,
     *,
     protocol_version: int | None = None,
-    profile: dict[str, Any] | None = None,
-    **overrides: Any,
+    profile: dict[str, object] | None = None,
+    **overrides: object,
 ) -> Cluster:
     """A Cluster for these settings; the caller connects and shuts it down.
 
@@ -26,7 +25,7 @@ def make_cluster(
     say why; 0 there lets the driver negotiate). ``profile``: more options of the default
     execution profile (consistency, row factory...). ``overrides``: other Cluster
     arguments (e.g. ``connect_timeout``)."""
-    profile_options: dict[str, Any] = {
+    profile_options: dict[str, object] = {
         # Token-aware routing sends each prepared statement straight to a replica.
         "load_balancing_policy": TokenAwarePolicy(
             DCAwareRoundRobinPolicy(local_dc=settings.local_dc)
@@ -34,7 +33,7 @@ def make_cluster(
         "request_timeout": settings.request_timeout_s,
         **(profile or {}),
     }
-    kwargs: dict[str, Any] = {
+    kwargs: dict[str, object] = {
         "contact_points": list(settings.contact_points),
         "port": settings.port,
         "execution_profiles": {EXEC_PROFILE_DEFAULT: ExecutionProfile(**profile_options)},

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from typing import Any
 
 import orjson
 
@@ -22,7 +21,7 @@ _QUIET = ("cassandra",)
 
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
-        out: dict[str, Any] = {
+        out: dict[str, object] = {
             "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
             + f".{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
@@ -51,7 +50,7 @@ class TextFormatter(logging.Formatter):
         return text
 
 
-def logging_dict(level: str = "INFO", fmt: str = "json") -> dict[str, Any]:
+def logging_dict(level: str = "INFO", fmt: str = "json") -> dict[str, object]:
     """The same setup as a dictConfig, for runners that configure logging themselves
     (Faust's worker takes it as ``logging_config``)."""
     formatter = "base.logs.JsonFormatter" if fmt == "json" else "base.logs.TextFormatter"
