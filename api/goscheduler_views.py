@@ -16,6 +16,7 @@ import orjson
 from api import gocron, recurring, views
 from api.views import ApiError
 from streams.model import ScheduleState
+from streams.ports import CqlRow
 from streams.status import Outcome
 from topics.models import Ambiguous, DayMatch
 
@@ -98,7 +99,7 @@ def _status(state: str, outcome: object) -> GoStatus:
     return GoStatus.FAILURE if outcome == Outcome.DEAD_LETTERED else GoStatus.SUCCESS
 
 
-def go_status(row: Mapping[str, Any]) -> GoStatus:
+def go_status(row: CqlRow) -> GoStatus:
     """go-scheduler's status for a schedule row."""
     return _status(views.effective_state(row), row.get("delivery_outcome"))
 
@@ -107,7 +108,7 @@ def _text(payload: bytes | None) -> str:
     return (payload or b"").decode("utf-8", "replace")
 
 
-def go_callback(row: Mapping[str, Any]) -> dict[str, object]:
+def go_callback(row: CqlRow) -> dict[str, object]:
     callback = orjson.loads(row["callback"]) if row.get("callback") else {}
     if callback.get("type") == "http":
         return {
@@ -124,7 +125,7 @@ def go_callback(row: Mapping[str, Any]) -> dict[str, object]:
     }
 
 
-def go_schedule(row: Mapping[str, Any]) -> dict[str, object]:
+def go_schedule(row: CqlRow) -> dict[str, object]:
     due_s = int(row["due_ms"]) // 1000
     out: dict[str, object] = {
         "scheduleId": row["schedule_id"],
@@ -141,11 +142,11 @@ def go_schedule(row: Mapping[str, Any]) -> dict[str, object]:
     return out
 
 
-def go_cron_schedule(row: Mapping[str, Any], status: str) -> dict[str, object]:
+def go_cron_schedule(row: CqlRow, status: str) -> dict[str, object]:
     """go-scheduler's view of a recurring schedule (a "cron"): no scheduleTime, its
     cronExpression (a rate made through /v1 shows as ``@every <n>s``)."""
     rec = recurring.recurrence_view(row)
-    expression = gocron.display(rec["cron"]) if "cron" in rec else f"@every {rec['every_s']}s"
+    expression = gocron.display(str(rec["cron"])) if "cron" in rec else f"@every {rec['every_s']}s"
     return {
         "scheduleId": row["schedule_id"],
         "payload": _text(row.get("payload")),
@@ -157,7 +158,7 @@ def go_cron_schedule(row: Mapping[str, Any], status: str) -> dict[str, object]:
     }
 
 
-def go_run(run: Mapping[str, Any], parent: Mapping[str, Any]) -> dict[str, object]:
+def go_run(run: CqlRow, parent: CqlRow) -> dict[str, object]:
     """One run of a cron as go-scheduler shows it: a one-time schedule of its own."""
     due_s = int(run["due_ms"]) // 1000
     return {
@@ -173,7 +174,7 @@ def go_run(run: Mapping[str, Any], parent: Mapping[str, Any]) -> dict[str, objec
     }
 
 
-def fire_runs(row: Mapping[str, Any], events: list[dict[str, Any]]) -> list[dict[str, object]]:
+def fire_runs(row: CqlRow, events: list[CqlRow]) -> list[dict[str, object]]:
     """The runs of a one-time schedule: each fire (and re-fire) or miss of its history."""
     out = []
     for e in events:
@@ -281,7 +282,7 @@ def list_token(cursor: tuple[int, str] | None) -> str:
     return base64.urlsafe_b64decode(raw + "=" * (-len(raw) % 4)).hex()
 
 
-def create_timing(body: Mapping[str, Any], cron_time_zone: str) -> dict[str, object]:
+def create_timing(body: Mapping[str, object], cron_time_zone: str) -> dict[str, object]:
     """``{"due": ms}`` for a one-time schedule, ``{"recurrence": ...}`` for a cron."""
     cron = body.get("cronExpression") or None  # "" is a one-time schedule, as there
     when = body.get("scheduleTime")
@@ -311,7 +312,7 @@ def create_timing(body: Mapping[str, Any], cron_time_zone: str) -> dict[str, obj
     return {"recurrence": recurrence}
 
 
-def create_callback(body: Mapping[str, Any]) -> dict[str, object]:
+def create_callback(body: Mapping[str, object]) -> dict[str, object]:
     """The native HTTP callback of go-scheduler's ``{"type": "http", "details": ...}``."""
     cb = body.get("callback")
     if (
@@ -335,7 +336,7 @@ def create_callback(body: Mapping[str, Any]) -> dict[str, object]:
     return callback
 
 
-def create_body(body: Mapping[str, Any], cron_time_zone: str) -> dict[str, object]:
+def create_body(body: Mapping[str, object], cron_time_zone: str) -> dict[str, object]:
     """The native create body (``POST /v1/schedules``) of go-scheduler's create request."""
     unknown = sorted(set(body) - CREATE_FIELDS)
     if unknown:

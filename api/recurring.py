@@ -15,13 +15,14 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, TypedDict, TypeVar
 
 import orjson
 
 from api.views import event_view, payload_view
 from streams.model import ScheduleState
+from streams.ports import CqlRow
 from streams.recurring import NEVER_MS, jitter_ms, next_runs, occurrences, run_id, series_start
 from topics.codec import recurrence_from_json
 from topics.ids import format_iso_ms, trigger_id
@@ -34,13 +35,23 @@ PARENT_STATUSES = (ScheduleState.SCHEDULED, ScheduleState.CANCELLED, ScheduleSta
 MAX_COUNTED_RUNS = 100_000
 
 Key = tuple[int, str]  # (position ms, schedule id): the listing order and cursor
+T = TypeVar("T")
 
 
-def is_parent(row: Mapping[str, Any]) -> bool:
+class UpcomingRun(TypedDict):
+    """A run still to come, as ``streams.recurring_store.schedule_runs`` lists its runs."""
+
+    run_id: str
+    nominal_ms: int
+    due_ms: int  # nominal + jitter
+    trigger_id: str
+
+
+def is_parent(row: CqlRow) -> bool:
     return row.get("recurrence") is not None
 
 
-def recurrence_of(row: Mapping[str, Any]) -> Recurrence:
+def recurrence_of(row: CqlRow) -> Recurrence:
     return _parse(str(row["recurrence"]))
 
 
@@ -71,33 +82,33 @@ def _begin(rec: Recurrence, anchor_ms: int, at_ms: int) -> int:
     return max(at_ms, series_start(rec, anchor_ms), anchor_ms)
 
 
-def _anchor(row: Mapping[str, Any]) -> int:
+def _anchor(row: CqlRow) -> int:
     return int(row.get("anchor_ms") or row.get("created_ms") or 0)
 
 
-def _state(row: Mapping[str, Any]) -> str:
+def _state(row: CqlRow) -> str:
     """The stored state (a row without one is scheduled)."""
     return str(row.get("state") or ScheduleState.SCHEDULED)
 
 
-def _until(row: Mapping[str, Any]) -> int:
+def _until(row: CqlRow) -> int:
     return int(row.get("materialized_until_ms") or 0)
 
 
-def rule_changed_ms(row: Mapping[str, Any]) -> int | None:
+def rule_changed_ms(row: CqlRow) -> int | None:
     """When an update last replaced the recurrence (its runs before that followed an
     earlier rule), or None if the rule is the create's."""
     anchor, created = row.get("anchor_ms"), row.get("created_ms")
     return int(anchor) if anchor is not None and created is not None and anchor > created else None
 
 
-def runs_out(row: Mapping[str, Any]) -> bool:
+def runs_out(row: CqlRow) -> bool:
     """Every run of the schedule has been written ahead (or dropped): none is left to
     compute. Its last runs may still be waiting for their time (``parent_status``)."""
     return _until(row) >= NEVER_MS
 
 
-def parent_status(row: Mapping[str, Any], *, now_ms: int, last_due_ms: int | None) -> ScheduleState:
+def parent_status(row: CqlRow, *, now_ms: int, last_due_ms: int | None) -> ScheduleState:
     """scheduled | cancelled | completed. ``last_due_ms``: due time of the newest written
     run (only needed once ``runs_out``): the schedule completes when that one is due."""
     state = _state(row)
@@ -110,7 +121,7 @@ def parent_status(row: Mapping[str, Any], *, now_ms: int, last_due_ms: int | Non
     return ScheduleState.SCHEDULED
 
 
-def _counted_before(row: Mapping[str, Any], rec: Recurrence, at_ms: int) -> int:
+def _counted_before(row: CqlRow, rec: Recurrence, at_ms: int) -> int:
     """Runs of the series before ``at_ms`` (for ``max_runs``), from the parent's run count
     (the runs before ``materialized_until_ms``). Bounded work: at most the run count, or
     ``MAX_COUNTED_RUNS`` occurrences after the materialised part."""
@@ -135,14 +146,14 @@ def _counted_before(row: Mapping[str, Any], rec: Recurrence, at_ms: int) -> int:
 
 
 def upcoming(
-    row: Mapping[str, Any],
+    row: CqlRow,
     rec: Recurrence,
     *,
     now_ms: int,
     n: int,
     after_ms: int | None = None,
     last_nominal_ms: int | None = None,
-) -> list[dict[str, Any]]:
+) -> list[UpcomingRun]:
     """The next ``n`` runs of a scheduled parent from ``now_ms`` (or from ``after_ms`` when
     later: paging), honouring ``end`` and ``max_runs``: run id, nominal and due time (with
     jitter) and trigger id, as ``streams.materializer.schedule_runs`` reports them. Once
@@ -161,23 +172,20 @@ def upcoming(
         # Counting runs only matters for max_runs (it costs an enumeration).
         counted = 0 if rec.max_runs is None else _counted_before(row, rec, at)
         nominals = next_runs(rec, at, n, anchor_ms=anchor, counted=counted)
-    out = []
+    out: list[UpcomingRun] = []
     for nominal in nominals:
         rid = run_id(sid, nominal)
         due = nominal + jitter_ms(tenant, rid, rec.jitter_s)
         out.append(
-            {
-                "run_id": rid,
-                "nominal_ms": nominal,
-                "due_ms": due,
-                "trigger_id": trigger_id(tenant, rid, due),
-            }
+            UpcomingRun(
+                run_id=rid, nominal_ms=nominal, due_ms=due, trigger_id=trigger_id(tenant, rid, due)
+            )
         )
     return out
 
 
 def next_run(
-    row: Mapping[str, Any], rec: Recurrence, *, now_ms: int, last_nominal_ms: int | None = None
+    row: CqlRow, rec: Recurrence, *, now_ms: int, last_nominal_ms: int | None = None
 ) -> int | None:
     """Nominal time of the next run after ``now_ms`` of a scheduled parent, or None
     (``last_nominal_ms`` as for ``upcoming``)."""
@@ -191,7 +199,7 @@ def next_run(
 
 
 def window_run(
-    row: Mapping[str, Any],
+    row: CqlRow,
     rec: Recurrence,
     *,
     from_ms: int,
@@ -230,9 +238,9 @@ def window_run(
     return at
 
 
-def recurrence_view(row: Mapping[str, Any]) -> dict[str, Any]:
+def recurrence_view(row: CqlRow) -> dict[str, object]:
     """The stored recurrence in its wire form (times as epoch ms), as a create sends it."""
-    value: dict[str, Any] = orjson.loads(row["recurrence"])
+    value: dict[str, object] = orjson.loads(row["recurrence"])
     return value
 
 
@@ -241,8 +249,8 @@ def _iso(ms: int | None) -> str | None:
 
 
 def parent_brief(
-    row: Mapping[str, Any], *, status: str, position_ms: int, next_ms: int | None
-) -> dict[str, Any]:
+    row: CqlRow, *, status: str, position_ms: int, next_ms: int | None
+) -> dict[str, object]:
     """A parent in a listing: ``due`` is its first run in the window (its position)."""
     return {
         "schedule_id": row["schedule_id"],
@@ -257,7 +265,7 @@ def parent_brief(
     }
 
 
-def run_view(run: Mapping[str, Any]) -> dict[str, Any]:
+def run_view(run: CqlRow) -> dict[str, object]:
     """One run from ``streams.materializer.schedule_runs`` with readable times."""
     out = dict(run)
     out["nominal"] = _iso(int(run["nominal_ms"]))
@@ -268,16 +276,16 @@ def run_view(run: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def parent_view(
-    row: Mapping[str, Any],
-    events: Sequence[Mapping[str, Any]],
+    row: CqlRow,
+    events: Sequence[CqlRow],
     *,
     status: str,
     next_ms: int | None,
-    runs: Mapping[str, Any] | None,
-) -> dict[str, Any]:
+    runs: CqlRow | None,
+) -> dict[str, object]:
     """The full JSON of a recurring schedule (``GET /v1/schedules/{id}``): ``due`` is its
     next run (null when none is left); ``runs`` its newest past and its next runs."""
-    view: dict[str, Any] = {
+    view: dict[str, object] = {
         "schedule_id": row["schedule_id"],
         "tenant": row["tenant"],
         "status": status,
@@ -306,7 +314,7 @@ def parent_view(
 
 
 def run_row_view(
-    row: Mapping[str, Any], events: Sequence[Mapping[str, Any]], *, parent_id: str, nominal_ms: int
+    row: CqlRow, events: Sequence[CqlRow], *, parent_id: str, nominal_ms: int
 ) -> dict[str, Any]:
     """``GET /v1/schedules/<parent>@<nominal_ms>``: a run of a recurring schedule. Its row
     exists once it fired or was missed (the ticker writes state, time and trigger id)."""
@@ -337,11 +345,11 @@ def run_row_view(
 
 
 def merge_page(
-    one_shots: Sequence[tuple[Key, Any]],
+    one_shots: Sequence[tuple[Key, T]],
     one_shot_cursor: Key | None,
-    parents: Sequence[tuple[Key, Any]],
+    parents: Sequence[tuple[Key, T]],
     limit: int,
-) -> tuple[list[Any], Key | None]:
+) -> tuple[list[T], Key | None]:
     """One page of a listing from its two sources, in key order, and the cursor after it.
 
     ``one_shots``: the one-shot listing's page (keys after the request's cursor) and its own

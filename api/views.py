@@ -7,12 +7,12 @@ import base64
 import binascii
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Any
 
 import orjson
 
 from base.errors import TocsinError
 from streams.model import ScheduleState
+from streams.ports import CqlRow
 from streams.status import Outcome
 from topics.codes import Code
 from topics.ids import MAX_EPOCH_MS, format_iso_ms, parse_iso_ms, trigger_id
@@ -70,7 +70,7 @@ class ApiError(TocsinError):
         self.extra = extra
         self.retriable = status in RETRIABLE_HTTP_STATUSES
 
-    def body(self) -> dict[str, Any]:
+    def body(self) -> dict[str, object]:
         return {"error": {"code": self.code, "message": self.message, **self.extra}}
 
 
@@ -247,7 +247,7 @@ def decode_cursor(value: str | None) -> tuple[int, str] | None:
     raise ApiError(400, "invalid_parameter", "cursor is not one this API returned")
 
 
-def effective_state(row: Mapping[str, Any]) -> str:
+def effective_state(row: CqlRow) -> str:
     """The schedule's state; a 'fired' row whose trigger is of an older due time (a
     reschedule raced the fire, see Store.mark_fired) is still scheduled."""
     state = str(row.get("state") or ScheduleState.SCHEDULED)
@@ -259,7 +259,7 @@ def effective_state(row: Mapping[str, Any]) -> str:
     return state
 
 
-def matches(row: Mapping[str, Any], statuses: frozenset[str] | None) -> bool:
+def matches(row: CqlRow, statuses: frozenset[str] | None) -> bool:
     if statuses is None:
         return True
     state = effective_state(row)
@@ -268,14 +268,14 @@ def matches(row: Mapping[str, Any], statuses: frozenset[str] | None) -> bool:
 
 
 def schedule_view(
-    row: Mapping[str, Any],
-    events: Sequence[Mapping[str, Any]] | None = None,
+    row: CqlRow,
+    events: Sequence[CqlRow] | None = None,
     *,
     brief: bool = False,
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """The JSON of a schedule (brief: without payload, callback and history)."""
     due = int(row["due_ms"])
-    view: dict[str, Any] = {
+    view: dict[str, object] = {
         "schedule_id": row["schedule_id"],
         "tenant": row["tenant"],
         "status": effective_state(row),
@@ -310,7 +310,7 @@ def schedule_view(
     return view
 
 
-def payload_view(row: Mapping[str, Any]) -> dict[str, Any]:
+def payload_view(row: CqlRow) -> dict[str, object]:
     """A stored payload as the API answers it: JSON as is, anything else base64."""
     payload = row.get("payload") or b""
     if row.get("payload_type") == "json" and payload:
@@ -318,7 +318,7 @@ def payload_view(row: Mapping[str, Any]) -> dict[str, Any]:
     return {"payload_b64": base64.b64encode(payload).decode("ascii")}
 
 
-def event_view(e: Mapping[str, Any]) -> dict[str, Any]:
+def event_view(e: CqlRow) -> dict[str, object]:
     """One history event of a schedule (``schedule_events``) with a readable time."""
     return {
         "at": format_iso_ms(int(e["at_ms"])),
@@ -331,7 +331,7 @@ def event_view(e: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def tenant_view(
-    row: Mapping[str, Any], config: dict[str, object], signing: dict[str, object] | None = None
+    row: CqlRow, config: dict[str, object], signing: dict[str, object] | None = None
 ) -> dict[str, object]:
     """``signing``: the state of its signing keys (streams.tenant_admin.signing_status)."""
     return {
