@@ -11,8 +11,9 @@ from aiohttp import web
 from api import goscheduler_views as gv
 from api import recurring, recurring_io, views
 from api.context import caller, json_response, read_json
-from api.service import Service, now_ms
+from api.service import Service
 from api.views import ApiError
+from base.clock import now_ms
 from base.errors import CommandRejected, ConfigError
 from streams.ports import CqlRow
 from streams.recurring import parse_run_id

@@ -8,7 +8,6 @@ the go-scheduler facade under ``/goscheduler`` (api/goscheduler.py). Errors are 
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
 from aiohttp import web
@@ -16,8 +15,9 @@ from aiohttp import web
 from api import goscheduler, recurring, recurring_io, views
 from api.context import caller, json_response, read_json
 from api.openapi import openapi_document
-from api.service import Principal, Service, now_ms
+from api.service import Principal, Service
 from api.views import ApiError, Mode
+from base.clock import now_ms
 from base.errors import TocsinError
 from base.settings import Settings
 from streams import tenant_admin
@@ -315,7 +315,7 @@ def _tenant_json(row: CqlRow) -> dict[str, object]:
     return views.tenant_view(
         row,
         TenantConfig.from_json(row.get("config")).to_dict(),
-        tenant_admin.signing_status(row, time.time_ns() // 1_000_000),
+        tenant_admin.signing_status(row, now_ms()),
     )
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, overload
@@ -22,6 +21,7 @@ from api.views import (
     http_status,
     matches,
 )
+from base.clock import now_ms
 from base.errors import CommandRejected, StoreError
 from base.settings import Settings
 from streams.cache import TtlCache
@@ -40,10 +40,6 @@ from topics.validation import Limits, decode_command
 log = logging.getLogger("tocsin.api")
 
 MAX_BULK = 10_000
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from types import FrameType
 from confluent_kafka import Consumer, KafkaException
 from confluent_kafka import KafkaError as RdKafkaError
 
+from base.clock import now_ms
 from base.errors import TocsinError
 from base.health import Health
 from base.health import serve as serve_health
@@ -168,15 +169,13 @@ class ProxyApp:
     def _retry_preparer(base: Prepare) -> Prepare:
         def parked(env: Envelope) -> None:
             try:
-                info, own = decode_headers(
-                    env.headers, now_s=env.read_s, now_ms=int(time.time() * 1000)
-                )
+                info, own = decode_headers(env.headers, now_s=env.read_s, now_ms=now_ms())
             except ValueError as exc:
                 env.invalid = f"retry record: {exc}"  # dead-lettered as it is
                 return
             env.origin, env.park_id, env.headers = info.origin, info.park_id, own
             env.attempt_state = info.state
-            env.not_before_s = env.read_s + max(0.0, info.not_before_ms / 1000 - time.time())
+            env.not_before_s = env.read_s + max(0.0, (info.not_before_ms - now_ms()) / 1000)
             base(env)
 
         return parked

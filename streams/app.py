@@ -17,14 +17,13 @@ import logging
 import os
 import socket
 import ssl
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import faust
 from faust.types import TP
 
+from base.clock import Clock, now_ms
 from base.health import Health
 from base.health import serve as serve_health
 from base.logs import setup_logging
@@ -342,12 +341,12 @@ def _timestamp_type(value: int | None) -> TimestampType:
     return TimestampType.CREATE_TIME
 
 
-def skewed_clock(skew_ms: int) -> Callable[[], int]:
+def skewed_clock(skew_ms: int) -> Clock:
     """The wall clock in epoch ms, offset by ``skew_ms`` (TOCSIN_CLOCK_SKEW_MS, fault
     injection: a host whose clock runs fast or slow)."""
     if not skew_ms:
-        return lambda: time.time_ns() // 1_000_000
-    return lambda: time.time_ns() // 1_000_000 + skew_ms
+        return now_ms
+    return lambda: now_ms() + skew_ms
 
 
 def _observe_bucket_query(seconds: float, rows: int) -> None:

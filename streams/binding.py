@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
+from base.clock import now_ms
 from base.errors import ConfigError, StoreError
 from base.settings import Settings
 from streams.buckets import BUCKET_MS
@@ -112,7 +112,7 @@ def check_keyspace(settings: Settings, *, owner: str) -> None:
                 deployment_of(settings),
                 settings.cassandra.keyspace,
                 owner=owner,
-                now_ms=time.time_ns() // 1_000_000,
+                now_ms=now_ms(),
             )
         finally:
             await store.close()

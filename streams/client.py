@@ -13,6 +13,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
 
+from base.clock import now_ms
 from base.errors import KafkaError
 from base.settings import Settings
 from topics.catalog import catalog
@@ -52,9 +53,7 @@ class CommandClient:
         key, value = command.schedule_id.encode(), encode_command(command)
         secret = signing_key or self.signing_key_of(command.tenant)
         headers = (
-            sign_headers(secret, signed_at_ms=time.time_ns() // 1_000_000, key=key, value=value)
-            if secret
-            else None
+            sign_headers(secret, signed_at_ms=now_ms(), key=key, value=value) if secret else None
         )
         self.send_raw(key, value, headers=headers)
 
@@ -192,4 +191,4 @@ class FireWatcher(_TopicTail):
     def poll(self, timeout_s: float = 0.5) -> Iterator[tuple[Trigger, int]]:
         """Triggers with their receive time (epoch ms)."""
         for value in self.poll_values(timeout_s):
-            yield decode_trigger(value), time.time_ns() // 1_000_000
+            yield decode_trigger(value), now_ms()

@@ -37,6 +37,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from base.clock import Clock, now_ms
 from base.errors import CommandRejected, KafkaError, TocsinError
 from streams import metrics
 from streams.cache import TtlCache
@@ -150,7 +151,7 @@ class CommandProcessor:
         partitions: int,
         limits: Limits,
         bucket_shards: int = 1,
-        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        clock_ms: Clock = now_ms,
         tenant_ttl_s: float = 5.0,
         require_signed: bool = True,
         results_sink: TriggerSink | None = None,

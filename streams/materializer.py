@@ -46,6 +46,7 @@ from typing import Protocol
 
 from prometheus_client import Counter, Histogram
 
+from base.clock import Clock, now_ms
 from base.supervise import supervise
 from streams.buckets import MINUTE_MS
 from streams.decisions import (
@@ -143,7 +144,7 @@ class PartitionMaterializer:
         store: RecurringRuns,
         ticker: RunTicker | None,
         config: MaterializerConfig,
-        clock_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        clock_ms: Clock = now_ms,
     ) -> None:
         self.partition = partition
         self.store = store

@@ -4,9 +4,9 @@ retire signing keys."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
+from base.clock import now_ms
 from base.errors import CommandRejected
 from streams.ports import TenantAdminStore
 from streams.tenants import TenantConfig, new_api_key
@@ -16,10 +16,6 @@ from topics.signing import SigningKeys, new_signing_key
 
 class TenantExists(Exception):
     pass
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 async def register_tenant(
@@ -34,7 +30,7 @@ async def register_tenant(
         raise ValueError(exc.message) from None
     if await store.get_tenant(tenant) is not None:
         raise TenantExists(f"tenant {tenant!r} is already registered")
-    at = _now_ms()
+    at = now_ms()
     signing = new_signing_key()
     await store.put_tenant(
         tenant,
@@ -57,7 +53,7 @@ async def register_tenant(
 
 async def issue_key(store: TenantAdminStore, tenant: str) -> dict[str, Any]:
     key = new_api_key()
-    await store.put_api_key(key.key_id, tenant, salt=key.salt, hash=key.hash, created_ms=_now_ms())
+    await store.put_api_key(key.key_id, tenant, salt=key.salt, hash=key.hash, created_ms=now_ms())
     return {"tenant": tenant, "key_id": key.key_id, "api_key": key.token}
 
 
@@ -85,7 +81,7 @@ async def rotate_signing_key(
     if row is None:
         raise TenantNotFound(f"no tenant {tenant!r}")
     keys = SigningKeys.of_row(row)
-    at = _now_ms()
+    at = now_ms()
     new = new_signing_key()
     expires = None if previous_valid_s is None else at + previous_valid_s * 1000
     if keys.current is None:
@@ -118,7 +114,7 @@ async def retire_previous_signing_key(store: TenantAdminStore, tenant: str) -> d
     if row is None:
         raise TenantNotFound(f"no tenant {tenant!r}")
     keys = SigningKeys.of_row(row)
-    at = _now_ms()
+    at = now_ms()
     if keys.previous is None or (
         keys.previous_expires_ms is not None and keys.previous_expires_ms <= at
     ):

@@ -47,6 +47,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from base.clock import Clock, now_ms
 from base.errors import KafkaError, StoreError, TocsinError
 from base.supervise import HealthSink, supervise
 from streams import metrics
@@ -73,10 +74,6 @@ class TriggerSink(Protocol):
         value: bytes,
         headers: list[tuple[str, bytes]] | None = None,
     ) -> asyncio.Future[Any]: ...
-
-
-def wall_clock_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -122,7 +119,7 @@ class PartitionTicker:
         store: TickerStore,
         sink: TriggerSink,
         config: TickerConfig,
-        clock_ms: Callable[[], int] = wall_clock_ms,
+        clock_ms: Clock = now_ms,
         tenants: TenantPolicies | None = None,
         health: HealthSink | None = None,
     ) -> None:
