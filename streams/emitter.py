@@ -12,13 +12,23 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from typing import Any
+from typing import TypedDict
 
 from confluent_kafka import KafkaError as KafkaCode
-from confluent_kafka import KafkaException, Producer
+from confluent_kafka import KafkaException, Message, Producer
 
 from base.errors import KafkaError
 from base.settings import KafkaSettings
+
+# Where the broker stored an acknowledged record: (partition, offset).
+Position = tuple[int | None, int | None]
+# One delivery report waiting for the event loop: the record's future, its topic, and
+# the error or the position.
+_Report = tuple[asyncio.Future[Position], str, KafkaCode | Position]
+
+
+class _Partition(TypedDict, total=False):
+    partition: int  # absent: the producer's partitioner chooses
 
 
 class Emitter:
@@ -51,7 +61,7 @@ class Emitter:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="emitter-poll", daemon=True)
         self._started = False
-        self._reports: deque[tuple[asyncio.Future[Any], str, Any, Any]] = deque()
+        self._reports: deque[_Report] = deque()
 
     def start(self) -> None:
         if not self._started:
@@ -82,21 +92,21 @@ class Emitter:
         value: bytes,
         headers: list[tuple[str, bytes]] | None = None,
         partition: int | None = None,
-    ) -> asyncio.Future[Any]:
+    ) -> asyncio.Future[Position]:
         """Queue one record; the future resolves on the broker's ack or fails with KafkaError.
 
         ``partition``: an explicit partition; None lets the producer's partitioner choose."""
         loop = self._loop
         if loop is None:
             raise KafkaError("Emitter.start() was not called")
-        fut: asyncio.Future[Any] = loop.create_future()
+        fut: asyncio.Future[Position] = loop.create_future()
         reports = self._reports
 
-        def on_delivery(err: Any, msg: Any) -> None:
+        def on_delivery(err: KafkaCode | None, msg: Message[bytes, bytes]) -> None:
             # Runs on whichever thread polls librdkafka; deque.append is thread-safe.
-            reports.append((fut, topic, err, None if err else (msg.partition(), msg.offset())))
+            reports.append((fut, topic, err if err else (msg.partition(), msg.offset())))
 
-        extra: dict[str, Any] = {} if partition is None else {"partition": partition}
+        extra: _Partition = {} if partition is None else {"partition": partition}
         while True:
             try:
                 self._producer.produce(
@@ -142,20 +152,22 @@ _PERMANENT = frozenset(
 )
 
 
-def produce_retriable(err: Any) -> bool:
+def produce_retriable(err: object) -> bool:
     """Whether a produce error (a confluent_kafka.KafkaError) may succeed if tried again."""
     code = err.code() if hasattr(err, "code") else None
     return code not in _PERMANENT
 
 
-def _settle_all(batch: list[tuple[asyncio.Future[Any], str, Any, Any]]) -> None:
+def _settle_all(batch: list[_Report]) -> None:
     """On the event loop: resolve the futures of one poll round's delivery reports."""
-    for fut, topic, err, position in batch:
+    for fut, topic, outcome in batch:
         if fut.done():
             continue
-        if err is not None:
-            fut.set_exception(
-                KafkaError(f"delivery to {topic} failed: {err}", retriable=produce_retriable(err))
-            )
+        if isinstance(outcome, tuple):
+            fut.set_result(outcome)
         else:
-            fut.set_result(position)
+            fut.set_exception(
+                KafkaError(
+                    f"delivery to {topic} failed: {outcome}", retriable=produce_retriable(outcome)
+                )
+            )
