@@ -14,11 +14,11 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from streams.buckets import BUCKET_MS
 from streams.buckets import minute_ms as bucket_of
 from streams.model import ScheduleState
+from streams.ports import CqlRow
 
 HOUR_MS = 3_600_000
 # A display unit of ``duration`` (bucket reads step by streams.buckets.BUCKET_MS).
@@ -88,7 +88,7 @@ class StateColumns:
     delivery_ms: int | None = None
 
     @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> StateColumns:
+    def from_row(cls, row: CqlRow) -> StateColumns:
         def opt(name: str) -> int | None:
             value = row.get(name)
             return None if value is None else int(value)
@@ -130,7 +130,7 @@ class TenantFigures:
     # More rows than --max-rows were due within the horizon: ``scheduled`` is a lower bound.
     scheduled_truncated: bool = False
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "tenant": self.tenant,
             "scheduled": self.scheduled,
@@ -225,7 +225,7 @@ class Lag:
     # retained offset (the consumers' auto.offset.reset), as a new member would read.
     uncommitted: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         return {
             "group": self.group,
             "topic": self.topic,
@@ -263,7 +263,7 @@ class Report:
     # What could not be read (e.g. Kafka unreachable): said, the rest still shown.
     problems: list[str] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         w = self.window
         return {
             "now_ms": w.now_ms,
@@ -293,7 +293,7 @@ _COLUMNS = (
 )
 
 
-def _cell(key: str, figures: Mapping[str, Any]) -> str:
+def _cell(key: str, figures: Mapping[str, object]) -> str:
     value = figures[key]
     if value is None:
         return "-"
