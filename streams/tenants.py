@@ -24,8 +24,8 @@ import hmac
 import math
 import re
 import secrets
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 import orjson
 
@@ -68,7 +68,7 @@ class TenantConfig:
     allowed_callback_hosts: tuple[str, ...] = ()  # empty: any public host
     allowed_kafka_topics: tuple[str, ...] = ()  # empty: any topic but Tocsin's own
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, object]:
         d = asdict(self)
         d["allowed_callback_hosts"] = list(self.allowed_callback_hosts)
         d["allowed_kafka_topics"] = list(self.allowed_kafka_topics)
@@ -77,7 +77,7 @@ class TenantConfig:
     def to_json(self) -> str:
         return orjson.dumps(self.to_dict(), option=orjson.OPT_SORT_KEYS).decode()
 
-    def merged(self, changes: dict[str, Any]) -> TenantConfig:
+    def merged(self, changes: Mapping[str, object]) -> TenantConfig:
         """This config with ``changes`` applied (validated like ``from_dict``)."""
         return TenantConfig.from_dict({**self.to_dict(), **changes})
 
