@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any, ClassVar, TypeVar
+from typing import ClassVar, TypeVar
 
 from cassandra import (
     ConsistencyLevel,
@@ -28,7 +28,7 @@ from cassandra import (
     RequestValidationException,
 )
 from cassandra import protocol as cql_protocol
-from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture
+from cassandra.cluster import Cluster, NoHostAvailable, ResponseFuture, Session
 from cassandra.connection import ConnectionException
 from cassandra.query import (
     UNSET_VALUE,
@@ -76,7 +76,7 @@ STORE_STATEMENTS = Counter(
 T = TypeVar("T")
 
 
-def unset_none(values: Sequence[Any]) -> list[Any]:
+def unset_none(values: Sequence[object]) -> list[object]:
     """None as UNSET: the cell is left as it is and no tombstone written (binding None
     would write one tombstone per empty column on every create)."""
     return [UNSET_VALUE if v is None else v for v in values]
@@ -241,7 +241,7 @@ class CqlExecutor:
         self._max_in_flight = max_in_flight
         self._protocol_version = protocol_version
         self._cluster: Cluster | None = None
-        self._session: Any = None
+        self._session: Session | None = None
         self._stmts: dict[str, PreparedStatement] = {}
         # Created lazily inside the running loop (a Semaphore binds to the loop it runs on).
         self._semaphore: asyncio.Semaphore | None = None
@@ -293,11 +293,14 @@ class CqlExecutor:
         return frozenset().union(*(vars(c).get("CONDITIONAL", ()) for c in type(self).__mro__))
 
     def _prepare(self, cql: dict[str, str], own: bool) -> dict[str, PreparedStatement]:
+        session = self._session
+        if session is None:
+            raise StoreError("store is not connected", retriable=False)
         ks = self.settings.keyspace
         conditional = self._conditional() if own else frozenset()
         prepared: dict[str, PreparedStatement] = {}
         for name, text in cql.items():
-            stmt = self._session.prepare(text.replace("{keyspace}", ks))
+            stmt = session.prepare(text.replace("{keyspace}", ks))
             stmt.is_idempotent = name not in conditional
             prepared[name] = stmt
         return prepared
@@ -326,14 +329,14 @@ class CqlExecutor:
         """``pack_groups`` with this store's count and byte limits."""
         return pack_groups(groups, max_count=self.commit_group_size, max_bytes=self.max_batch_bytes)
 
-    def _bind(self, name: str, params: Sequence[Any]) -> BoundStatement:
+    def _bind(self, name: str, params: Sequence[object]) -> BoundStatement:
         if self._session is None:
             raise StoreError("store is not connected", retriable=False)
         bound: BoundStatement = self._stmts[name].bind(list(params))
         return bound
 
     async def run(
-        self, name: str, params: Sequence[Any], *, fetch_size: int | None = None
+        self, name: str, params: Sequence[object], *, fetch_size: int | None = None
     ) -> list[CqlRow]:
         """Execute one prepared statement; all its rows (every page of the one query)."""
         bound = self._bind(name, params)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from cassandra.query import UNSET_VALUE
 
@@ -136,11 +136,11 @@ class FireRecordStore(EventStore):
         due_ms: int,
         detail: str | None,
         retention_s: int | None,
-    ) -> tuple[list[Any], Stmt]:
+    ) -> tuple[list[object], Stmt]:
         """The parameters of ``mark_done`` (or, plus a version, ``mark_done_if``) and the
         event statement that record a fired or missed trigger."""
         fired_ms = at_ms if state == ScheduleState.FIRED else UNSET_VALUE
-        params: list[Any] = [
+        params: list[object] = [
             self.keep_s(retention_s),
             state,
             fired_ms,

@@ -34,7 +34,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from streams.tenants import TokenBucket
 from streams.timeline import Entry, Key
@@ -249,7 +249,7 @@ class FirePacer(Generic[P]):
         self._dead = 0
 
 
-def _schedule_id(entry: Entry[Any]) -> str:
+def _schedule_id(entry: Entry[P]) -> str:
     return entry.schedule_id
 
 
