@@ -46,14 +46,14 @@ import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict, cast
+from typing import NotRequired, TypedDict, cast
 
 import orjson
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from base.errors import KafkaError
 from base.settings import Settings
-from streams.emitter import Emitter
+from streams.emitter import Emitter, Position
 from streams.partitioner import partition_for
 from topics.catalog import catalog
 
@@ -274,7 +274,7 @@ class CommandBridge:
                     loop.call_soon_threadsafe(_resolve_all, found)
 
 
-def _fail_unless_acked(result: asyncio.Future[ResultDoc], acked: asyncio.Future[Any]) -> None:
+def _fail_unless_acked(result: asyncio.Future[ResultDoc], acked: asyncio.Future[Position]) -> None:
     """Kafka refused the command: its result will never come."""
     if acked.cancelled():
         return

@@ -72,6 +72,11 @@ def _opt(env: Mapping[str, str], name: str) -> str | None:
     return value if value else None
 
 
+# A confluent-kafka client configuration: librdkafka property names to strings, numbers,
+# booleans and, for "logger", a logging.Logger (which the library's own stubs do not list).
+KafkaConfig = dict[str, Any]
+
+
 @dataclass(frozen=True, kw_only=True)
 class KafkaSettings:
     bootstrap_servers: str = "127.0.0.1:9092"
@@ -83,9 +88,9 @@ class KafkaSettings:
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
 
-    def librdkafka(self) -> dict[str, Any]:
+    def librdkafka(self) -> KafkaConfig:
         """Client configuration for confluent-kafka (librdkafka property names)."""
-        conf: dict[str, Any] = {
+        conf: KafkaConfig = {
             "bootstrap.servers": self.bootstrap_servers,
             "security.protocol": self.security_protocol,
             # librdkafka leaves Nagle's algorithm on. No delay was measured from it here

@@ -23,12 +23,13 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from confluent_kafka import KafkaError as RdKafkaError
 from confluent_kafka import KafkaException, Message, Producer
 
 from base.errors import KafkaError
+from base.settings import KafkaConfig
 from proxy.metrics import ProxyMetrics
 
 log = logging.getLogger("tocsin.proxy")
@@ -99,7 +100,7 @@ class RecordSink(Protocol):
 
 
 class Outbox:
-    def __init__(self, kafka_conf: dict[str, Any], metrics: ProxyMetrics | None = None) -> None:
+    def __init__(self, kafka_conf: KafkaConfig, metrics: ProxyMetrics | None = None) -> None:
         conf = dict(kafka_conf)
         conf.update(
             {

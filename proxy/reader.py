@@ -33,12 +33,13 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
 from confluent_kafka import OFFSET_INVALID, Consumer, KafkaException, Message, TopicPartition
 from confluent_kafka import KafkaError as RdKafkaError
 
 from base.errors import KafkaError
+from base.settings import KafkaConfig
 from proxy.envelope import Envelope, KafkaHeaders
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
@@ -80,7 +81,7 @@ def flow_step(*, want_paused: bool, paused: bool, assignment_changed: bool) -> F
     return Flow.RESUME if paused else Flow.KEEP
 
 
-def consumer_config(kafka_conf: dict[str, Any], s: ProxySettings) -> dict[str, Any]:
+def consumer_config(kafka_conf: KafkaConfig, s: ProxySettings) -> KafkaConfig:
     conf = dict(kafka_conf)
     conf.update(
         {
@@ -105,7 +106,7 @@ class Reader:
     def __init__(
         self,
         *,
-        kafka_conf: dict[str, Any],
+        kafka_conf: KafkaConfig,
         settings: ProxySettings,
         topics: list[str],
         state: SharedState,
