@@ -8,8 +8,9 @@ import asyncio
 import hmac
 import logging
 import uuid
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any, Literal, TypeVar, overload
 
 import orjson
 
@@ -22,7 +23,7 @@ from api.views import (
     matches,
 )
 from base.clock import now_ms
-from base.errors import CommandRejected, StoreError
+from base.errors import CommandRejected, StoreError, TocsinError
 from base.settings import Settings
 from streams.cache import TtlCache
 from streams.commands import TenantCache
@@ -40,6 +41,10 @@ from topics.validation import Limits, decode_command
 log = logging.getLogger("tocsin.api")
 
 MAX_BULK = 10_000
+# Rows of one bulk request in flight at once.
+BULK_CONCURRENCY = 200
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -331,41 +336,44 @@ class Service:
     # -- bulk ------------------------------------------------------------------------------
 
     async def bulk_cancel(self, tenant: str, from_ms: int, to_ms: int) -> dict[str, object]:
+        """Cancel every scheduled row of the window, each on its own: a row whose command
+        fails is listed in ``failed`` and the others proceed."""
         rows, truncated = await self.collect(
             tenant, from_ms, to_ms, frozenset({ScheduleState.SCHEDULED})
         )
-        sem = asyncio.Semaphore(200)
+        results = await each_row(rows, lambda row: self._cancel(tenant, row["schedule_id"]))
         codes: dict[str, int] = {}
+        failed: list[dict[str, object]] = []
         missing = 0
-
-        async def one(row: CqlRow) -> None:
-            nonlocal missing
-            async with sem:
-                cmd = cancel_command(
-                    tenant=tenant,
-                    schedule_id=row["schedule_id"],
-                    request_id=self.bridge.new_request_id(),
-                )
-                try:
-                    res = await self.send(cmd, wait=True)
-                except ApiError:
-                    missing += 1
-                    return
-                codes[res["code"]] = codes.get(res["code"], 0) + 1
-
-        await asyncio.gather(*(one(r) for r in rows))
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, ApiError) and result.status == 504:
+                missing += 1  # sent, unanswered in time: it may still apply
+            elif isinstance(result, Exception):
+                failed.append(row_failure(row["schedule_id"], result))
+            else:
+                codes[result] = codes.get(result, 0) + 1
         return {
             "matched": len(rows),
             "cancelled": codes.get(Code.OK, 0),
             "codes": codes,
             "no_result": missing,
+            "failed": failed,
             "truncated": truncated,
         }
+
+    async def _cancel(self, tenant: str, schedule_id: str) -> str:
+        """Cancel one schedule; the result code the scheduler answered."""
+        cmd = cancel_command(
+            tenant=tenant, schedule_id=schedule_id, request_id=self.bridge.new_request_id()
+        )
+        res = await self.send(cmd, wait=True)
+        return res["code"]
 
     async def bulk_refire(
         self, tenant: str, from_ms: int, to_ms: int, statuses: frozenset[str]
     ) -> dict[str, object]:
-        """Emit the trigger of each matching fired/missed schedule again (reconcile).
+        """Emit the trigger of each matching fired/missed schedule again (reconcile), each
+        on its own: a row that fails is listed in ``failed`` and the others proceed.
 
         The trigger keeps its trigger_id (it is the same trigger), with the next emission
         attempt number; a 'refired' event is added to the schedule's history."""
@@ -376,14 +384,18 @@ class Service:
             if effective_state(r) != ScheduleState.SCHEDULED
             and r.get("state") != ScheduleState.CANCELLED
         ]
-        sem = asyncio.Semaphore(200)
-
-        async def one(row: CqlRow) -> None:
-            async with sem:
-                await self._refire(ScheduleRow(**row))
-
-        await asyncio.gather(*(one(r) for r in rows))
-        return {"matched": len(rows), "refired": len(rows), "truncated": truncated}
+        results = await each_row(rows, lambda row: self._refire(ScheduleRow(**row)))
+        failed = [
+            row_failure(row["schedule_id"], result)
+            for row, result in zip(rows, results, strict=True)
+            if isinstance(result, Exception)
+        ]
+        return {
+            "matched": len(rows),
+            "refired": len(rows) - len(failed),
+            "failed": failed,
+            "truncated": truncated,
+        }
 
     async def _refire(self, row: ScheduleRow) -> None:
         """Emit ``row``'s trigger again with the next attempt number, and record it."""
@@ -407,3 +419,43 @@ class Service:
             due_ms=trig.due_ms,
             detail="re-fired by bulk reconcile" + was,
         )
+
+
+async def each_row(
+    rows: Sequence[CqlRow], work: Callable[[CqlRow], Awaitable[T]]
+) -> list[T | Exception]:
+    """``work`` for every row, BULK_CONCURRENCY at a time, each row's result or error in
+    row order: no row's error is lost and none stops the others."""
+    sem = asyncio.Semaphore(BULK_CONCURRENCY)
+
+    async def one(row: CqlRow) -> T:
+        async with sem:
+            return await work(row)
+
+    results = await asyncio.gather(*(one(r) for r in rows), return_exceptions=True)
+    out: list[T | Exception] = []
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, Exception):
+            raise result  # cancellation or interpreter exit: not a row's outcome
+        out.append(result)
+    return out
+
+
+def row_failure(schedule_id: str, exc: Exception) -> dict[str, object]:
+    """One bulk row's failure as the answer reports it: the API's own code, ``unavailable``
+    for a retriable backend error (the same request may succeed later), ``failed`` for a
+    backend error that will not pass on retry, ``internal`` for anything unforeseen."""
+    if isinstance(exc, ApiError):
+        code, message, retriable = exc.code, exc.message, exc.retriable
+    elif isinstance(exc, TocsinError):
+        code = "unavailable" if exc.retriable else "failed"
+        message, retriable = str(exc), exc.retriable
+    else:
+        log.error("bulk row failed", exc_info=exc, extra={"schedule_id": schedule_id})
+        code, message, retriable = "internal", "internal error", False
+    if code != "internal":
+        log.warning(
+            "bulk row failed",
+            extra={"schedule_id": schedule_id, "code": code, "error": message},
+        )
+    return {"schedule_id": schedule_id, "code": code, "message": message, "retriable": retriable}
