@@ -162,7 +162,7 @@ def _create_command(args: argparse.Namespace, settings: Settings, request_id: st
         "day_match": args.day_match,
     }
     given = {k: v for k, v in recurring_flags.items() if v is not None}
-    body: dict[str, Any] = {
+    body: dict[str, object] = {
         "type": "create",
         "tenant": args.tenant,
         "schedule_id": args.schedule_id,
@@ -177,7 +177,7 @@ def _create_command(args: argparse.Namespace, settings: Settings, request_id: st
             raise _Usage(f"{flags} only apply to recurring schedules (--cron or --every-s)")
         body["due"] = int(args.due) if args.due.isdigit() else args.due
     else:
-        rec: dict[str, Any] = {"cron": args.cron} if args.cron else {"every_s": args.every_s}
+        rec: dict[str, object] = {"cron": args.cron} if args.cron else {"every_s": args.every_s}
         for name in ("start", "end"):
             if name in given:
                 value = given.pop(name)
