@@ -17,11 +17,13 @@ import logging
 import os
 import socket
 import ssl
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import faust
-from faust.types import TP
+from faust.types import TP, AppT, EventT, StreamT
+from faust.types.auth import CredentialsT
 
 from base.clock import Clock, now_ms
 from base.health import Health
@@ -43,7 +45,7 @@ from topics.validation import Limits
 log = logging.getLogger("tocsin.worker")
 
 
-def faust_broker_credentials(settings: Settings) -> Any:
+def faust_broker_credentials(settings: Settings) -> CredentialsT | None:
     """SASL/TLS settings translated to Faust's credential objects (None for PLAINTEXT)."""
     k = settings.kafka
     ctx = None
@@ -181,9 +183,9 @@ class Worker:
         self.processor.assigned = assigned
 
         @app.agent(commands, name="commands")
-        async def command_agent(stream: Any) -> None:
+        async def command_agent(stream: StreamT[bytes]) -> None:
             await self._ensure_started()
-            async for events in stream.take_events(batch_size, within=batch_wait_s):
+            async for events in _stream(stream).take_events(batch_size, within=batch_wait_s):
                 left = await self.processor.process_until_answered(
                     [_raw_command(e) for e in events]
                 )
@@ -206,10 +208,10 @@ class Worker:
         batch_size = self.settings.scheduler.command_batch_size
 
         @app.agent(deliveries, name="deliveries")
-        async def delivery_agent(stream: Any) -> None:
+        async def delivery_agent(stream: StreamT[bytes]) -> None:
             """Record the proxy's final delivery outcomes into each schedule's status."""
             await self._ensure_started()
-            async for events in stream.take_events(batch_size, within=0.05):
+            async for events in _stream(stream).take_events(batch_size, within=0.05):
                 outcomes = [o for e in events if (o := parse_outcome(e.message.value))]
                 tenants = self.processor.tenants
                 await asyncio.gather(*(record_outcome(self.store, tenants, o) for o in outcomes))
@@ -222,13 +224,13 @@ class Worker:
             self.health.beat()
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]
-        async def on_revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+        async def on_revoked(sender: AppT, revoked: set[TP], **kwargs: object) -> None:
             await self._stop_tickers(
                 {tp.partition for tp in revoked if tp.topic == self.catalog.commands.name}
             )
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-        async def on_assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        async def on_assigned(sender: AppT, assigned: set[TP], **kwargs: object) -> None:
             mine = {tp.partition for tp in assigned if tp.topic == self.catalog.commands.name}
             set_fetch_max_wait(app, s.scheduler.consumer_fetch_max_wait_ms)
             if s.scheduler.inline_handover:
@@ -243,7 +245,7 @@ class Worker:
             log.info("partitions assigned", extra={"partitions": sorted(mine)})
 
         @app.on_before_shutdown.connect  # type: ignore[arg-type]
-        async def on_shutdown(sender: Any, **kwargs: Any) -> None:
+        async def on_shutdown(sender: AppT, **kwargs: object) -> None:
             await self._stop_tickers(set(self.tickers))
             await self.emitter.close()
             await self.results_emitter.close()
@@ -273,7 +275,7 @@ class Worker:
         self.materializers[partition] = materializer
         materializer.start()
 
-    def _observe_lag(self, app: faust.App, events: Any) -> None:
+    def _observe_lag(self, app: faust.App, events: Sequence[EventT[bytes]]) -> None:
         last: dict[TP, int] = {}
         for e in events:
             last[e.message.tp] = max(last.get(e.message.tp, -1), e.message.offset)
@@ -373,7 +375,13 @@ def run_worker(settings: Settings) -> None:
     faust_worker.execute_from_commandline()
 
 
-def _raw_command(event: Any) -> RawCommand:
+def _stream(stream: StreamT[bytes]) -> faust.Stream[bytes]:
+    """The stream an agent is given: a faust.Stream, whose batching (take_events) the
+    StreamT interface does not declare."""
+    return cast("faust.Stream[bytes]", stream)
+
+
+def _raw_command(event: EventT[bytes]) -> RawCommand:
     """A Faust event of the commands topic as the command agent takes it."""
     m = event.message
     return RawCommand(
