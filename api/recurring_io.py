@@ -37,7 +37,7 @@ class ParentView(Protocol):
 
     def __call__(
         self, row: CqlRow, *, status: str, position_ms: int, next_ms: int | None
-    ) -> dict[str, Any]: ...
+    ) -> dict[str, object]: ...
 
 
 class OneShotLister(Protocol):
@@ -187,7 +187,7 @@ async def runs(
     return got
 
 
-def _brief(row: CqlRow, *, status: str, position_ms: int, next_ms: int | None) -> dict[str, Any]:
+def _brief(row: CqlRow, *, status: str, position_ms: int, next_ms: int | None) -> dict[str, object]:
     return recurring.parent_brief(row, status=status, position_ms=position_ms, next_ms=next_ms)
 
 
@@ -201,7 +201,7 @@ async def parents_in_window(
     after: Key | None,
     now_ms: int,
     view: ParentView = _brief,
-) -> list[tuple[Key, dict[str, Any]]]:
+) -> list[tuple[Key, dict[str, object]]]:
     """The tenant's recurring schedules with a run in ``[from_ms, to_ms)`` (and a status in
     ``statuses``), keyed by (first run in the window, id), after ``after``, in key order;
     each with its listing view (``view(row, status=, position_ms=, next_ms=)``, default
@@ -217,7 +217,7 @@ async def parents_in_window(
 
     async def one(
         row: CqlRow, status: str, nxt: int | None, at: int | None
-    ) -> tuple[Key, dict[str, Any]] | None:
+    ) -> tuple[Key, dict[str, object]] | None:
         if statuses is not None and status not in statuses:
             return None
         changed = recurring.rule_changed_ms(row)
@@ -244,7 +244,7 @@ async def parents_in_window(
 async def list_page(
     store: RecurringReads,
     list_one_shots: OneShotLister,
-    brief: Callable[[CqlRow], dict[str, Any]],
+    brief: Callable[[CqlRow], dict[str, object]],
     tenant: str,
     *,
     from_ms: int,
@@ -254,7 +254,7 @@ async def list_page(
     after: Key | None,
     now_ms: int,
     parent_view: ParentView = _brief,
-) -> tuple[list[dict[str, Any]], Key | None]:
+) -> tuple[list[dict[str, object]], Key | None]:
     """A listing page of one-shot schedules (``list_one_shots``, e.g.
     ``Service.list_schedules``; ``brief`` turns its rows into views) and recurring parents,
     merged in key order, and the cursor after it (None at the end)."""
