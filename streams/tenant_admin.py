@@ -8,7 +8,7 @@ from typing import Any
 
 from base.clock import now_ms
 from base.errors import CommandRejected
-from streams.ports import TenantAdminStore
+from streams.ports import CqlRow, TenantAdminStore
 from streams.tenants import TenantConfig, new_api_key
 from topics.fields import check_tenant
 from topics.signing import SigningKeys, new_signing_key
@@ -51,7 +51,7 @@ async def register_tenant(
     }
 
 
-async def issue_key(store: TenantAdminStore, tenant: str) -> dict[str, Any]:
+async def issue_key(store: TenantAdminStore, tenant: str) -> dict[str, str]:
     key = new_api_key()
     await store.put_api_key(key.key_id, tenant, salt=key.salt, hash=key.hash, created_ms=now_ms())
     return {"tenant": tenant, "key_id": key.key_id, "api_key": key.token}
@@ -67,7 +67,7 @@ class RotationConflict(Exception):
 
 async def rotate_signing_key(
     store: TenantAdminStore, tenant: str, *, previous_valid_s: int | None = None
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """Issue a new current signing key; the old one becomes the previous key, which still
     verifies until it is retired (``retire_previous_signing_key``) or, with
     ``previous_valid_s``, until that many seconds from now (0: retired at once, for a leaked
@@ -106,7 +106,7 @@ async def rotate_signing_key(
     }
 
 
-async def retire_previous_signing_key(store: TenantAdminStore, tenant: str) -> dict[str, Any]:
+async def retire_previous_signing_key(store: TenantAdminStore, tenant: str) -> dict[str, object]:
     """The previous signing key stops verifying now (commands produced before this moment
     are still accepted for a few minutes, see topics.signing). Raises TenantNotFound, and
     ValueError when there is no previous key that is still valid."""
@@ -124,7 +124,7 @@ async def retire_previous_signing_key(store: TenantAdminStore, tenant: str) -> d
     return {"tenant": tenant, "previous_retired_ms": at}
 
 
-def signing_status(row: dict[str, Any], now_ms: int) -> dict[str, Any]:
+def signing_status(row: CqlRow, now_ms: int) -> dict[str, object]:
     """What a tenant view shows about its signing keys (never the keys)."""
     keys = SigningKeys.of_row(row)
     expires = keys.previous_expires_ms
