@@ -149,7 +149,7 @@ class PartitionTicker:
         self._seq = itertools.count()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Future[Any]] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
         self._to_mark: deque[tuple[tuple[str, str, int], str, int]] = deque()
         self._mark_wake = asyncio.Event()
         self._marker: asyncio.Task[None] | None = None
@@ -795,7 +795,7 @@ class PartitionTicker:
             retention_s=await self._retention_of(row.tenant),
         )
 
-    def _settle_missed(self, key: tuple[str, str, int], task: asyncio.Future[Any]) -> None:
+    def _settle_missed(self, key: tuple[str, str, int], task: asyncio.Future[None]) -> None:
         if key not in self._inflight:
             return
         if task.cancelled() or task.exception() is not None:
