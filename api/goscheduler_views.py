@@ -15,9 +15,8 @@ import orjson
 
 from api import gocron, recurring, views
 from api.views import ApiError
-from streams.model import ScheduleState
+from streams.model import DeliveryOutcome, ScheduleEvent, ScheduleState
 from streams.ports import CqlRow
-from streams.status import Outcome
 from topics.models import Ambiguous, DayMatch
 
 HOUR_MS = 3_600_000
@@ -60,8 +59,8 @@ PARENT_STATUS: dict[str, GoStatus] = {
 # What a ``status`` filter of a listing selects, in native statuses (api.views.STATUSES).
 NATIVE_STATUSES: dict[str, frozenset[str]] = {
     GoStatus.SCHEDULED: frozenset({ScheduleState.SCHEDULED}),
-    GoStatus.SUCCESS: frozenset({Outcome.DELIVERED, ScheduleState.COMPLETED}),
-    GoStatus.FAILURE: frozenset({Outcome.DEAD_LETTERED}),
+    GoStatus.SUCCESS: frozenset({DeliveryOutcome.DELIVERED, ScheduleState.COMPLETED}),
+    GoStatus.FAILURE: frozenset({DeliveryOutcome.DEAD_LETTERED}),
     GoStatus.MISS: frozenset({ScheduleState.MISSED}),
     GoStatus.DELETED: frozenset({ScheduleState.CANCELLED}),
 }
@@ -96,7 +95,7 @@ def _status(state: str, outcome: object) -> GoStatus:
     if found is not None:
         return found
     # Fired: delivered, or handed to the fires topic for a consumer.
-    return GoStatus.FAILURE if outcome == Outcome.DEAD_LETTERED else GoStatus.SUCCESS
+    return GoStatus.FAILURE if outcome == DeliveryOutcome.DEAD_LETTERED else GoStatus.SUCCESS
 
 
 def go_status(row: CqlRow) -> GoStatus:
@@ -137,7 +136,7 @@ def go_schedule(row: CqlRow) -> dict[str, object]:
         "callback": go_callback(row),
         "status": go_status(row),
     }
-    if row.get("delivery_outcome") == Outcome.DEAD_LETTERED:
+    if row.get("delivery_outcome") == DeliveryOutcome.DEAD_LETTERED:
         out["errorMessage"] = f"delivery failed (HTTP {row.get('delivery_status_code')})"
     return out
 
@@ -178,11 +177,11 @@ def fire_runs(row: CqlRow, events: list[CqlRow]) -> list[dict[str, object]]:
     """The runs of a one-time schedule: each fire (and re-fire) or miss of its history."""
     out = []
     for e in events:
-        if e["event"] not in ("fired", "refired", "missed"):
+        if e["event"] not in (ScheduleEvent.FIRED, ScheduleEvent.REFIRED, ScheduleEvent.MISSED):
             continue
         run = go_schedule(row)
         run["scheduleTime"] = int(e.get("due_ms") or row["due_ms"]) // 1000
-        if e["event"] == "missed":
+        if e["event"] == ScheduleEvent.MISSED:
             run["status"] = GoStatus.MISS
         run["runId"] = e.get("trigger_id")
         run["firedAt"] = int(e["at_ms"]) // 1000

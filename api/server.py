@@ -21,9 +21,8 @@ from base.clock import now_ms
 from base.errors import TocsinError
 from base.settings import Settings
 from streams import tenant_admin
-from streams.model import ScheduleState
+from streams.model import DeliveryOutcome, ScheduleState
 from streams.ports import CqlRow
-from streams.status import Outcome
 from streams.tenants import TenantConfig
 
 log = logging.getLogger("tocsin.api")
@@ -299,7 +298,7 @@ async def bulk_refire(request: web.Request) -> web.Response:
     who = await principal(request)
     tenant = who.require_tenant()
     body = await _body(request)
-    statuses = body.pop("status", None) or [Outcome.DEAD_LETTERED, ScheduleState.MISSED]
+    statuses = body.pop("status", None) or [DeliveryOutcome.DEAD_LETTERED, ScheduleState.MISSED]
     if not isinstance(statuses, list) or not all(isinstance(s, str) for s in statuses):
         raise ApiError(400, "invalid_field", "status must be a list of statuses")
     wanted = views.parse_statuses(",".join(statuses))

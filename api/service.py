@@ -27,7 +27,7 @@ from base.errors import CommandRejected, StoreError, TocsinError
 from base.settings import Settings
 from streams.cache import TtlCache
 from streams.commands import TenantCache
-from streams.model import ScheduleRow, ScheduleState, trigger_for
+from streams.model import ScheduleEvent, ScheduleRow, ScheduleState, trigger_for
 from streams.ports import CqlRow
 from streams.store import Store
 from streams.tenant_admin import TenantExists, issue_key, register_tenant
@@ -400,7 +400,9 @@ class Service:
     async def _refire(self, row: ScheduleRow) -> None:
         """Emit ``row``'s trigger again with the next attempt number, and record it."""
         events = await self.store.list_events(row.tenant, row.schedule_id)
-        attempt = 1 + sum(1 for e in events if e["event"] in ("fired", "refired"))
+        attempt = 1 + sum(
+            1 for e in events if e["event"] in (ScheduleEvent.FIRED, ScheduleEvent.REFIRED)
+        )
         at = now_ms()
         trig = trigger_for(row, emitted_ms=at, attempt=attempt)
         await self.bridge.send_record(
@@ -413,7 +415,7 @@ class Service:
         await self.store.record_event(
             row.tenant,
             row.schedule_id,
-            "refired",
+            ScheduleEvent.REFIRED,
             at_ms=at,
             trigger_id=trig.trigger_id,
             due_ms=trig.due_ms,

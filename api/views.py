@@ -11,9 +11,8 @@ from enum import StrEnum
 import orjson
 
 from base.errors import TocsinError
-from streams.model import ScheduleState
+from streams.model import DeliveryOutcome, ScheduleState
 from streams.ports import CqlRow
-from streams.status import Outcome
 from topics.codes import Code
 from topics.ids import MAX_EPOCH_MS, format_iso_ms, parse_iso_ms, trigger_id
 
@@ -39,8 +38,8 @@ STATUSES: tuple[str, ...] = (
     ScheduleState.FIRED,
     ScheduleState.MISSED,
     ScheduleState.CANCELLED,
-    Outcome.DELIVERED,
-    Outcome.DEAD_LETTERED,
+    DeliveryOutcome.DELIVERED,
+    DeliveryOutcome.DEAD_LETTERED,
     ScheduleState.COMPLETED,
 )
 MAX_WINDOW_MS = 366 * 86_400_000

@@ -32,7 +32,14 @@ from urllib.parse import urlsplit
 from base.errors import CommandRejected
 from streams.buckets import MINUTE_MS, BucketKey, max_due_ms, shard_of
 from streams.buckets import minute_ms as minute_of
-from streams.model import BucketRow, ScheduleChange, ScheduleRow, ScheduleState, Stmt
+from streams.model import (
+    BucketRow,
+    ScheduleChange,
+    ScheduleEvent,
+    ScheduleRow,
+    ScheduleState,
+    Stmt,
+)
 from streams.recurring import (
     NEVER_MS,
     Plan,
@@ -162,7 +169,7 @@ def decide(
             new_bucket=None,
             old_bucket=old_bucket,
             now_ms=msg.timestamp_ms,
-            event="cancelled",
+            event=ScheduleEvent.CANCELLED,
         )
         return Decision(Code.OK, "cancelled", change=change, withdraw_version=row.version)
     assert isinstance(command, UpdateCommand)
@@ -212,7 +219,7 @@ def _decide_update(
         new_bucket=BucketRow.for_schedule(row, shards=shards),
         old_bucket=old_bucket,
         now_ms=msg.timestamp_ms,
-        event="updated",
+        event=ScheduleEvent.UPDATED,
     )
     # Tombstone the old version only: its stale rows are refused, the new one is not.
     return Decision(
@@ -255,7 +262,7 @@ def _decide_create(
         new_bucket=BucketRow.for_schedule(row, shards=shards),
         old_bucket=None,
         now_ms=msg.timestamp_ms,
-        event="created",
+        event=ScheduleEvent.CREATED,
     )
     return Decision(Code.OK, "scheduled", change=change, hand_over=row)
 
@@ -486,8 +493,9 @@ def recurring_index_changes(
     out = []
     for change in changes:
         row = change.row
-        if row.recurrence is not None and change.event in ("created", "cancelled"):
-            out.append((row.tenant, row.schedule_id, row.created_ms, change.event == "cancelled"))
+        cancelled = change.event == ScheduleEvent.CANCELLED
+        if row.recurrence is not None and (cancelled or change.event == ScheduleEvent.CREATED):
+            out.append((row.tenant, row.schedule_id, row.created_ms, cancelled))
     return out
 
 
@@ -646,7 +654,7 @@ def _cancel(
     return RecurringDecision(
         Code.OK,
         f"cancelled; {len(pending)} pending runs removed",
-        change=_change(row, existing, pending, timestamp_ms, shards, "cancelled"),
+        change=_change(row, existing, pending, timestamp_ms, shards, ScheduleEvent.CANCELLED),
         withdraw=tuple((row.tenant, run_id(row.schedule_id, n), row.version) for n, _ in pending),
     )
 
@@ -700,7 +708,7 @@ def _update(
     return RecurringDecision(
         Code.OK,
         f"updated; {len(pending)} pending runs will follow the update",
-        change=_change(row, existing, pending, timestamp_ms, shards, "updated"),
+        change=_change(row, existing, pending, timestamp_ms, shards, ScheduleEvent.UPDATED),
         # The old version's rows are refused from now on, the new ones (version + 1) not.
         withdraw=tuple(
             (row.tenant, run_id(row.schedule_id, n), existing.version) for n, _ in pending
@@ -731,7 +739,7 @@ def _change(
     pending: Sequence[tuple[int, int]],
     now_ms: int,
     shards: int,
-    event: str,
+    event: ScheduleEvent,
 ) -> ScheduleChange:
     deletes = tuple(
         BucketKey.of(
@@ -803,7 +811,7 @@ def _create(
     )
     row = _row_state(row, until_ms=first, run_count=0, now_ms=now_ms, horizon_ms=horizon_ms)
     change = ScheduleChange(
-        row=row, new_bucket=None, old_bucket=None, now_ms=timestamp_ms, event="created"
+        row=row, new_bucket=None, old_bucket=None, now_ms=timestamp_ms, event=ScheduleEvent.CREATED
     )
     return RecurringDecision(Code.OK, f"scheduled; first run at epoch ms {first}", change=change)
 

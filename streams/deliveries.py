@@ -18,6 +18,7 @@ import orjson
 
 from base.errors import StoreError
 from streams import metrics
+from streams.model import DeliveryOutcome
 from streams.ports import DeliveryStore, TenantPolicies
 
 log = logging.getLogger("tocsin.deliveries")
@@ -32,7 +33,7 @@ def parse_outcome(raw: bytes | None) -> dict[str, Any] | None:
         value = orjson.loads(raw or b"")
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(value, dict) or value.get("outcome") not in ("delivered", "dead_lettered"):
+    if not isinstance(value, dict) or value.get("outcome") not in tuple(DeliveryOutcome):
         return None
     if not isinstance(value.get("tenant"), str) or not isinstance(value.get("schedule_id"), str):
         return None
@@ -55,7 +56,7 @@ async def record_outcome(
             await store.record_delivery(
                 outcome["tenant"],
                 outcome["schedule_id"],
-                outcome=outcome["outcome"],
+                outcome=DeliveryOutcome(outcome["outcome"]),
                 status_code=outcome.get("status_code"),
                 attempts=int(outcome.get("attempts", 0)),
                 at_ms=int(outcome.get("delivered_ms") or outcome.get("dead_lettered_ms") or 0),

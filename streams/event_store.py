@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from streams.cql import CqlExecutor, insert_cql, unset_none
-from streams.model import Stmt
+from streams.model import ScheduleEvent, Stmt
 from streams.ports import CqlRow
 
 _EVENT_COLUMNS = ("tenant", "schedule_id", "at_ms", "event", "trigger_id", "due_ms", "detail")
@@ -26,7 +26,7 @@ class EventStore(CqlExecutor):
         self,
         tenant: str,
         schedule_id: str,
-        event: str,
+        event: ScheduleEvent,
         at_ms: int,
         detail: str | None,
         trigger_id: str | None,
@@ -40,7 +40,7 @@ class EventStore(CqlExecutor):
         self,
         tenant: str,
         schedule_id: str,
-        event: str,
+        event: ScheduleEvent,
         *,
         at_ms: int,
         detail: str | None = None,

@@ -12,9 +12,18 @@ from cassandra.query import UNSET_VALUE
 
 from streams.cql import gather_all
 from streams.event_store import EventStore
-from streams.model import FiredMark, ScheduleState, Stmt
+from streams.model import DeliveryOutcome, FiredMark, ScheduleEvent, ScheduleState, Stmt
 
 _BY_SCHEDULE = "WHERE tenant = ? AND schedule_id = ?"
+# The history event that records each state a trigger ends in, and each delivery outcome.
+_EVENT_OF_STATE = {
+    ScheduleState.FIRED: ScheduleEvent.FIRED,
+    ScheduleState.MISSED: ScheduleEvent.MISSED,
+}
+_EVENT_OF_OUTCOME = {
+    DeliveryOutcome.DELIVERED: ScheduleEvent.DELIVERED,
+    DeliveryOutcome.DEAD_LETTERED: ScheduleEvent.DEAD_LETTERED,
+}
 
 
 class FireRecordStore(EventStore):
@@ -128,7 +137,7 @@ class FireRecordStore(EventStore):
 
     def _mark_stmts(
         self,
-        state: str,
+        state: ScheduleState,
         tenant: str,
         schedule_id: str,
         trigger_id: str,
@@ -150,13 +159,20 @@ class FireRecordStore(EventStore):
             schedule_id,
         ]
         event = self.event_stmt(
-            tenant, schedule_id, state, at_ms, detail, trigger_id, due_ms, retention_s
+            tenant,
+            schedule_id,
+            _EVENT_OF_STATE[state],
+            at_ms,
+            detail,
+            trigger_id,
+            due_ms,
+            retention_s,
         )
         return params, event
 
     async def _mark(
         self,
-        state: str,
+        state: ScheduleState,
         tenant: str,
         schedule_id: str,
         trigger_id: str,
@@ -185,7 +201,7 @@ class FireRecordStore(EventStore):
         tenant: str,
         schedule_id: str,
         *,
-        outcome: str,
+        outcome: DeliveryOutcome,
         status_code: int | None,
         attempts: int,
         at_ms: int,
@@ -209,6 +225,13 @@ class FireRecordStore(EventStore):
             ],
         )
         event = self.event_stmt(
-            tenant, schedule_id, outcome, at_ms, detail, trigger_id, due_ms, retention_s
+            tenant,
+            schedule_id,
+            _EVENT_OF_OUTCOME[outcome],
+            at_ms,
+            detail,
+            trigger_id,
+            due_ms,
+            retention_s,
         )
         await self.run_together("record_delivery", [update, event])

@@ -51,6 +51,30 @@ class ScheduleState(StrEnum):
     COMPLETED = "completed"
 
 
+class ScheduleEvent(StrEnum):
+    """The values of ``schedule_events.event``: what a schedule's history records. A
+    StrEnum so an event read from Cassandra compares equal to its member."""
+
+    CREATED = "created"
+    UPDATED = "updated"
+    CANCELLED = "cancelled"
+    FIRED = "fired"
+    MISSED = "missed"
+    # Emitted again by a bulk re-fire (api.service), same trigger id, next attempt.
+    REFIRED = "refired"
+    # Runs of a recurring schedule dropped by its misfire policy (the materialiser).
+    SKIPPED = "skipped"
+    DELIVERED = "delivered"
+    DEAD_LETTERED = "dead_lettered"
+
+
+class DeliveryOutcome(StrEnum):
+    """The ``schedules.delivery_outcome`` values the proxy reports (docs/proxy.md)."""
+
+    DELIVERED = "delivered"
+    DEAD_LETTERED = "dead_lettered"
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleRow:
     """All columns of ``schedules``; ``ScheduleRow(**store_row)`` rebuilds one from
@@ -155,7 +179,7 @@ class ScheduleChange:
     new_bucket: BucketRow | None
     old_bucket: BucketKey | None
     now_ms: int
-    event: str | None = None
+    event: ScheduleEvent | None = None
     event_detail: str | None = None
     # Recurring schedules: bucket rows of runs to delete with the change (step 1), and
     # statements on the schedule's own partition key committed with its row (step 2).

@@ -13,7 +13,16 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from streams.buckets import BucketKey
-from streams.model import BucketRow, Deployment, FiredMark, ScheduleChange, ScheduleRow, Stmt
+from streams.model import (
+    BucketRow,
+    DeliveryOutcome,
+    Deployment,
+    FiredMark,
+    ScheduleChange,
+    ScheduleEvent,
+    ScheduleRow,
+    Stmt,
+)
 from streams.tenants import TenantConfig
 
 # A row as the driver returns it: column name to value (the columns are heterogeneous).
@@ -72,7 +81,7 @@ class MaterializerStore(ScheduleReader, StatementRunner, Protocol):
         self,
         tenant: str,
         schedule_id: str,
-        event: str,
+        event: ScheduleEvent,
         at_ms: int,
         detail: str | None,
         trigger_id: str | None,
@@ -165,7 +174,7 @@ class DeliveryStore(Protocol):
         tenant: str,
         schedule_id: str,
         *,
-        outcome: str,
+        outcome: DeliveryOutcome,
         status_code: int | None,
         attempts: int,
         at_ms: int,
@@ -251,7 +260,7 @@ class EventStore(Protocol):
         self,
         tenant: str,
         schedule_id: str,
-        event: str,
+        event: ScheduleEvent,
         *,
         at_ms: int,
         detail: str | None = None,

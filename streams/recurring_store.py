@@ -14,7 +14,14 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from streams.decisions import DueEntry, materialize_key, upcoming_runs
-from streams.model import SCHEDULE_COLUMNS, BucketRow, ScheduleRow, ScheduleState, Stmt
+from streams.model import (
+    SCHEDULE_COLUMNS,
+    BucketRow,
+    ScheduleEvent,
+    ScheduleRow,
+    ScheduleState,
+    Stmt,
+)
 from streams.ports import CqlRow, MaterializerStore
 from streams.recurring import NEVER_MS
 from streams.store import load_schedule_rows
@@ -170,7 +177,13 @@ class RecurringStore:
             if event is not None:
                 group.append(
                     self.store.event_stmt(
-                        row.tenant, row.schedule_id, "skipped", now_ms, event, None, None
+                        row.tenant,
+                        row.schedule_id,
+                        ScheduleEvent.SKIPPED,
+                        now_ms,
+                        event,
+                        None,
+                        None,
                     )
                 )
             if runs is not None:

@@ -13,11 +13,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import StrEnum
 
 from streams.buckets import BUCKET_MS
 from streams.buckets import minute_ms as bucket_of
-from streams.model import ScheduleState
+from streams.model import DeliveryOutcome, ScheduleState
 from streams.ports import CqlRow
 
 HOUR_MS = 3_600_000
@@ -26,13 +25,6 @@ MINUTE_MS = 60_000
 # A trigger is recorded as fired once Kafka acknowledges it, a moment after its due time:
 # one still waiting this long after it is overdue, not just in flight.
 OVERDUE_AFTER_MS = 10_000
-
-
-class Outcome(StrEnum):
-    """The ``schedules.delivery_outcome`` values the proxy reports."""
-
-    DELIVERED = "delivered"
-    DEAD_LETTERED = "dead_lettered"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -197,9 +189,9 @@ class Tally:
         elif row.state == ScheduleState.MISSED and self.window.recent(row.updated_ms):
             figures.missed_last_hour += 1
         if self.window.recent(row.delivery_ms):
-            if row.delivery_outcome == Outcome.DELIVERED:
+            if row.delivery_outcome == DeliveryOutcome.DELIVERED:
                 figures.delivered_last_hour += 1
-            elif row.delivery_outcome == Outcome.DEAD_LETTERED:
+            elif row.delivery_outcome == DeliveryOutcome.DEAD_LETTERED:
                 figures.dead_lettered_last_hour += 1
 
     def waiting(self, tenant: str, count: int, *, truncated: bool = False) -> None:

@@ -48,6 +48,7 @@ from streams.model import (
     BucketRow,
     Deployment,
     ScheduleChange,
+    ScheduleEvent,
     ScheduleRow,
     ScheduleState,
     Stmt,
@@ -274,7 +275,7 @@ class ScheduleStore(EventStore):
         new_bucket: BucketRow | None,
         old_bucket: BucketKey | None,
         now_ms: int,
-        event: str | None = None,
+        event: ScheduleEvent | None = None,
         event_detail: str | None = None,
     ) -> None:
         """Persist one create/reschedule/cancel; see ``apply_schedule_changes``."""
