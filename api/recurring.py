@@ -156,7 +156,7 @@ def upcoming(
 ) -> list[UpcomingRun]:
     """The next ``n`` runs of a scheduled parent from ``now_ms`` (or from ``after_ms`` when
     later: paging), honouring ``end`` and ``max_runs``: run id, nominal and due time (with
-    jitter) and trigger id, as ``streams.materializer.schedule_runs`` reports them. Once
+    jitter) and trigger id, as ``streams.recurring_store.schedule_runs`` reports them. Once
     every run is written (``runs_out``) they are those up to ``last_nominal_ms``, the newest
     written run."""
     if n <= 0 or _state(row) != ScheduleState.SCHEDULED:
@@ -266,7 +266,7 @@ def parent_brief(
 
 
 def run_view(run: CqlRow) -> dict[str, object]:
-    """One run from ``streams.materializer.schedule_runs`` with readable times."""
+    """One run from ``streams.recurring_store.schedule_runs`` with readable times."""
     out = dict(run)
     out["nominal"] = _iso(int(run["nominal_ms"]))
     out["due"] = _iso(int(run["due_ms"]))

@@ -7,6 +7,7 @@
     +-- StoreError                   Cassandra failed (retriable: timeouts, unavailable)
     +-- KafkaError                   Kafka failed (retriable per librdkafka's verdict)
     +-- CommandRejected              a command broke the wire contract; carries a ``code``
+    +-- ApiError (api.views)         an HTTP answer: status, code, message (retriable by status)
 
 Third-party errors are translated at the boundary with ``raise ... from exc`` so callers
 only ever catch these.

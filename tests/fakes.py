@@ -104,7 +104,7 @@ class FakeStore:
         self.recurring_index: dict[str, dict[str, int]] = {}
         self.prepared: set[str] = set()
         self.statement_runs: list[tuple[str, tuple[Any, ...]]] = []
-        # The recurring store's tables (streams.materializer.RecurringStore).
+        # The recurring store's tables (streams.recurring_store.RecurringStore).
         self.due: dict[tuple[int, int], set[tuple[int, str, str]]] = {}
         self.cursor: tuple[int, int] | None = None
         self.commits = 0
