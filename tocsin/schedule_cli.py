@@ -249,8 +249,8 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
 
     one_statuses = None if statuses is None else statuses - {"completed"}
 
-    async def collect(store: Store) -> list[dict[str, Any]]:
-        out: list[tuple[tuple[int, str], dict[str, Any]]] = []
+    async def collect(store: Store) -> list[dict[str, object]]:
+        out: list[tuple[tuple[int, str], dict[str, object]]] = []
         after = None
         while len(out) < args.limit and one_statuses != frozenset():
             page = await store.read_index(args.tenant, from_ms=lo, to_ms=hi, after=after, limit=500)
@@ -279,7 +279,8 @@ def _schedule_list(args: argparse.Namespace, settings: Settings) -> int:
 
     views = asyncio.run(with_store(settings, collect))
     for v in views:
-        v["delivery"] = (v["delivery"] or {}).get("outcome", "")
+        delivery = v["delivery"]
+        v["delivery"] = delivery.get("outcome", "") if isinstance(delivery, dict) else ""
         v["next_run"] = v.get("next_run") or ""
         v["recurring"] = "yes" if v.get("recurring") else ""
     emit(args, views, ["schedule_id", "status", "due", "delivery", "recurring", "next_run"])
