@@ -20,11 +20,10 @@ from dataclasses import dataclass
 # The width of a bucket: a schedule's bucket is its due time floored to a multiple of it,
 # and a ticker reads one bucket per step of it. The keyspace's deployment binding records
 # it (streams.binding), so a worker built with another width refuses a keyspace whose
-# buckets it would read at the wrong instants. Named for the minute it has always been.
+# buckets it would read at the wrong instants.
 BUCKET_MS = 60_000
 # The width of a keyspace whose binding row does not record one (written before it did).
 UNRECORDED_BUCKET_MS = 60_000
-MINUTE_MS = BUCKET_MS
 
 # Cassandra rejects a TTL above 20 years (630,720,000 s); a row that would need more cannot
 # be written, so validation must reject due times beyond ``max_due_ms``.

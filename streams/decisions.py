@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from urllib.parse import urlsplit
 
 from base.errors import CommandRejected
-from streams.buckets import MINUTE_MS, BucketKey, max_due_ms, shard_of
+from streams.buckets import BUCKET_MS, BucketKey, max_due_ms, shard_of
 from streams.buckets import minute_ms as minute_of
 from streams.model import (
     BucketRow,
@@ -524,7 +524,7 @@ def is_recurring(row: ScheduleRow | None) -> bool:
 
 def slot_of(at_ms: int) -> int:
     """The due queue's partition (a minute, like the fire buckets) holding ``at_ms``."""
-    return at_ms - at_ms % MINUTE_MS
+    return at_ms - at_ms % BUCKET_MS
 
 
 @dataclass(frozen=True, slots=True)

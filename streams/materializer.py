@@ -48,7 +48,7 @@ from prometheus_client import Counter, Histogram
 
 from base.clock import Clock, now_ms
 from base.supervise import supervise
-from streams.buckets import MINUTE_MS
+from streams.buckets import BUCKET_MS
 from streams.decisions import (
     ParentStep,
     due_entries,
@@ -82,7 +82,7 @@ STEP_SECONDS = Histogram(
 )
 
 # The due queue is partitioned by (commands partition, bucket minute): a slot is
-# streams.buckets.MINUTE_MS wide, like the fire buckets (streams.decisions.slot_of).
+# streams.buckets.BUCKET_MS wide, like the fire buckets (streams.decisions.slot_of).
 # A minute partition of the due queue is deleted this long after its end, not at once: a
 # command applied by another process in a rebalance may still be writing into it.
 SLOT_GRACE_MS = 10_000
@@ -285,7 +285,7 @@ class PartitionMaterializer:
 
     def _behind(self, now_ms: int) -> bool:
         """True if the reader has whole minutes left to read."""
-        return self._slot_ms is not None and self._slot_ms + MINUTE_MS <= now_ms
+        return self._slot_ms is not None and self._slot_ms + BUCKET_MS <= now_ms
 
     async def _read_queue(self, now_ms: int, limit: int) -> None:
         """Read the due queue forward to ``now_ms`` (or until ``limit`` entries wait); after
@@ -293,10 +293,10 @@ class PartitionMaterializer:
         assert self._slot_ms is not None
         while len(self._pending) < limit:
             slot = self._slot_ms
-            if slot + MINUTE_MS <= now_ms:
+            if slot + BUCKET_MS <= now_ms:
                 # Whole minutes behind: read several to their end concurrently.
                 slots = [
-                    slot + i * MINUTE_MS for i in range(16) if slot + (i + 1) * MINUTE_MS <= now_ms
+                    slot + i * BUCKET_MS for i in range(16) if slot + (i + 1) * BUCKET_MS <= now_ms
                 ]
                 reads = await asyncio.gather(
                     *(
@@ -304,7 +304,7 @@ class PartitionMaterializer:
                             self.partition,
                             s,
                             self._read_upto_ms if s == slot else s - 1,
-                            s + MINUTE_MS - 1,
+                            s + BUCKET_MS - 1,
                         )
                         for s in slots
                     )
@@ -312,7 +312,7 @@ class PartitionMaterializer:
                 for s, entries in zip(slots, reads, strict=True):
                     self._pending.extend(entries)
                     self._read_slots.append(s)
-                self._slot_ms = slots[-1] + MINUTE_MS
+                self._slot_ms = slots[-1] + BUCKET_MS
                 self._read_upto_ms = self._slot_ms - 1
                 continue
             if now_ms > self._read_upto_ms:
@@ -327,7 +327,7 @@ class PartitionMaterializer:
         grace) and save the position. A crash before then reads them again: at least once."""
         if self._pending or self._hot or self._slot_ms is None:
             return
-        old = [s for s in self._read_slots if s + MINUTE_MS + SLOT_GRACE_MS <= now_ms]
+        old = [s for s in self._read_slots if s + BUCKET_MS + SLOT_GRACE_MS <= now_ms]
         if old:
             await self.store.drop_due(self.partition, old)
             self._read_slots = [s for s in self._read_slots if s not in old]

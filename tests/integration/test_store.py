@@ -20,7 +20,7 @@ import pytest
 
 from base.errors import StoreError
 from base.settings import CassandraSettings, KafkaSettings
-from streams.buckets import MINUTE_MS, minute_ms
+from streams.buckets import BUCKET_MS, minute_ms
 from streams.model import BucketRow, ScheduleRow
 from streams.partitioner import partition_for
 from streams.store import Store
@@ -31,7 +31,7 @@ CQL = Path(__file__).resolve().parents[2] / "schema" / "cql" / "001_initial.cql"
 KEYSPACE = f"test_store_{uuid.uuid4().hex[:8]}"
 # A minute start an hour ahead: rows get TTLs from the real clock (due - now + retention),
 # so bucket rows due in the past would expire within a second.
-T0 = (int(time.time() * 1000) // MINUTE_MS + 60) * MINUTE_MS
+T0 = (int(time.time() * 1000) // BUCKET_MS + 60) * BUCKET_MS
 
 
 def _unavailable(what: str, exc: BaseException) -> None:
@@ -182,9 +182,9 @@ async def test_ttls_are_applied(store: Store, cql_session: Any) -> None:
 
 
 async def test_bucket_read_is_one_paged_query_in_due_order(store: Store) -> None:
-    minute = T0 + 7 * MINUTE_MS
+    minute = T0 + 7 * BUCKET_MS
     rng = random.Random(3)
-    dues = [minute + rng.randrange(MINUTE_MS) for _ in range(23)] + [minute, minute + 59_999]
+    dues = [minute + rng.randrange(BUCKET_MS) for _ in range(23)] + [minute, minute + 59_999]
     now = now_ms()
     rows = [
         BucketRow.for_schedule(schedule(f"b-{i}", due, partition=2), shards=1)
@@ -193,7 +193,7 @@ async def test_bucket_read_is_one_paged_query_in_due_order(store: Store) -> None
     await asyncio.gather(*(store.put_bucket_row(r, now_ms=now) for r in rows))
     # A row of the next minute and one of another partition must not leak in.
     await store.put_bucket_row(
-        BucketRow.for_schedule(schedule("next", minute + MINUTE_MS, partition=2), shards=1),
+        BucketRow.for_schedule(schedule("next", minute + BUCKET_MS, partition=2), shards=1),
         now_ms=now,
     )
     await store.put_bucket_row(
@@ -222,7 +222,7 @@ async def test_bucket_read_is_one_paged_query_in_due_order(store: Store) -> None
 
 
 async def test_sharded_bucket_reads_each_shard_once_and_merges(store: Store) -> None:
-    minute = T0 + 20 * MINUTE_MS
+    minute = T0 + 20 * BUCKET_MS
     shards = 3
     now = now_ms()
     rows = [
@@ -431,7 +431,7 @@ async def test_many_concurrent_writes_under_a_small_cap(cql_session: Any) -> Non
     await s.connect()
     try:
         now = now_ms()
-        minute = T0 + 40 * MINUTE_MS
+        minute = T0 + 40 * BUCKET_MS
         rows = [
             BucketRow.for_schedule(schedule(f"c-{i}", minute + i, partition=4), shards=1)
             for i in range(300)
@@ -493,22 +493,22 @@ async def test_write_buckets_batches_per_bucket_and_chunks(cql_session: Any) -> 
     await s.connect()
     try:
         now = now_ms()
-        minute = T0 + 50 * MINUTE_MS
+        minute = T0 + 50 * BUCKET_MS
         rows = [
             BucketRow.for_schedule(
-                schedule(f"w-{i}", minute + (i % 3) * MINUTE_MS + i, partition=5), shards=2
+                schedule(f"w-{i}", minute + (i % 3) * BUCKET_MS + i, partition=5), shards=2
             )
             for i in range(90)
         ]
         await s.write_buckets(put=rows, now_ms=now)
         for m in range(3):
-            got = await s.read_bucket(5, minute + m * MINUTE_MS, 2)
+            got = await s.read_bucket(5, minute + m * BUCKET_MS, 2)
             assert sorted(r.schedule_id for r in got) == sorted(
-                r.schedule_id for r in rows if r.minute_ms == minute + m * MINUTE_MS
+                r.schedule_id for r in rows if r.minute_ms == minute + m * BUCKET_MS
             )
         gone = rows[::2]
         await s.write_buckets(delete=[r.key for r in gone], now_ms=now)
-        left = [r for m in range(3) for r in await s.read_bucket(5, minute + m * MINUTE_MS, 2)]
+        left = [r for m in range(3) for r in await s.read_bucket(5, minute + m * BUCKET_MS, 2)]
         assert {r.schedule_id for r in left} == {r.schedule_id for r in rows[1::2]}
     finally:
         await s.close()
@@ -544,7 +544,7 @@ async def test_apply_schedule_changes_in_bulk_keeps_per_schedule_order(bulk_stor
     # The same command batch also cancels bulk-0, then re-creates it one minute later.
     first = changes[0]
     cancelled = dataclasses.replace(first.row, state="cancelled", version=2)
-    recreated = dataclasses.replace(first.row, version=3, due_ms=due + MINUTE_MS)
+    recreated = dataclasses.replace(first.row, version=3, due_ms=due + BUCKET_MS)
     changes.append(
         ScheduleChange(
             row=cancelled,
@@ -565,11 +565,11 @@ async def test_apply_schedule_changes_in_bulk_keeps_per_schedule_order(bulk_stor
     )
     await store.apply_schedule_changes(changes)
     in_minute = await store.read_bucket(partition, minute_ms(due), 1)
-    next_minute = await store.read_bucket(partition, minute_ms(due + MINUTE_MS), 1)
+    next_minute = await store.read_bucket(partition, minute_ms(due + BUCKET_MS), 1)
     all_ids = {r.schedule_id for r in in_minute + next_minute if r.due_ms >= due}
     assert all_ids == {f"bulk{partition}-{i}" for i in range(30)}
     [again] = [r for r in in_minute + next_minute if r.schedule_id == f"bulk{partition}-0"]
-    assert (again.version, again.due_ms) == (3, due + MINUTE_MS)
+    assert (again.version, again.due_ms) == (3, due + BUCKET_MS)
     got = await store.get_schedule("acme", f"bulk{partition}-0")
     assert got is not None and (got["version"], got["state"]) == (3, "scheduled")
     events = await store.list_events("acme", f"bulk{partition}-0")
@@ -599,7 +599,7 @@ async def test_changes_of_different_record_times_share_their_bucket_batch(
     store._execute = counting  # type: ignore[method-assign]
     try:
         now = now_ms()
-        partition, due = 30, T0 + 70 * MINUTE_MS
+        partition, due = 30, T0 + 70 * BUCKET_MS
         changes = []
         for i in range(40):
             row = schedule(f"times-{i}", due, partition=partition)
@@ -643,7 +643,7 @@ async def test_before_commit_is_durable_before_any_schedule_row(cql_session: Any
     try:
 
         def change(sid: str) -> ScheduleChange:
-            row = schedule(sid, T0 + 80 * MINUTE_MS, partition=31)
+            row = schedule(sid, T0 + 80 * BUCKET_MS, partition=31)
             return ScheduleChange(
                 row=row,
                 new_bucket=BucketRow.for_schedule(row, shards=1),

@@ -7,8 +7,8 @@ import zlib
 import pytest
 
 from streams.buckets import (
+    BUCKET_MS,
     MAX_TTL_S,
-    MINUTE_MS,
     BucketKey,
     max_due_ms,
     minute_ms,
@@ -41,9 +41,9 @@ def test_minute_ms_floors_to_minute(due_ms: int, expected: int) -> None:
     [
         (T0, T0, [T0]),
         (T0, T0 + 59_999, [T0]),
-        (T0, T0 + 60_000, [T0, T0 + MINUTE_MS]),
-        (T0 - 1, T0, [T0 - MINUTE_MS, T0]),
-        (T0 + 30_000, T0 + 150_000, [T0, T0 + MINUTE_MS, T0 + 2 * MINUTE_MS]),
+        (T0, T0 + 60_000, [T0, T0 + BUCKET_MS]),
+        (T0 - 1, T0, [T0 - BUCKET_MS, T0]),
+        (T0 + 30_000, T0 + 150_000, [T0, T0 + BUCKET_MS, T0 + 2 * BUCKET_MS]),
         (T0 + 1, T0, []),  # empty range
     ],
 )
