@@ -4,8 +4,6 @@ in docs/api.md ("go-scheduler facade"); the pure parts are in api/goscheduler_vi
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import web
 
 from api import goscheduler_views as gv
@@ -15,6 +13,7 @@ from api.service import Service
 from api.views import ApiError
 from base.clock import now_ms
 from base.errors import CommandRejected, ConfigError
+from streams.decisions import Run
 from streams.ports import CqlRow
 from streams.recurring import parse_run_id
 from streams.tenants import TenantConfig
@@ -52,13 +51,14 @@ async def _run_view(svc: Service, row: CqlRow) -> dict[str, object]:
     cron, _ = await svc.get_schedule(row["tenant"], parent_id)
     events = await svc.store.list_events(row["tenant"], row["schedule_id"])
     run = recurring.run_row_view(row, events, parent_id=parent_id, nominal_ms=nominal_ms)
-    shown = {
-        "run_id": run["schedule_id"],
-        "state": run["status"],
-        "due_ms": run["due_ms"] or nominal_ms,
-        "delivery": (run["delivery"] or {}).get("outcome"),
-        "trigger_id": run["trigger_id"],
-    }
+    shown = Run(
+        run_id=run["schedule_id"],
+        nominal_ms=nominal_ms,
+        state=run["status"],
+        due_ms=run["due_ms"] or nominal_ms,
+        delivery=(run["delivery"] or {}).get("outcome"),
+        trigger_id=run["trigger_id"],
+    )
     return gv.go_run(shown, cron)
 
 
@@ -79,11 +79,11 @@ def _cron_listed(
 
 async def _cron_runs_of(
     svc: Service, row: CqlRow, when: gv.When, size: int, token_ms: int | None
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+) -> tuple[list[Run], list[Run]]:
     """(past runs newest first, future runs soonest first) of a cron, as ``when`` asks."""
     tenant, sid, now = row["tenant"], row["schedule_id"], now_ms()
-    past: list[dict[str, Any]] = []
-    future: list[dict[str, Any]] = []
+    past: list[Run] = []
+    future: list[Run] = []
     if when is not gv.When.FUTURE:
         before = token_ms if when is gv.When.PAST else None
         got = await recurring_io.runs(

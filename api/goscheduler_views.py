@@ -9,12 +9,12 @@ import binascii
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from enum import StrEnum
-from typing import Any
 
 import orjson
 
 from api import gocron, recurring, views
 from api.views import ApiError
+from streams.decisions import Run
 from streams.model import DeliveryOutcome, ScheduleEvent, ScheduleState
 from streams.ports import CqlRow
 from topics.models import Ambiguous, DayMatch
@@ -157,7 +157,7 @@ def go_cron_schedule(row: CqlRow, status: str) -> dict[str, object]:
     }
 
 
-def go_run(run: CqlRow, parent: CqlRow) -> dict[str, object]:
+def go_run(run: Run, parent: CqlRow) -> dict[str, object]:
     """One run of a cron as go-scheduler shows it: a one-time schedule of its own."""
     due_s = int(run["due_ms"]) // 1000
     return {
@@ -207,8 +207,8 @@ def run_token(nominal_ms: int | None) -> str:
 
 
 def runs_page(
-    when: When, past: list[dict[str, Any]], future: list[dict[str, Any]], size: int
-) -> tuple[list[dict[str, Any]], int | None]:
+    when: When, past: list[Run], future: list[Run], size: int
+) -> tuple[list[Run], int | None]:
     """One page of a cron's runs and the nominal time to continue after (None: no more):
     ``past`` newest first, ``future`` soonest first, or both (the future runs latest first,
     then the past ones) without a continuation."""

@@ -16,11 +16,12 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Sequence
-from typing import Any, TypedDict, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from api.views import event_view, payload_view
+from streams.decisions import Run, ScheduleRuns
 from streams.model import ScheduleState
 from streams.ports import CqlRow
 from streams.recurring import NEVER_MS, jitter_ms, next_runs, occurrences, run_id, series_start
@@ -36,15 +37,6 @@ MAX_COUNTED_RUNS = 100_000
 
 Key = tuple[int, str]  # (position ms, schedule id): the listing order and cursor
 T = TypeVar("T")
-
-
-class UpcomingRun(TypedDict):
-    """A run still to come, as ``streams.recurring_store.schedule_runs`` lists its runs."""
-
-    run_id: str
-    nominal_ms: int
-    due_ms: int  # nominal + jitter
-    trigger_id: str
 
 
 def is_parent(row: CqlRow) -> bool:
@@ -153,7 +145,7 @@ def upcoming(
     n: int,
     after_ms: int | None = None,
     last_nominal_ms: int | None = None,
-) -> list[UpcomingRun]:
+) -> list[Run]:
     """The next ``n`` runs of a scheduled parent from ``now_ms`` (or from ``after_ms`` when
     later: paging), honouring ``end`` and ``max_runs``: run id, nominal and due time (with
     jitter) and trigger id, as ``streams.recurring_store.schedule_runs`` reports them. Once
@@ -172,14 +164,12 @@ def upcoming(
         # Counting runs only matters for max_runs (it costs an enumeration).
         counted = 0 if rec.max_runs is None else _counted_before(row, rec, at)
         nominals = next_runs(rec, at, n, anchor_ms=anchor, counted=counted)
-    out: list[UpcomingRun] = []
+    out: list[Run] = []
     for nominal in nominals:
         rid = run_id(sid, nominal)
         due = nominal + jitter_ms(tenant, rid, rec.jitter_s)
         out.append(
-            UpcomingRun(
-                run_id=rid, nominal_ms=nominal, due_ms=due, trigger_id=trigger_id(tenant, rid, due)
-            )
+            Run(run_id=rid, nominal_ms=nominal, due_ms=due, trigger_id=trigger_id(tenant, rid, due))
         )
     return out
 
@@ -240,7 +230,12 @@ def window_run(
 
 def recurrence_view(row: CqlRow) -> dict[str, object]:
     """The stored recurrence in its wire form (times as epoch ms), as a create sends it."""
-    value: dict[str, object] = orjson.loads(row["recurrence"])
+    return recurrence_json(row["recurrence"])
+
+
+def recurrence_json(text: str) -> dict[str, object]:
+    """A stored recurrence's JSON text in its wire form."""
+    value: dict[str, object] = orjson.loads(text)
     return value
 
 
@@ -265,9 +260,9 @@ def parent_brief(
     }
 
 
-def run_view(run: CqlRow) -> dict[str, object]:
+def run_view(run: Run) -> dict[str, object]:
     """One run from ``streams.recurring_store.schedule_runs`` with readable times."""
-    out = dict(run)
+    out: dict[str, object] = dict(run)
     out["nominal"] = _iso(int(run["nominal_ms"]))
     out["due"] = _iso(int(run["due_ms"]))
     if "state" in run:
@@ -281,7 +276,7 @@ def parent_view(
     *,
     status: str,
     next_ms: int | None,
-    runs: CqlRow | None,
+    runs: ScheduleRuns | None,
 ) -> dict[str, object]:
     """The full JSON of a recurring schedule (``GET /v1/schedules/{id}``): ``due`` is its
     next run (null when none is left); ``runs`` its newest past and its next runs."""
@@ -306,8 +301,8 @@ def parent_view(
     }
     view.update(payload_view(row))
     view["runs"] = {
-        "past": [run_view(r) for r in (runs or {}).get("past", [])],
-        "next": [run_view(r) for r in (runs or {}).get("next", [])],
+        "past": [run_view(r) for r in runs["past"]] if runs else [],
+        "next": [run_view(r) for r in runs["next"]] if runs else [],
     }
     view["history"] = [event_view(e) for e in events]
     return view
@@ -375,6 +370,7 @@ __all__ = [
     "parent_brief",
     "parent_status",
     "parent_view",
+    "recurrence_json",
     "recurrence_of",
     "recurrence_view",
     "rule_changed_ms",

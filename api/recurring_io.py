@@ -12,6 +12,7 @@ from typing import Any, Protocol
 from api import recurring
 from api.recurring import Key
 from api.views import ApiError
+from streams.decisions import ScheduleRuns
 from streams.model import ScheduleState
 from streams.ports import CqlRow, IndexReader, MaterializerStore, StatementRunner
 from streams.recurring import NEVER_MS, parse_run_id
@@ -162,7 +163,7 @@ async def runs(
     upcoming: int,
     before_ms: int | None = None,
     after_ms: int | None = None,
-) -> dict[str, Any] | None:
+) -> ScheduleRuns | None:
     """Past runs (newest first; nominal time before ``before_ms``, default now) with their
     state, and the next ``upcoming`` runs (after ``after_ms`` when later than now); None if
     there is no such recurring schedule."""
@@ -315,12 +316,12 @@ async def schedule_json(
     return recurring.run_row_view(row, events, parent_id=parsed[0], nominal_ms=parsed[1])
 
 
-def runs_json(got: dict[str, Any]) -> dict[str, Any]:
+def runs_json(got: ScheduleRuns) -> dict[str, object]:
     """The answer of ``GET /v1/schedules/{id}/runs`` from ``runs``."""
     return {
         "schedule_id": got["schedule_id"],
         "tenant": got["tenant"],
-        "recurrence": recurring.recurrence_view(got),
+        "recurrence": recurring.recurrence_json(got["recurrence"]),
         "runs_written": got.get("run_count"),
         "past": [recurring.run_view(r) for r in got["past"]],
         "next": [recurring.run_view(r) for r in got["next"]],

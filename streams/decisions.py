@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import NotRequired, Protocol, TypedDict
 from urllib.parse import urlsplit
 
 from base.errors import CommandRejected
@@ -957,9 +957,35 @@ def parent_commits(
 # -- recurring schedules: the runs to come --------------------------------------------------
 
 
-def upcoming_runs(
-    parent: ScheduleRow, rec: Recurrence, *, now_ms: int, upcoming: int
-) -> list[dict[str, Any]]:
+class Run(TypedDict):
+    """One run of a recurring schedule as its run listings show it; a past run also has its
+    fire state and delivery outcome."""
+
+    run_id: str  # the schedule id its triggers carry
+    nominal_ms: int
+    due_ms: int  # nominal + jitter
+    trigger_id: str
+    state: NotRequired[str]  # scheduled | fired | missed
+    fired_ms: NotRequired[int | None]
+    delivery: NotRequired[str | None]  # delivered | dead_lettered
+
+
+class ScheduleRuns(TypedDict):
+    """A recurring schedule's past runs (newest first) and next runs, with its row's
+    figures (``streams.recurring_store.schedule_runs``)."""
+
+    tenant: str
+    schedule_id: str
+    state: str
+    version: int
+    recurrence: str  # its JSON text, as stored
+    materialized_until_ms: int | None
+    run_count: int | None
+    past: list[Run]
+    next: list[Run]
+
+
+def upcoming_runs(parent: ScheduleRow, rec: Recurrence, *, now_ms: int, upcoming: int) -> list[Run]:
     """The next ``upcoming`` runs of a scheduled parent after ``now_ms``: ``run_id``,
     ``nominal_ms``, ``due_ms`` (nominal + jitter) and ``trigger_id`` of each."""
     anchor = parent.anchor_ms or parent.created_ms
@@ -973,17 +999,17 @@ def upcoming_runs(
     elif until > now_ms:
         # Runs materialised after now were counted but have not happened yet.
         counted = max(0, (counted or 0) - _count_between(rec, now_ms, until, anchor))
-    out = []
+    out: list[Run] = []
     for nominal in next_runs(rec, now_ms, upcoming, anchor_ms=anchor, counted=counted):
         rid = run_id(parent.schedule_id, nominal)
         due = nominal + jitter_ms(parent.tenant, rid, rec.jitter_s)
         out.append(
-            {
-                "run_id": rid,
-                "nominal_ms": nominal,
-                "due_ms": due,
-                "trigger_id": trigger_id(parent.tenant, rid, due),
-            }
+            Run(
+                run_id=rid,
+                nominal_ms=nominal,
+                due_ms=due,
+                trigger_id=trigger_id(parent.tenant, rid, due),
+            )
         )
     return out
 

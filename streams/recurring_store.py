@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
-from streams.decisions import DueEntry, materialize_key, upcoming_runs
+from streams.decisions import DueEntry, Run, ScheduleRuns, materialize_key, upcoming_runs
 from streams.model import (
     SCHEDULE_COLUMNS,
     BucketRow,
@@ -250,7 +250,7 @@ async def schedule_runs(
     now_ms: int,
     past: int = 10,
     upcoming: int = 10,
-) -> dict[str, Any] | None:
+) -> ScheduleRuns | None:
     """Past runs (newest first, with their fire and delivery state) and the next runs of
     a recurring schedule; None if there is no such recurring schedule.
 
@@ -268,34 +268,34 @@ async def schedule_runs(
     rstore = RecurringStore(store)
     history = await rstore.past_runs(tenant, schedule_id, now_ms, past) if past > 0 else []
     states = await store.get_schedules(tenant, [h["run_id"] for h in history]) if history else {}
-    past_runs = []
+    past_runs: list[Run] = []
     for h in history:
         st = states.get(h["run_id"]) or {}
         past_runs.append(
-            {
-                "run_id": h["run_id"],
-                "nominal_ms": h["nominal_ms"],
-                "due_ms": h["due_ms"],
-                "trigger_id": h["trigger_id"],
-                "state": st.get("state") or "scheduled",
-                "fired_ms": st.get("fired_ms"),
-                "delivery": st.get("delivery_outcome"),
-            }
+            Run(
+                run_id=h["run_id"],
+                nominal_ms=h["nominal_ms"],
+                due_ms=h["due_ms"],
+                trigger_id=h["trigger_id"],
+                state=st.get("state") or "scheduled",
+                fired_ms=st.get("fired_ms"),
+                delivery=st.get("delivery_outcome"),
+            )
         )
-    next_list: list[dict[str, Any]] = []
+    next_list: list[Run] = []
     if parent.state == ScheduleState.SCHEDULED and upcoming > 0:
         next_list = upcoming_runs(parent, rec, now_ms=now_ms, upcoming=upcoming)
-    return {
-        "tenant": tenant,
-        "schedule_id": schedule_id,
-        "state": parent.state,
-        "version": parent.version,
-        "recurrence": parent.recurrence,
-        "materialized_until_ms": parent.materialized_until_ms,
-        "run_count": parent.run_count,
-        "past": past_runs,
-        "next": next_list,
-    }
+    return ScheduleRuns(
+        tenant=tenant,
+        schedule_id=schedule_id,
+        state=parent.state,
+        version=parent.version,
+        recurrence=parent.recurrence,
+        materialized_until_ms=parent.materialized_until_ms,
+        run_count=parent.run_count,
+        past=past_runs,
+        next=next_list,
+    )
 
 
 __all__ = ["STATEMENTS", "RecurringRuns", "RecurringStore", "schedule_runs"]

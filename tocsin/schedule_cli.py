@@ -315,7 +315,8 @@ def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
     print(f"recurrence {view['recurrence']}")
     print(f"past runs ({len(view['past'])}, newest first):")
     for run in view["past"]:
-        fired = format_iso_ms(run["fired_ms"]) if run.get("fired_ms") else ""
+        fired_ms = run.get("fired_ms")
+        fired = format_iso_ms(fired_ms) if fired_ms else ""
         print(
             f"  {format_iso_ms(run['nominal_ms'])}  due {format_iso_ms(run['due_ms'])}  "
             f"{run['state']:9s} {fired:24s} {run.get('delivery') or ''}  {run['trigger_id']}"
