@@ -10,7 +10,7 @@ import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar, overload
+from typing import Literal, TypeVar, overload
 
 import orjson
 
@@ -30,7 +30,7 @@ from streams.commands import TenantCache
 from streams.model import ScheduleEvent, ScheduleRow, ScheduleState, trigger_for
 from streams.ports import CqlRow
 from streams.store import Store
-from streams.tenant_admin import TenantExists, issue_key, register_tenant
+from streams.tenant_admin import RegisteredTenant, TenantExists, issue_key, register_tenant
 from streams.tenants import TenantConfig, check_api_key, split_api_key
 from topics.codec import encode_trigger, trigger_headers
 from topics.codes import Code
@@ -142,7 +142,7 @@ class Service:
 
     async def register_tenant(
         self, name: object, config: object, *, active: bool = True
-    ) -> dict[str, Any]:
+    ) -> RegisteredTenant:
         """Register a tenant; ``config`` as a request gives it (a JSON object, or empty for
         the defaults). Returns its keys (once)."""
         cfg = self._config(config or {})
@@ -155,7 +155,7 @@ class Service:
         self.tenants.invalidate(created["tenant"])
         return created
 
-    async def new_key(self, tenant: str) -> dict[str, Any]:
+    async def new_key(self, tenant: str) -> dict[str, str]:
         return await issue_key(self.store, tenant)
 
     async def revoke_key(self, tenant: str, key_id: str) -> None:

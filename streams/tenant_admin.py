@@ -4,7 +4,7 @@ retire signing keys."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypedDict
 
 from base.clock import now_ms
 from base.errors import CommandRejected
@@ -18,9 +18,20 @@ class TenantExists(Exception):
     pass
 
 
+class RegisteredTenant(TypedDict):
+    """A registered tenant with its first keys, shown only at registration."""
+
+    tenant: str
+    active: bool
+    config: dict[str, object]
+    api_key: str
+    key_id: str
+    signing_key: str
+
+
 async def register_tenant(
     store: TenantAdminStore, name: object, config: TenantConfig, *, active: bool = True
-) -> dict[str, Any]:
+) -> RegisteredTenant:
     """Create a tenant; returns its first API key and its signing key (shown only now).
 
     Raises ValueError for a bad name and TenantExists when it is registered already."""
@@ -41,14 +52,14 @@ async def register_tenant(
         updated_ms=at,
     )
     key = await issue_key(store, tenant)
-    return {
-        "tenant": tenant,
-        "active": active,
-        "config": config.to_dict(),
-        "api_key": key["api_key"],
-        "key_id": key["key_id"],
-        "signing_key": signing,
-    }
+    return RegisteredTenant(
+        tenant=tenant,
+        active=active,
+        config=config.to_dict(),
+        api_key=key["api_key"],
+        key_id=key["key_id"],
+        signing_key=signing,
+    )
 
 
 async def issue_key(store: TenantAdminStore, tenant: str) -> dict[str, str]:
