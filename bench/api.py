@@ -17,10 +17,16 @@ requests on real connections, each answered by the API only once the worker's re
 back, but without aiohttp's client machinery, which cost about as much CPU per request as
 the API on these shared two cores. ``--client aiohttp`` uses aiohttp's client instead.
 
-After the latency phase, a breakdown read back from the topics themselves says where a
-create's time went: from the command's record timestamp (the API produced it) to the
-start of the worker batch that applied it (the result's ``at_ms``), and from there to the
-result's record timestamp (the worker answered).
+After the latency phase, a per-hop breakdown says where a create's time went, from the
+client's own clocks and the records themselves: client sent -> the command's record
+timestamp (the API produced it) -> the start of the worker batch that applied it (the
+result's ``at_ms``) -> the result's record timestamp (the worker answered, its Cassandra
+writes done) -> the client has the answer (the API read the result and replied).
+
+``api_cpu_per_create_ms`` is the CPU of the servers (the API, the workers, Kafka and
+Cassandra, all threads, from /proc; the load client excluded) per create answered in the
+rate phase; ``api_cpu_per_create_at_<rate>_ms`` the same in the open-loop phase. Each
+process's share is printed beside it.
 
 Ports: the API, the workers' web and metrics ports and the API's metrics port are free
 ports picked at start (``--api-port`` etc. fix them), so the bench never collides with
@@ -109,12 +115,25 @@ class CpuMeter:
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         return "; ".join(parts) + f"; load average {load}"
 
+    def ms_per_create(self, creates: int) -> dict[str, float]:
+        """CPU ms per create of each process since the meter started, and ``servers``: the
+        sum over every process but the load client (API, workers, Kafka, Cassandra)."""
+        per = {
+            name: (cpu_s(pid) - self.start[name]) * 1000 / max(1, creates)
+            for name, pid in self.pids.items()
+        }
+        per["servers"] = sum(v for k, v in per.items() if k != "client")
+        return per
 
-def breakdown(settings: Settings, since_ms: int, until_ms: int) -> str:
-    """Where a synchronous create's time went, from the records themselves: the command's
-    timestamp (the API produced it), the result's ``at_ms`` (the worker's batch started)
-    and the result's timestamp (the worker produced the answer), for the commands produced
-    in [since_ms, until_ms). p50/p99 of each leg, in ms."""
+
+def cpu_line(per: dict[str, float]) -> str:
+    return ", ".join(f"{name} {ms:.2f}" for name, ms in per.items()) + " ms CPU per create"
+
+
+def breakdown(settings: Settings, since_ms: int, until_ms: int) -> dict[str, list[int]]:
+    """Where a synchronous create's time went, hop by hop (``HOPS``), from the records
+    themselves and the client's clocks, for the commands produced in [since_ms, until_ms):
+    ms per create of each hop."""
     from confluent_kafka import Consumer, TopicPartition
 
     topics = catalog(settings.topics)
@@ -139,7 +158,7 @@ def breakdown(settings: Settings, since_ms: int, until_ms: int) -> str:
             left = sum(
                 max(0, end - tp.offset) for tp, end in zip(tps, ends, strict=True) if tp.offset >= 0
             )
-            out = []
+            out: list[Any] = []
             while left > 0:
                 batch = consumer.consume(10_000, 2.0)
                 if not batch:
@@ -149,34 +168,51 @@ def breakdown(settings: Settings, since_ms: int, until_ms: int) -> str:
             consumer.unassign()
             return out
 
-        sent = {}
+        sent: dict[object, tuple[int, object]] = {}
         for m in read(topics.commands.name, topics.commands.partitions):
             ts = m.timestamp()[1]
             if since_ms <= ts < until_ms:
-                sent[orjson.loads(m.value()).get("request_id")] = ts
-        to_start, in_worker, total = [], [], []
+                doc = orjson.loads(m.value())
+                sent[doc.get("request_id")] = (ts, doc.get("schedule_id"))
+        hops: dict[str, list[int]] = {name: [] for name in HOPS}
         for m in read(topics.command_results.name, topics.command_results.partitions):
             doc = orjson.loads(m.value())
-            produced = sent.get(doc.get("request_id"))
+            produced, sid = sent.get(doc.get("request_id"), (None, None))
             if produced is None:
                 continue
-            to_start.append(doc["at_ms"] - produced)
-            in_worker.append(m.timestamp()[1] - doc["at_ms"])
-            total.append(m.timestamp()[1] - produced)
+            result_ms = m.timestamp()[1]
+            hops["command -> worker batch start"].append(doc["at_ms"] - produced)
+            hops["batch start -> result produced"].append(result_ms - doc["at_ms"])
+            hops["command -> result"].append(result_ms - produced)
+            clocks = CLIENT_CLOCKS.get(sid) if isinstance(sid, str) else None
+            if clocks is not None:
+                hops["client sent -> command produced"].append(produced - clocks[0])
+                hops["result produced -> client answered"].append(clocks[1] - result_ms)
+                hops["client total"].append(clocks[1] - clocks[0])
     finally:
         consumer.close()
+    return hops
 
-    def leg(name: str, xs: list[int]) -> str:
-        return f"{name} p50 {pct(xs, 0.5):.0f} / p99 {pct(xs, 0.99):.0f} ms"
 
-    return (
-        f"{len(total)} commands: "
-        + leg("command produced -> worker batch start", to_start)
-        + "; "
-        + leg("batch start -> result produced", in_worker)
-        + "; "
-        + leg("command -> result", total)
-    )
+# The hops of a synchronous create, in order: the client's wall clock (same machine) at
+# send and answer, the command record's timestamp (the API's producer stamped it), the
+# result's at_ms (the worker's batch started) and the result record's timestamp.
+HOPS = (
+    "client sent -> command produced",
+    "command -> worker batch start",
+    "batch start -> result produced",
+    "result produced -> client answered",
+    "command -> result",
+    "client total",
+)
+
+
+def hop_table(hops: dict[str, list[int]]) -> str:
+    rows = [
+        f"  {name:<38} p50 {pct(xs, 0.5):>5.0f}  p99 {pct(xs, 0.99):>5.0f} ms  (n={len(xs)})"
+        for name, xs in hops.items()
+    ]
+    return "\n".join(rows)
 
 
 def wait_partitions_owned(total: int, deadline: float) -> None:
@@ -351,7 +387,12 @@ CLIENTS: dict[str, type[RawClient] | type[AiohttpClient]] = {
 }
 
 
-async def create(client: Client, n: int) -> tuple[bool, float]:
+# Client clocks of the latency phase's creates (wall ms sent, wall ms answered), by
+# schedule id, for the per-hop breakdown; bounded by that phase's request count.
+CLIENT_CLOCKS: dict[str, tuple[int, int]] = {}
+
+
+async def create(client: Client, n: int, clocks: bool = False) -> tuple[bool, float]:
     """One synchronous create; True when answered 201 with the worker's ``ok`` result."""
     body = {
         "schedule_id": f"b-{n}",
@@ -359,9 +400,12 @@ async def create(client: Client, n: int) -> tuple[bool, float]:
         "payload": {"n": n},
         "callback": {"type": "http", "url": "https://receiver.example/hook"},
     }
+    sent_ms = now_ms()
     t0 = time.perf_counter()
     status, answer = await client.post("/v1/schedules", orjson.dumps(body))
     ms = (time.perf_counter() - t0) * 1000
+    if clocks:
+        CLIENT_CLOCKS[f"b-{n}"] = (sent_ms, now_ms())
     return status == 201 and orjson.loads(answer).get("code") == "ok", ms
 
 
@@ -398,7 +442,7 @@ async def phase_latency(
 
         async def one(n: int) -> None:
             nonlocal failed
-            good, ms = await create(client, 10**8 + n)
+            good, ms = await create(client, 10**8 + n, clocks=True)
             if good:
                 latencies.append(ms)
             else:
@@ -516,31 +560,41 @@ def measure(
     storeless = args.worker_store == "none"
     spies = start_spies(args.py_spy, pids, args.rate_s)
     meter = CpuMeter(pids)
+    t0 = time.monotonic()
     rate = asyncio.run(phase_rate(base, key, args.rate_s, args.concurrency, args.client))
+    rate_cpu = meter.ms_per_create(round(rate * (time.monotonic() - t0)))
     print(
         f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients; "
         + meter.report(),
         flush=True,
     )
+    print(f"[rate] {cpu_line(rate_cpu)}", flush=True)
     for spy in spies:
         spy.wait(60)
     meter = CpuMeter(pids)
     latency_from_ms = now_ms()
+    CLIENT_CLOCKS.clear()
     lat, failed = asyncio.run(
         phase_latency(base, key, args.latency_rate, args.latency_s, args.client)
     )
+    latency_cpu = meter.ms_per_create(len(lat) + failed)
     print(
         f"[latency] {len(lat)} ok, {failed} failed at {args.latency_rate}/s: "
         f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms, "
         f"p99 {pct([int(x) for x in lat], 0.99):.0f} ms; " + meter.report(),
         flush=True,
     )
-    print(f"[latency] breakdown: {breakdown(settings, latency_from_ms, now_ms())}", flush=True)
+    print(f"[latency] {cpu_line(latency_cpu)}", flush=True)
+    hops = breakdown(settings, latency_from_ms, now_ms())
+    print(f"[latency] per-hop breakdown:\n{hop_table(hops)}", flush=True)
     suffix = "_storeless" if storeless else ""
     return [
         f"RESULT api_create_p50_ms{suffix}={pct([int(x) for x in lat], 0.5):.0f} ms",
         f"RESULT api_create_rate{suffix}={rate:.0f} creates/s",
         f"RESULT api_create_p99_ms{suffix}={pct([int(x) for x in lat], 0.99):.0f} ms",
+        f"RESULT api_cpu_per_create_ms{suffix}={rate_cpu['servers']:.2f} ms",
+        f"RESULT api_cpu_per_create_at_{args.latency_rate}_ms{suffix}="
+        f"{latency_cpu['servers']:.2f} ms",
     ]
 
 

@@ -5,7 +5,8 @@ subprocess, in a fresh topic prefix and keyspace (removed at the end). Phases:
 
 1. ingest: creates produced as fast as the worker answers (at most ``window`` unanswered)
    for ``--ingest-s`` seconds; rate = accepted results / seconds from first send to last
-   accepted result.
+   accepted result. ``ingest_cpu_per_create_ms``: CPU ms per accepted create of the
+   workers, Kafka and Cassandra (all threads, /proc; the bench's own client excluded).
 2. lateness: ``--lateness-rate`` fires/s spread over ``--lateness-s`` seconds; lateness is
    the trigger's emit time minus its due time, as stamped by the worker.
 3. burst: ``--burst`` schedules due in the same second; seconds from that due time until
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -170,6 +172,24 @@ def metric(name: str, ports: Sequence[int] | None = None) -> float:
     return total
 
 
+def proc_cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def server_pids(settings: Settings) -> dict[str, int]:
+    """The local stack's Kafka and Cassandra processes, when their pid files are there
+    (shared with whatever else runs on the machine)."""
+    pids: dict[str, int] = {}
+    for name in ("kafka", "cassandra"):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((settings.stack.state_dir / name / "server.pid").read_text().split()[0])
+            proc_cpu_s(pid)
+            pids[name] = pid
+    return pids
+
+
 def make_create(sid: str, due_ms: int) -> CreateCommand:
     return CreateCommand(
         tenant=TENANT,
@@ -217,7 +237,8 @@ def send_and_count(
     return accepted, first, last
 
 
-def phase_ingest(settings: Settings, seconds: float, window: int) -> float:
+def phase_ingest(settings: Settings, seconds: float, window: int) -> tuple[float, int]:
+    """Creates/s accepted and how many were accepted."""
     # Enough creates for `seconds` at an optimistic 6000/s; stop counting at `seconds`.
     run = uuid.uuid4().hex[:6]
     far = now_ms() + 2 * 3600_000
@@ -244,7 +265,7 @@ def phase_ingest(settings: Settings, seconds: float, window: int) -> float:
             print(f"[ingest] {accepted} accepted, {accepted / (last - first):.0f}/s", flush=True)
     client.flush()
     results.close()
-    return accepted / (last - first)
+    return accepted / (last - first), accepted
 
 
 def phase_lateness(settings: Settings, rate: int, seconds: int, ingest_rate: float) -> list[int]:
@@ -451,11 +472,20 @@ def main() -> int:
         everyone = [worker, *extra]
         ingest = 1000.0  # a planning guess for lead times when the ingest phase is skipped
         if "ingest" in phases:
+            servers = server_pids(settings)
             cpu0, wall0 = sum(w.cpu_s() for w in everyone), time.monotonic()
-            ingest = phase_ingest(settings, args.ingest_s, args.window)
-            cpu = (sum(w.cpu_s() for w in everyone) - cpu0) / (time.monotonic() - wall0)
+            servers0 = {name: proc_cpu_s(pid) for name, pid in servers.items()}
+            ingest, accepted = phase_ingest(settings, args.ingest_s, args.window)
+            worker_cpu = sum(w.cpu_s() for w in everyone) - cpu0
+            cpu = worker_cpu / (time.monotonic() - wall0)
+            per = {"worker": worker_cpu * 1000 / max(1, accepted)}
+            for name, pid in servers.items():
+                per[name] = (proc_cpu_s(pid) - servers0[name]) * 1000 / max(1, accepted)
             print(f"[ingest] {len(everyone)} worker(s), CPU {cpu:.2f} s/s", flush=True)
+            shares = ", ".join(f"{k} {v:.2f}" for k, v in per.items())
+            print(f"[ingest] CPU per create: {shares} ms", flush=True)
             results.append(f"RESULT ingest_rate={ingest:.0f} commands/s")
+            results.append(f"RESULT ingest_cpu_per_create_ms={sum(per.values()):.2f} ms")
         if "lateness" in phases:
             lateness = phase_lateness(settings, args.lateness_rate, args.lateness_s, ingest)
             results += [
