@@ -11,7 +11,7 @@ TOCSIN := $(BIN)/tocsin
 PYTEST_ARGS ?=
 
 .PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy dev \
-        demo bench bench-scheduler bench-proxy bench-cron bench-api bench-api-floor bench-cassandra chaos api clean deploy-tools deploy-check
+        demo bench bench-scheduler bench-proxy bench-delivery bench-cron bench-api bench-api-floor bench-cassandra chaos api clean deploy-tools deploy-check
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
@@ -98,6 +98,11 @@ bench-scheduler: setup
 
 bench-proxy: up
 	$(BIN)/python -m bench.proxy
+
+# A steady 1,000 fires/s through a worker and the proxy to a local receiver: lateness due ->
+# callback, per hop, and CPU per fire (bench/delivery.py).
+bench-delivery: setup
+	TOCSIN_ALLOW_PRIVATE_TARGETS=true $(BIN)/python -m bench.delivery
 
 # 100,000 recurring schedules firing every minute (bench/cron.py).
 bench-cron: setup
