@@ -8,6 +8,7 @@
     +-- KafkaError                   Kafka failed (retriable per librdkafka's verdict)
     +-- CommandRejected              a command broke the wire contract; carries a ``code``
     +-- ApiError (api.views)         an HTTP answer: status, code, message (retriable by status)
+    +-- TenantExists, TenantNotFound, RotationConflict (streams.tenant_admin)
 
 Third-party errors are translated at the boundary with ``raise ... from exc`` so callers
 only ever catch these.

@@ -20,11 +20,13 @@ import socket
 from aiohttp.abc import AbstractResolver, ResolveResult
 from aiohttp.resolver import DefaultResolver
 
+from base.errors import TocsinError
 from topics.addresses import address_allowed, refused_literal
 
 
-class BlockedAddress(OSError):
-    """Every address of a callback host is one the proxy may not call."""
+class BlockedAddress(OSError, TocsinError):
+    """Every address of a callback host is one the proxy may not call. An OSError because
+    aiohttp turns a resolver's OSError into a connection error; never retriable."""
 
 
 def literal_refusal(host: str) -> str | None:

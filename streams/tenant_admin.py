@@ -7,15 +7,15 @@ from __future__ import annotations
 from typing import TypedDict
 
 from base.clock import now_ms
-from base.errors import CommandRejected
+from base.errors import CommandRejected, TocsinError
 from streams.ports import CqlRow, TenantAdminStore
 from streams.tenants import TenantConfig, new_api_key
 from topics.fields import check_tenant
 from topics.signing import SigningKeys, new_signing_key
 
 
-class TenantExists(Exception):
-    pass
+class TenantExists(TocsinError):
+    """The tenant is registered already."""
 
 
 class RegisteredTenant(TypedDict):
@@ -68,11 +68,11 @@ async def issue_key(store: TenantAdminStore, tenant: str) -> dict[str, str]:
     return {"tenant": tenant, "key_id": key.key_id, "api_key": key.token}
 
 
-class TenantNotFound(Exception):
-    pass
+class TenantNotFound(TocsinError):
+    """No tenant of that name."""
 
 
-class RotationConflict(Exception):
+class RotationConflict(TocsinError):
     """The tenant's keys changed while this rotation or retirement was being applied."""
 
 
