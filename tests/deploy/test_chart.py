@@ -473,7 +473,7 @@ def test_dashboard_ships_in_a_labelled_configmap_and_queries_real_metrics(
     used = {m for e in exprs for m in re.findall(r"\btocsin_[a-z_]+", e)}
     unknown = used - metric_names()
     assert not unknown, f"the dashboard queries metrics nothing exports: {sorted(unknown)}"
-    # The list: fire lateness, throughput, lag, dead letters, pending queue.
+    # What an operator watches: fire lateness, throughput, lag, dead letters, pending queue.
     for needed in (
         "tocsin_fire_lateness_seconds_bucket",
         "tocsin_triggers_emitted_total",

@@ -237,7 +237,7 @@ def worker_factory(real_stack: Settings, tenant: str, tmp_path: Path) -> Iterato
         w.stop()
 
 
-# ---- the REST API on the real stack (issue 5): one worker + one `tocsin api` per session,
+# ---- the REST API on the real stack: one worker + one `tocsin api` per session,
 # on a deployment of their own ("api"), so this long-lived worker never joins the consumer
 # group or reads the keyspace of the tests that start, stop and kill workers.
 

@@ -1,4 +1,4 @@
-"""Small hooks added for fault injection (issue 7): a shared jar cache, a skewed worker
+"""Small hooks for fault injection: a shared jar cache, a skewed worker
 clock, and a state-folder check that leaves nothing behind when the disk is full."""
 
 from __future__ import annotations

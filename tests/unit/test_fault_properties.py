@@ -1,4 +1,4 @@
-"""Property tests for hostile input (issue 7, scenario 8): every decoder and validator that
+"""Property tests for hostile input: every decoder and validator that
 reads bytes from the outside - the command decoder, the trigger and result decoders, the
 callback decoder, signature verification, the proxy's envelope preparation - either returns
 a value or raises its one documented rejection, and a worker fed any batch of records

@@ -1,4 +1,4 @@
-"""The ticker across a Cassandra outage (issue 7): a StoreError from reading the checkpoint,
+"""The ticker across a Cassandra outage: a StoreError from reading the checkpoint,
 a bucket or writing the checkpoint is retried; the ticker neither dies nor skips a minute."""
 
 from __future__ import annotations
