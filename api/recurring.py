@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from api.views import event_view, payload_view
+from api.views import delivery_view, event_view, payload_view
 from streams.decisions import Run, ScheduleRuns
 from streams.model import ScheduleState
 from streams.ports import CqlRow
@@ -326,15 +326,8 @@ def run_row_view(
         "due_ms": due,
         "fired_ms": row.get("fired_ms"),
         "trigger_id": row.get("trigger_id"),
-        "delivery": None,
+        "delivery": delivery_view(row),
     }
-    if row.get("delivery_outcome"):
-        view["delivery"] = {
-            "outcome": row["delivery_outcome"],
-            "status_code": row.get("delivery_status_code"),
-            "attempts": row.get("delivery_attempts"),
-            "at_ms": row.get("delivery_ms"),
-        }
     view["history"] = [event_view(e) for e in events]
     return view
 

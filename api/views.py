@@ -266,6 +266,18 @@ def matches(row: CqlRow, statuses: frozenset[str] | None) -> bool:
     return state in statuses or (outcome is not None and outcome in statuses)
 
 
+def delivery_view(row: CqlRow) -> dict[str, object] | None:
+    """The last delivery's outcome of a schedule or run row (None before any delivery)."""
+    if not row.get("delivery_outcome"):
+        return None
+    return {
+        "outcome": row["delivery_outcome"],
+        "status_code": row.get("delivery_status_code"),
+        "attempts": row.get("delivery_attempts"),
+        "at_ms": row.get("delivery_ms"),
+    }
+
+
 def schedule_view(
     row: CqlRow,
     events: Sequence[CqlRow] | None = None,
@@ -280,15 +292,8 @@ def schedule_view(
         "status": effective_state(row),
         "due": format_iso_ms(due),
         "due_ms": due,
-        "delivery": None,
+        "delivery": delivery_view(row),
     }
-    if row.get("delivery_outcome"):
-        view["delivery"] = {
-            "outcome": row["delivery_outcome"],
-            "status_code": row.get("delivery_status_code"),
-            "attempts": row.get("delivery_attempts"),
-            "at_ms": row.get("delivery_ms"),
-        }
     if row.get("fired_ms"):
         view["fired_ms"] = row["fired_ms"]
     if brief:
