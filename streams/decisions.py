@@ -204,15 +204,8 @@ def _decide_update(
         tolerance = current.misfire_tolerance_s or default_tolerance_s
         check_not_past(command.due_ms, now_ms=now_ms, misfire_tolerance_s=tolerance)
     row = replace(
-        stamped,
+        _updated_content(command, stamped, current),
         due_ms=command.due_ms if command.due_ms is not None else current.due_ms,
-        payload=command.payload if command.payload is not None else current.payload,
-        payload_type=str(command.payload_type)
-        if command.payload_type is not None
-        else current.payload_type,
-        callback=callback_to_json(command.callback)
-        if command.callback is not None
-        else current.callback,
     )
     change = ScheduleChange(
         row=row,
@@ -228,6 +221,23 @@ def _decide_update(
         change=change,
         hand_over=row,
         withdraw_version=current.version,
+    )
+
+
+def _updated_content(
+    command: UpdateCommand, stamped: ScheduleRow, current: ScheduleRow
+) -> ScheduleRow:
+    """``stamped`` with the payload, payload type and callback the update names, and the
+    current row's where it names none."""
+    return replace(
+        stamped,
+        payload=command.payload if command.payload is not None else current.payload,
+        payload_type=str(command.payload_type)
+        if command.payload_type is not None
+        else current.payload_type,
+        callback=callback_to_json(command.callback)
+        if command.callback is not None
+        else current.callback,
     )
 
 
@@ -693,14 +703,7 @@ def _update(
                 Code.INVALID_FIELD, "recurrence has no run after now (check start, end, cron)"
             )
     row = replace(
-        stamped,
-        payload=command.payload if command.payload is not None else existing.payload,
-        payload_type=str(command.payload_type)
-        if command.payload_type is not None
-        else existing.payload_type,
-        callback=callback_to_json(command.callback)
-        if command.callback is not None
-        else existing.callback,
+        _updated_content(command, stamped, existing),
         recurrence=recurrence_to_json(new_rec),
         anchor_ms=anchor,
     )
