@@ -122,16 +122,10 @@ class FiredMark:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class BucketRow:
-    """All columns of ``buckets``: everything a fire needs, so firing never reads
-    ``schedules``."""
+class BucketRow(BucketKey):
+    """All columns of ``buckets``: the key's (first, in the table's order) and everything a
+    fire needs, so firing never reads ``schedules``."""
 
-    partition: int
-    minute_ms: int
-    shard: int
-    due_ms: int
-    tenant: str
-    schedule_id: str
     version: int
     order_key: str | None = None
     payload: bytes | None = None
