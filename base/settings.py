@@ -208,8 +208,16 @@ class SchedulerSettings:
     # How long the broker may hold the worker's fetch for new data (aiokafka's
     # fetch_max_wait_ms, which Faust fixes at 1500). At 1500 the command agent could settle
     # 1.3-1.5 s behind the commands topic and stay there (bench-api at 500 creates/s: 13 of
-    # 27 runs, p99 about 2 s); at 100, none of 8. Costs at most 10 idle fetches/s.
-    consumer_fetch_max_wait_ms: int = 100
+    # 27 runs, p99 about 2 s); at 100, none of 8. With consumer_fetch_min_bytes above one
+    # record this is also how long a lone command may wait at the broker, so it is short;
+    # it costs at most 50 idle fetches/s.
+    consumer_fetch_max_wait_ms: int = 20
+    # How many bytes the broker gathers before it answers the worker's fetch early (aiokafka's
+    # fetch_min_bytes). At 1, every record that arrives ends a fetch, so a busy commands
+    # topic reaches the worker in a fetch round per few records, and each round costs the
+    # worker (aiokafka, Faust's thread hand-over) and Kafka CPU whatever it carries; above
+    # one record, rounds come at most every consumer_fetch_max_wait_ms, fuller.
+    consumer_fetch_min_bytes: int = 16384
     # Hand each fetched record to the command stream inline instead of through Faust's
     # per-record four-task race (streams.drain says why and how; false: Faust's own path).
     inline_handover: bool = True
@@ -338,7 +346,8 @@ class Settings:
                 worker_web_port=_port(e, "WORKER_WEB_PORT", 6066),
                 command_batch_size=_int(e, "COMMAND_BATCH_SIZE", 500),
                 command_batch_wait_ms=_int(e, "COMMAND_BATCH_WAIT_MS", 20),
-                consumer_fetch_max_wait_ms=_int(e, "CONSUMER_FETCH_MAX_WAIT_MS", 100),
+                consumer_fetch_max_wait_ms=_int(e, "CONSUMER_FETCH_MAX_WAIT_MS", 20),
+                consumer_fetch_min_bytes=_int(e, "CONSUMER_FETCH_MIN_BYTES", 16384),
                 inline_handover=_bool(e, "INLINE_HANDOVER", True),
                 commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
                 require_signed_commands=_bool(e, "REQUIRE_SIGNED_COMMANDS", True),

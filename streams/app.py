@@ -232,7 +232,9 @@ class Worker:
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]
         async def on_assigned(sender: AppT, assigned: set[TP], **kwargs: object) -> None:
             mine = {tp.partition for tp in assigned if tp.topic == self.catalog.commands.name}
-            set_fetch_max_wait(app, s.scheduler.consumer_fetch_max_wait_ms)
+            set_fetch_max_wait(
+                app, s.scheduler.consumer_fetch_max_wait_ms, s.scheduler.consumer_fetch_min_bytes
+            )
             if s.scheduler.inline_handover:
                 drain.install(app.consumer)
             await self._ensure_started()
@@ -314,9 +316,10 @@ class Worker:
         metrics.OWNED_PARTITIONS.set(len(self.tickers))
 
 
-def set_fetch_max_wait(app: faust.App, ms: int) -> None:
-    """Give the worker's Kafka consumer a fetch wait of ``ms`` (settings.py says why) and
-    publish the value it now uses as ``tocsin_consumer_fetch_max_wait_ms``.
+def set_fetch_max_wait(app: faust.App, ms: int, min_bytes: int = 1) -> None:
+    """Give the worker's Kafka consumer a fetch wait of ``ms`` and a fetch minimum of
+    ``min_bytes`` (settings.py says why) and publish the wait it now uses as
+    ``tocsin_consumer_fetch_max_wait_ms``.
 
     Faust creates its aiokafka consumer with fetch_max_wait_ms=1500 and no setting for it;
     aiokafka's fetcher reads the value for every request it builds, so setting it once the
@@ -326,6 +329,7 @@ def set_fetch_max_wait(app: faust.App, ms: int) -> None:
     try:
         fetcher = app.consumer._thread._consumer._fetcher  # type: ignore[attr-defined]
         fetcher._fetch_max_wait_ms = ms
+        fetcher._fetch_min_bytes = max(1, min_bytes)
         used = int(fetcher._fetch_max_wait_ms)
     except AttributeError as exc:
         log.warning("cannot set the consumer's fetch wait", extra={"error": repr(exc)})

@@ -179,8 +179,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc(
         "CONSUMER_FETCH_MAX_WAIT_MS",
         W,
-        "100",
+        "20",
         "how long the broker may hold the worker's fetch for new data",
+    ),
+    SettingDoc(
+        "CONSUMER_FETCH_MIN_BYTES",
+        W,
+        "16384",
+        "bytes the broker gathers before it answers the worker's fetch early",
     ),
     SettingDoc(
         "INLINE_HANDOVER",
