@@ -124,18 +124,24 @@ def go_callback(row: CqlRow) -> dict[str, object]:
     }
 
 
-def go_schedule(row: CqlRow) -> dict[str, object]:
-    due_s = int(row["due_ms"]) // 1000
-    out: dict[str, object] = {
-        "scheduleId": row["schedule_id"],
+def _go_one_time(schedule_id: str, row: CqlRow, due_ms: int) -> dict[str, object]:
+    """What go-scheduler shows of a one-time schedule due at ``due_ms`` whose payload,
+    tenant, partition and callback are ``row``'s (a run takes its parent's)."""
+    due_s = due_ms // 1000
+    return {
+        "scheduleId": schedule_id,
         "payload": _text(row.get("payload")),
         "appId": row["tenant"],
         "scheduleTime": due_s,
         "partitionId": row.get("partition"),
         "scheduleGroup": due_s - due_s % 60,
         "callback": go_callback(row),
-        "status": go_status(row),
     }
+
+
+def go_schedule(row: CqlRow) -> dict[str, object]:
+    out = _go_one_time(row["schedule_id"], row, int(row["due_ms"]))
+    out["status"] = go_status(row)
     if row.get("delivery_outcome") == DeliveryOutcome.DEAD_LETTERED:
         out["errorMessage"] = f"delivery failed (HTTP {row.get('delivery_status_code')})"
     return out
@@ -159,18 +165,10 @@ def go_cron_schedule(row: CqlRow, status: str) -> dict[str, object]:
 
 def go_run(run: Run, parent: CqlRow) -> dict[str, object]:
     """One run of a cron as go-scheduler shows it: a one-time schedule of its own."""
-    due_s = int(run["due_ms"]) // 1000
-    return {
-        "scheduleId": run["run_id"],
-        "payload": _text(parent.get("payload")),
-        "appId": parent["tenant"],
-        "scheduleTime": due_s,
-        "partitionId": parent.get("partition"),
-        "scheduleGroup": due_s - due_s % 60,
-        "callback": go_callback(parent),
-        "status": _status(run.get("state", ScheduleState.SCHEDULED), run.get("delivery")),
-        "runId": run["trigger_id"],
-    }
+    out = _go_one_time(run["run_id"], parent, int(run["due_ms"]))
+    out["status"] = _status(run.get("state", ScheduleState.SCHEDULED), run.get("delivery"))
+    out["runId"] = run["trigger_id"]
+    return out
 
 
 def fire_runs(row: CqlRow, events: list[CqlRow]) -> list[dict[str, object]]:
