@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import re
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import ClassVar, TypeVar
+from typing import ClassVar, TypedDict, TypeVar
 
 from cassandra import (
     ConsistencyLevel,
@@ -199,6 +199,18 @@ class _Paged:
             self.done.set_exception(translated)
         else:
             self.done.set_result(result or [])
+
+
+class ExecutorOptions(TypedDict, total=False):
+    """``CqlExecutor``'s keyword options (defaults there), so a subclass that takes options
+    of its own passes these on without declaring them again."""
+
+    retention_s: int
+    fetch_size: int
+    max_in_flight: int
+    max_batch_bytes: int
+    commit_group_size: int
+    protocol_version: int | None  # None: settings.protocol_version
 
 
 class CqlExecutor:

@@ -25,16 +25,14 @@ import heapq
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, ClassVar, Unpack
 
 from base.errors import StoreError
 from base.settings import CassandraSettings
 from streams import ports
 from streams.buckets import BucketKey, ttl_s
 from streams.cql import (
-    DEFAULT_FETCH_SIZE,
-    DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_IN_FLIGHT,
+    ExecutorOptions,
     gather_all,
     insert_cql,
     unset_none,
@@ -43,7 +41,6 @@ from streams.event_store import EventStore
 from streams.fire_store import FireRecordStore
 from streams.index_store import ListingIndexStore
 from streams.model import (
-    DEFAULT_RETENTION_S,
     SCHEDULE_COLUMNS,
     BucketRow,
     Deployment,
@@ -90,23 +87,10 @@ class ScheduleStore(EventStore):
         self,
         settings: CassandraSettings,
         *,
-        retention_s: int = DEFAULT_RETENTION_S,
-        fetch_size: int = DEFAULT_FETCH_SIZE,
-        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
-        max_batch_bytes: int = DEFAULT_MAX_BATCH_BYTES,
-        commit_group_size: int = 1,
-        protocol_version: int | None = None,  # None: settings.protocol_version
         bucket_read_hook: Callable[[float, int], None] | None = None,
+        **options: Unpack[ExecutorOptions],
     ) -> None:
-        super().__init__(
-            settings,
-            retention_s=retention_s,
-            fetch_size=fetch_size,
-            max_in_flight=max_in_flight,
-            max_batch_bytes=max_batch_bytes,
-            commit_group_size=commit_group_size,
-            protocol_version=protocol_version,
-        )
+        super().__init__(settings, **options)
         # Called after every bucket shard read with (seconds, rows) - metrics hang off it.
         self._bucket_read_hook = bucket_read_hook
         # Observability of the "one paged read per (partition, minute, shard)" promise.
