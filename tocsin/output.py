@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TypeAlias
 
 import orjson
+
+from base.settings import Settings
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_NOT_FOUND, EXIT_REJECTED = 0, 1, 2, 3, 4
 EXIT_TIMEOUT = 5
 
 # A string: the class is not subscriptable at run time.
 SubParsers: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+Action = Callable[[argparse.Namespace, Settings], int]
 
 
 def print_table(rows: list[dict[str, object]], columns: Sequence[str]) -> None:
@@ -34,3 +38,20 @@ def emit(args: argparse.Namespace, rows: list[dict[str, object]], columns: Seque
         sys.stdout.write(orjson.dumps(rows, option=orjson.OPT_INDENT_2).decode() + "\n")
     else:
         print_table(rows, columns)
+
+
+def run_action(
+    args: argparse.Namespace,
+    settings: Settings,
+    actions: Mapping[str, Action],
+    *,
+    command: str,
+    subject: str,
+    given: str | None,
+) -> int:
+    """Run ``args.action`` from ``actions``; every action but ``list`` acts on one
+    ``subject`` (e.g. "schedule id"), so without it (``given``) that is a usage error."""
+    if args.action != "list" and not given:
+        print(f"tocsin {command} {args.action} needs a {subject}", file=sys.stderr)
+        return EXIT_USAGE
+    return actions[args.action](args, settings)

@@ -22,8 +22,10 @@ from tocsin.output import (
     EXIT_REJECTED,
     EXIT_TIMEOUT,
     EXIT_USAGE,
+    Action,
     SubParsers,
     emit,
+    run_action,
 )
 from tocsin.store_session import with_store
 from topics.ids import format_iso_ms
@@ -35,16 +37,16 @@ if TYPE_CHECKING:
 
 
 def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
-    if args.action == "list":
-        return _schedule_list(args, settings)
-    if not args.schedule_id:
-        print(f"tocsin schedule {args.action} needs a schedule id", file=sys.stderr)
-        return EXIT_USAGE
-    if args.action == "runs":
-        return _schedule_runs(args, settings)
-    if args.action == "get":
-        return _schedule_get(args, settings)
-    return _schedule_send(args, settings)
+    actions: dict[str, Action] = {
+        "list": _schedule_list,
+        "runs": _schedule_runs,
+        "get": _schedule_get,
+        "create": _schedule_send,
+        "cancel": _schedule_send,
+    }
+    return run_action(
+        args, settings, actions, command="schedule", subject="schedule id", given=args.schedule_id
+    )
 
 
 _RESULT_COLUMNS = ["schedule_id", "status", "code", "message"]

@@ -18,19 +18,28 @@ from streams.tenant_admin import (
     rotate_signing_key,
 )
 from streams.tenants import TenantConfig
-from tocsin.output import EXIT_FAIL, EXIT_NOT_FOUND, EXIT_OK, EXIT_USAGE, SubParsers, emit
+from tocsin.output import (
+    EXIT_FAIL,
+    EXIT_NOT_FOUND,
+    EXIT_OK,
+    EXIT_USAGE,
+    Action,
+    SubParsers,
+    emit,
+    run_action,
+)
 from tocsin.store_session import with_store
 
 
 def cmd_tenant(args: argparse.Namespace, settings: Settings) -> int:
-    if args.action != "list" and not args.name:
-        print(f"tocsin tenant {args.action} needs a tenant name", file=sys.stderr)
-        return EXIT_USAGE
-    if args.action == "register":
-        return _tenant_register(args, settings)
-    if args.action == "rotate-key":
-        return _rotate_key(args, settings)
-    return _tenant_list(args, settings)
+    actions: dict[str, Action] = {
+        "register": _tenant_register,
+        "rotate-key": _rotate_key,
+        "list": _tenant_list,
+    }
+    return run_action(
+        args, settings, actions, command="tenant", subject="tenant name", given=args.name
+    )
 
 
 def _tenant_config(args: argparse.Namespace) -> TenantConfig:
