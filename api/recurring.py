@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 
 import orjson
 
-from api.views import delivery_view, event_view, payload_view
+from api.views import callback_view, delivery_view, event_view, payload_view, settings_view
 from streams.decisions import Run, ScheduleRuns
 from streams.model import ScheduleState
 from streams.ports import CqlRow
@@ -291,13 +291,9 @@ def parent_view(
         "next_run": _iso(next_ms),
         "next_run_ms": next_ms,
         "delivery": None,
-        "version": row.get("version"),
-        "created_ms": row.get("created_ms"),
-        "updated_ms": row.get("updated_ms"),
-        "order_key": row.get("order_key"),
-        "misfire_tolerance_s": row.get("misfire_tolerance_s"),
+        **settings_view(row),
         "runs_written": row.get("run_count"),
-        "callback": orjson.loads(row["callback"]) if row.get("callback") else None,
+        "callback": callback_view(row),
     }
     view.update(payload_view(row))
     view["runs"] = {

@@ -278,6 +278,23 @@ def delivery_view(row: CqlRow) -> dict[str, object] | None:
     }
 
 
+def settings_view(row: CqlRow) -> dict[str, object]:
+    """What a schedule's full JSON shows of its row's version, times, order key and misfire
+    tolerance (one-shot and recurring alike)."""
+    return {
+        "version": row.get("version"),
+        "created_ms": row.get("created_ms"),
+        "updated_ms": row.get("updated_ms"),
+        "order_key": row.get("order_key"),
+        "misfire_tolerance_s": row.get("misfire_tolerance_s"),
+    }
+
+
+def callback_view(row: CqlRow) -> object:
+    """A schedule row's callback as JSON (None when it has none)."""
+    return orjson.loads(row["callback"]) if row.get("callback") else None
+
+
 def schedule_view(
     row: CqlRow,
     events: Sequence[CqlRow] | None = None,
@@ -298,17 +315,9 @@ def schedule_view(
         view["fired_ms"] = row["fired_ms"]
     if brief:
         return view
-    view.update(
-        {
-            "version": row.get("version"),
-            "created_ms": row.get("created_ms"),
-            "updated_ms": row.get("updated_ms"),
-            "order_key": row.get("order_key"),
-            "misfire_tolerance_s": row.get("misfire_tolerance_s"),
-            "trigger_id": row.get("trigger_id"),
-            "callback": orjson.loads(row["callback"]) if row.get("callback") else None,
-        }
-    )
+    view.update(settings_view(row))
+    view["trigger_id"] = row.get("trigger_id")
+    view["callback"] = callback_view(row)
     view.update(payload_view(row))
     view["history"] = [event_view(e) for e in (events or [])]
     return view
