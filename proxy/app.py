@@ -95,25 +95,22 @@ class ProxyApp:
         )
         self.outbox = Outbox(kafka_conf, self.metrics)
         self.lot = ParkingLot(topic=self.retry_topic)
-        self.writer = Writer(
-            state=self.state,
-            settings=proxy,
-            metrics=self.metrics,
-            outbox=self.outbox,
-            dead_letter_topic=self.dead_letter_topic,
-            deliveries_topic=self.deliveries_topic,
-            lot=self.lot,
-        )
-        self.retry_writer = Writer(
-            state=self.retry_state,
-            settings=proxy,
-            metrics=self.metrics,
-            outbox=self.outbox,
-            dead_letter_topic=self.dead_letter_topic,
-            deliveries_topic=self.deliveries_topic,
-            lot=self.lot,
-            lane=Lane.RETRY,
-        )
+
+        def writer(state: SharedState, lane: Lane) -> Writer:
+            # Both lanes write through one outbox, parking lot and set of topics.
+            return Writer(
+                state=state,
+                settings=proxy,
+                metrics=self.metrics,
+                outbox=self.outbox,
+                dead_letter_topic=self.dead_letter_topic,
+                deliveries_topic=self.deliveries_topic,
+                lot=self.lot,
+                lane=lane,
+            )
+
+        self.writer = writer(self.state, Lane.MAIN)
+        self.retry_writer = writer(self.retry_state, Lane.RETRY)
         self.reader = Reader(
             kafka_conf=kafka_conf,
             settings=proxy,
