@@ -155,6 +155,14 @@ async def _command(
     return json_response(result_body(result), status, headers)
 
 
+async def _addressed(request: web.Request) -> tuple[str, Service, str]:
+    """The caller's tenant, the service and the (checked) schedule id the path names."""
+    who = await principal(request)
+    tenant = who.require_tenant()
+    service = request.app[SERVICE]
+    return tenant, service, service.check_schedule_id(request.match_info["schedule_id"])
+
+
 async def create_schedule(request: web.Request) -> web.Response:
     who = await principal(request)
     tenant = who.require_tenant()
@@ -172,10 +180,7 @@ async def create_schedule(request: web.Request) -> web.Response:
 
 
 async def update_schedule(request: web.Request) -> web.Response:
-    who = await principal(request)
-    tenant = who.require_tenant()
-    service = request.app[SERVICE]
-    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    tenant, service, sid = await _addressed(request)
     body = await _body(request)
     cmd = views.update_command(
         body, tenant=tenant, schedule_id=sid, request_id=service.bridge.new_request_id()
@@ -184,10 +189,7 @@ async def update_schedule(request: web.Request) -> web.Response:
 
 
 async def reschedule(request: web.Request) -> web.Response:
-    who = await principal(request)
-    tenant = who.require_tenant()
-    service = request.app[SERVICE]
-    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    tenant, service, sid = await _addressed(request)
     body = await _body(request)
     if set(body) != {"due"}:
         raise ApiError(400, "invalid_field", 'reschedule takes exactly {"due": ...}')
@@ -198,10 +200,7 @@ async def reschedule(request: web.Request) -> web.Response:
 
 
 async def cancel_schedule(request: web.Request) -> web.Response:
-    who = await principal(request)
-    tenant = who.require_tenant()
-    service = request.app[SERVICE]
-    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    tenant, service, sid = await _addressed(request)
     cmd = views.cancel_command(
         tenant=tenant, schedule_id=sid, request_id=service.bridge.new_request_id()
     )
@@ -209,10 +208,7 @@ async def cancel_schedule(request: web.Request) -> web.Response:
 
 
 async def get_schedule(request: web.Request) -> web.Response:
-    who = await principal(request)
-    tenant = who.require_tenant()
-    service = request.app[SERVICE]
-    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    tenant, service, sid = await _addressed(request)
     row, events = await service.get_schedule(tenant, sid)
     if recurring.is_parent(row) or row.get("due_ms") is None:
         # A recurring schedule, or one of its runs (api/recurring_io.py).
@@ -235,10 +231,7 @@ def _count(request: web.Request, name: str, default: int) -> int:
 
 async def schedule_runs(request: web.Request) -> web.Response:
     """A recurring schedule's past runs (newest first) and next runs."""
-    who = await principal(request)
-    tenant = who.require_tenant()
-    service = request.app[SERVICE]
-    sid = service.check_schedule_id(request.match_info["schedule_id"])
+    tenant, service, sid = await _addressed(request)
     before = request.query.get("before")
     got = await recurring_io.runs(
         service.store,
