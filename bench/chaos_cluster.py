@@ -14,7 +14,9 @@ partition mid-firing (back after 30 s); ``broker_hang`` SIGSTOPs a broker for 30
 ``cassandra_hang`` SIGSTOPs a Cassandra node for 30 s; ``rolling_brokers`` and
 ``rolling_cassandra`` restart every node of one cluster, one at a time, under load;
 ``rolling_tocsin`` restarts the workers and proxies one at a time (SIGTERM: a graceful
-hand-over); ``controller_kill`` SIGKILLs the KRaft controller leader (back after 30 s).
+hand-over); ``controller_kill`` SIGKILLs the KRaft controller leader (back after 30 s);
+``cassandra_quorum`` and ``kafka_quorum`` SIGKILL two nodes of one cluster for 60 s (no
+quorum: commands wait and are answered once it is back).
 
 Each prints lost, unanswered, early, order violations, duplicates against their bound, and
 fire lateness (first delivery minus due time) p50/p99/max for the triggers due during the
@@ -403,6 +405,44 @@ def sc_controller_kill(chaos: ClusterChaos) -> dict[str, Any]:
     return run_with_fault(chaos, "controller_kill", fault)
 
 
+def _quorum_loss(s: Scenario, nodes: list[Any], hold_s: float, chaos: ClusterChaos) -> Window:
+    """SIGKILL two nodes of one cluster (its quorum gone), ``hold_s`` later start them
+    again one after the other; the window until both answer."""
+    window = Window(start_ms=now_ms())
+    for node in nodes:
+        say(f"{s.name}: SIGKILL {node.name}")
+        signal_node(node, signal.SIGKILL)
+    time.sleep(hold_s)
+    for node in nodes:
+        node.start(chaos.java)
+    window.end_ms = now_ms()
+    s.notes.append(
+        f"{' and '.join(n.name for n in nodes)} out {(window.end_ms - window.start_ms) / 1000:.0f}s"
+    )
+    return window
+
+
+def sc_cassandra_quorum(chaos: ClusterChaos) -> dict[str, Any]:
+    """Two of three Cassandra nodes dead 60 s: no LOCAL_QUORUM; commands must wait, then
+    be answered, none lost."""
+
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        return _quorum_loss(s, chaos.cluster.cassandra[1:], 60, chaos), {}
+
+    return run_with_fault(chaos, "cassandra_quorum", fault, seen_timeout_s=300)
+
+
+def sc_kafka_quorum(chaos: ClusterChaos) -> dict[str, Any]:
+    """Two of three brokers (and controllers) dead 60 s: no controller quorum and fewer
+    in-sync replicas than min.insync.replicas; nothing acknowledged may be lost."""
+
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        window = _quorum_loss(s, chaos.cluster.kafka[1:], 60, chaos)
+        return window, {"broker_down_s": (window.end_ms - window.start_ms) / 1000}
+
+    return run_with_fault(chaos, "kafka_quorum", fault, seen_timeout_s=300)
+
+
 SCENARIOS: dict[str, Callable[[ClusterChaos], dict[str, Any]]] = {
     "leader_kill": sc_leader_kill,
     "broker_hang": sc_broker_hang,
@@ -412,6 +452,8 @@ SCENARIOS: dict[str, Callable[[ClusterChaos], dict[str, Any]]] = {
     "rolling_cassandra": sc_rolling_cassandra,
     "rolling_tocsin": sc_rolling_tocsin,
     "controller_kill": sc_controller_kill,
+    "cassandra_quorum": sc_cassandra_quorum,
+    "kafka_quorum": sc_kafka_quorum,
 }
 
 
