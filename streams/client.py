@@ -12,9 +12,10 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 
 from confluent_kafka import OFFSET_END, Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError as RdKafkaError
 
 from base.clock import now_ms
-from base.errors import KafkaError
+from base.errors import KafkaError, StoreError
 from base.settings import Settings
 from topics.catalog import catalog
 from topics.codec import decode_result, decode_trigger, encode_command
@@ -26,6 +27,21 @@ log = logging.getLogger("tocsin.client")
 # How long CommandClient trusts a signing key it read: each read opens a Cassandra
 # connection, so not per command; a rotation reaches it within this time.
 SIGNING_KEY_REFRESH_S = 60.0
+# How long a command whose produce the client refuses for a passing reason (a restarted
+# broker that does not know the topic yet, no broker reachable) is tried again before the
+# error is raised, and the longest pause between tries.
+PRODUCE_RETRY_S = 30.0
+PRODUCE_BACKOFF_MAX_S = 1.0
+# librdkafka's local errors that pass on their own although ``retriable()`` says no: while a
+# restarted broker catches up it may answer that an existing topic is unknown.
+_PASSING = frozenset(
+    {RdKafkaError._UNKNOWN_TOPIC, RdKafkaError._TRANSPORT, RdKafkaError._ALL_BROKERS_DOWN}
+)
+
+
+def produce_error_is_retriable(err: RdKafkaError) -> bool:
+    """Whether a produce refused with ``err`` may succeed if tried again."""
+    return bool(err.retriable()) or err.code() in _PASSING
 
 
 class CommandClient:
@@ -76,12 +92,14 @@ class CommandClient:
                     )
                     .one()
                 )
-            except Exception:
+            except Exception as exc:
                 if cached is None:
-                    raise
+                    raise StoreError(
+                        f"could not read the signing key of tenant {tenant!r}: {exc}"
+                    ) from exc
                 # Cassandra unreachable at a refresh: keep signing with the key we have (the
                 # workers accept it through a rotation's grace period) rather than stop
-                # sending - commands need only Kafka. Found by the chaos Cassandra scenario.
+                # sending - commands need only Kafka.
                 log.warning(
                     "could not refresh the signing key; using the cached one",
                     extra={"tenant": tenant},
@@ -104,6 +122,8 @@ class CommandClient:
         kafka_headers: list[tuple[str, str | bytes | None]] | None = (
             None if headers is None else list(headers)
         )
+        deadline = time.monotonic() + PRODUCE_RETRY_S
+        backoff_s = 0.05
         while True:
             try:
                 self.producer.produce(
@@ -112,6 +132,16 @@ class CommandClient:
                 return
             except BufferError:
                 self.producer.poll(0.05)
+            except KafkaException as exc:
+                err: RdKafkaError = exc.args[0]
+                retriable = produce_error_is_retriable(err)
+                if not retriable or time.monotonic() >= deadline:
+                    raise KafkaError(
+                        f"command not produced: {err.str()}", retriable=retriable
+                    ) from exc
+                log.warning("produce refused; trying again", extra={"error": err.str()})
+                self.producer.poll(backoff_s)
+                backoff_s = min(backoff_s * 2, PRODUCE_BACKOFF_MAX_S)
 
     def flush(self, timeout_s: float = 30.0) -> None:
         left = self.producer.flush(timeout_s)
