@@ -42,6 +42,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from base.errors import KafkaError
 from base.settings import REPO_ROOT, Settings
 from bench.chaos import (
     CHAOS_ENV,
@@ -211,19 +212,16 @@ def result_lines(r: dict[str, Any]) -> list[str]:
 
 class RetryingClient:
     """The scenario's command client, as a client that retries uses it: a produce the
-    client library refuses (librdkafka answered ``Unknown topic`` for an existing topic
-    while a restarted broker served metadata it had not caught up on) is counted and
-    left to the stream's re-send, instead of ending the stream's thread."""
+    command client gives up on (it tries a passing refusal again for 30 s first) is counted
+    and left to the stream's re-send, instead of ending the stream's thread."""
 
     def __init__(self, client: Any, extra: dict[str, Any]) -> None:
         self._client, self._extra = client, extra
 
     def send(self, command: Any, **kw: Any) -> None:
-        from confluent_kafka import KafkaException
-
         try:
             self._client.send(command, **kw)
-        except KafkaException as exc:
+        except KafkaError as exc:
             self._extra["send_refused"] = self._extra.get("send_refused", 0) + 1
             self._extra["send_refused_error"] = str(exc)[:160]
 
