@@ -162,6 +162,8 @@ app.kubernetes.io/part-of: tocsin
   value: {{ .Values.scheduler.commandBatchSize | quote }}
 - name: TOCSIN_CONSUMER_FETCH_MAX_WAIT_MS
   value: {{ .Values.scheduler.consumerFetchMaxWaitMs | quote }}
+- name: TOCSIN_CONSUMER_FETCH_MIN_BYTES
+  value: {{ .Values.scheduler.consumerFetchMinBytes | int64 | quote }}
 - name: TOCSIN_COMMIT_GROUP_SIZE
   value: {{ .Values.scheduler.commitGroupSize | quote }}
 - name: TOCSIN_SESSION_TIMEOUT_S
