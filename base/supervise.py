@@ -16,7 +16,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-log = logging.getLogger("base.supervise")
+log = logging.getLogger("tocsin.supervise")
 
 
 class HealthSink(Protocol):

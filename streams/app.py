@@ -328,6 +328,10 @@ def set_fetch_max_wait(app: faust.App, ms: int, min_bytes: int = 1) -> None:
     moves it is reported here and by the integration test reading the metric back."""
     try:
         fetcher = app.consumer._thread._consumer._fetcher  # type: ignore[attr-defined]
+        # Assigning a renamed attribute would raise nothing and change nothing: check first.
+        missing = [a for a in ("_fetch_max_wait_ms", "_fetch_min_bytes") if not hasattr(fetcher, a)]
+        if missing:
+            raise AttributeError(f"aiokafka's fetcher has no {', '.join(missing)}")
         fetcher._fetch_max_wait_ms = ms
         fetcher._fetch_min_bytes = max(1, min_bytes)
         used = int(fetcher._fetch_max_wait_ms)

@@ -35,3 +35,12 @@ def test_a_minimum_below_one_byte_is_one() -> None:
 def test_the_minimum_is_read_from_the_environment() -> None:
     env = {"TOCSIN_CONSUMER_FETCH_MIN_BYTES": "1"}
     assert Settings.from_env(env).scheduler.consumer_fetch_min_bytes == 1
+
+
+def test_a_fetcher_without_the_attributes_is_left_alone_and_not_published() -> None:
+    gauge: Any = metrics.CONSUMER_FETCH_MAX_WAIT
+    gauge.set(-1)
+    fetcher = SimpleNamespace(max_wait_ms=1500)  # the private names moved in an upgrade
+    set_fetch_max_wait(app_with_fetcher(fetcher), 15, 16384)
+    assert vars(fetcher) == {"max_wait_ms": 1500}
+    assert gauge._value.get() == -1
