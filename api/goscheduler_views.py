@@ -15,9 +15,9 @@ import orjson
 from api import gocron, recurring, views
 from api.views import ApiError
 from streams.decisions import Run
-from streams.model import DeliveryOutcome, ScheduleEvent, ScheduleState
+from streams.model import ScheduleEvent, ScheduleState
 from streams.ports import CqlRow
-from topics.models import Ambiguous, DayMatch
+from topics.models import Ambiguous, DayMatch, DeliveryOutcome
 
 HOUR_MS = 3_600_000
 # The longest window go-scheduler lists the schedules of an app in.

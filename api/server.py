@@ -21,9 +21,10 @@ from base.clock import now_ms
 from base.errors import TocsinError
 from base.settings import Settings
 from streams import tenant_admin
-from streams.model import DeliveryOutcome, ScheduleState
+from streams.model import ScheduleState
 from streams.ports import CqlRow
 from streams.tenants import TenantConfig
+from topics.models import DeliveryOutcome
 
 log = logging.getLogger("tocsin.api")
 

@@ -11,10 +11,11 @@ from enum import StrEnum
 import orjson
 
 from base.errors import TocsinError
-from streams.model import DeliveryOutcome, ScheduleState
+from streams.model import ScheduleState
 from streams.ports import CqlRow
 from topics.codes import Code
 from topics.ids import MAX_EPOCH_MS, format_iso_ms, parse_iso_ms, trigger_id
+from topics.models import DeliveryOutcome
 
 # Fields the API sets itself; a body carrying them is refused with a clear message.
 RESERVED_BODY_FIELDS = ("type", "tenant", "request_id", "reply_nonce")

@@ -31,8 +31,9 @@ import base64
 
 import orjson
 
-from proxy.envelope import DeliveryOutcome, Envelope
+from proxy.envelope import Envelope
 from proxy.retry import AttemptState
+from topics.models import DeliveryOutcome
 
 # Below Kafka's default topic limit (1,048,588 bytes), with room for batch framing: the
 # dead-letters topic is created with the default.

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 from urllib.parse import quote, urlsplit
 
 from base.errors import TocsinError
@@ -272,6 +272,3 @@ def prepare_fire(env: Envelope, decode: Callable[[bytes], Trigger]) -> None:
 def prepare_generic(env: Envelope, *, url: str, timeout_s: float) -> None:
     env.request = generic_request(env, url=url, timeout_s=timeout_s)
     env.host = env.request.host
-
-
-DeliveryOutcome = Literal["delivered", "dead_lettered"]

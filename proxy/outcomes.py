@@ -13,10 +13,11 @@ from typing import Protocol
 
 from base.clock import now_ms
 from proxy.deadletter import dead_letter_record, delivery_outcome, failure_times_ms
-from proxy.envelope import DeliveryOutcome, Envelope
+from proxy.envelope import Envelope
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import OutRecord, RecordSink
 from proxy.retry import DeadLetter, Done
+from topics.models import DeliveryOutcome
 
 log = logging.getLogger("tocsin.proxy")
 
@@ -58,13 +59,13 @@ class OutcomePublisher:
         reason: str | None = None
         if isinstance(decision, Done):
             self._metrics.deliveries.labels("delivered", status_class).inc()
-            outcome = "delivered"
+            outcome = DeliveryOutcome.DELIVERED
         else:
             self._metrics.deliveries.labels("dead_lettered", status_class).inc()
             kind = status_class if status_class != "timeout" else "poison"
             self._metrics.dead_letters.labels(kind).inc()
             records.append(self._dead_letter(env, decision, now_s, wall_ms))
-            outcome, reason = "dead_lettered", decision.reason
+            outcome, reason = DeliveryOutcome.DEAD_LETTERED, decision.reason
         if self._deliveries_topic is not None:
             rec = delivery_outcome(
                 env,

@@ -18,8 +18,8 @@ import orjson
 
 from base.errors import StoreError
 from streams import metrics
-from streams.model import DeliveryOutcome
 from streams.ports import DeliveryStore, TenantPolicies
+from topics.models import DeliveryOutcome
 
 log = logging.getLogger("tocsin.deliveries")
 

@@ -12,7 +12,8 @@ from cassandra.query import UNSET_VALUE
 
 from streams.cql import gather_all
 from streams.event_store import EventStore
-from streams.model import DeliveryOutcome, FiredMark, ScheduleEvent, ScheduleState, Stmt
+from streams.model import FiredMark, ScheduleEvent, ScheduleState, Stmt
+from topics.models import DeliveryOutcome
 
 _BY_SCHEDULE = "WHERE tenant = ? AND schedule_id = ?"
 # The history event that records each state a trigger ends in, and each delivery outcome.

@@ -68,13 +68,6 @@ class ScheduleEvent(StrEnum):
     DEAD_LETTERED = "dead_lettered"
 
 
-class DeliveryOutcome(StrEnum):
-    """The ``schedules.delivery_outcome`` values the proxy reports (docs/proxy.md)."""
-
-    DELIVERED = "delivered"
-    DEAD_LETTERED = "dead_lettered"
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleRow:
     """All columns of ``schedules``; ``ScheduleRow(**store_row)`` rebuilds one from

@@ -15,7 +15,6 @@ from typing import Any, Protocol
 from streams.buckets import BucketKey
 from streams.model import (
     BucketRow,
-    DeliveryOutcome,
     Deployment,
     FiredMark,
     ScheduleChange,
@@ -24,6 +23,7 @@ from streams.model import (
     Stmt,
 )
 from streams.tenants import TenantConfig
+from topics.models import DeliveryOutcome
 
 # A row as the driver returns it: column name to value (the columns are heterogeneous).
 CqlRow = dict[str, Any]

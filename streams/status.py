@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 
 from streams.buckets import BUCKET_MS
 from streams.buckets import minute_ms as bucket_of
-from streams.model import DeliveryOutcome, ScheduleState
+from streams.model import ScheduleState
 from streams.ports import CqlRow
+from topics.models import DeliveryOutcome
 
 HOUR_MS = 3_600_000
 # A display unit of ``duration`` (bucket reads step by streams.buckets.BUCKET_MS).

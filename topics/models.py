@@ -39,6 +39,14 @@ HttpMethod: TypeAlias = Literal["GET", "POST", "PUT", "PATCH", "DELETE"]
 HTTP_METHODS: frozenset[str] = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE"})
 
 
+class DeliveryOutcome(StrEnum):
+    """How a trigger's delivery ended, as the proxy reports it on the deliveries topic and
+    the scheduler stores it in ``schedules.delivery_outcome`` (docs/proxy.md)."""
+
+    DELIVERED = "delivered"
+    DEAD_LETTERED = "dead_lettered"
+
+
 @dataclass(frozen=True, kw_only=True)
 class DeliveryRetry:
     """How the proxy retries one callback (``proxy.retry``); a None field keeps the proxy's
