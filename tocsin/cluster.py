@@ -25,15 +25,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from string import Template
 
-from confluent_kafka.admin import AdminClient
-
 from base.errors import InfraError
-from base.settings import CassandraSettings, Settings, StackSettings
+from base.settings import Settings, StackSettings
 from tocsin.infra import (
     INFRA_DIR,
     CassandraServer,
     KafkaServer,
     ServerStatus,
+    broker_registered,
+    cassandra_node_answers,
     find_java,
     kafka_cluster_id,
     port_open,
@@ -209,19 +209,7 @@ class KafkaNode(KafkaServer):
 
     def ready(self) -> bool:
         """This node is registered as a broker (so a controller quorum exists)."""
-        if not port_open(self.port, self.host):
-            return False
-        admin = AdminClient(
-            {
-                "bootstrap.servers": f"{self.host}:{self.port}",
-                "socket.connection.setup.timeout.ms": 2000,
-            }
-        )
-        try:
-            meta = admin.list_topics(timeout=3)
-        except Exception:
-            return False
-        return self.node_id in meta.brokers
+        return broker_registered(self.host, self.port, node_id=self.node_id)
 
 
 def cluster_id(plan: ClusterPlan) -> str:
@@ -271,28 +259,7 @@ class CassandraNode(CassandraServer):
 
     def ready(self) -> bool:
         """This node answers a query itself (not through another node)."""
-        if not port_open(self.port, self.host):
-            return False
-        # Imported here: tocsin.cli imports this module for every command, and these load
-        # the Cassandra driver.
-        from cassandra.policies import WhiteListRoundRobinPolicy
-
-        from base.cassandra import make_cluster
-
-        cluster = make_cluster(
-            CassandraSettings(contact_points=(self.host,), port=self.port, request_timeout_s=5),
-            profile={"load_balancing_policy": WhiteListRoundRobinPolicy([self.host])},
-            connect_timeout=3,
-            control_connection_timeout=3,
-        )
-        try:
-            session = cluster.connect()
-            row = session.execute("SELECT release_version FROM system.local", timeout=5).one()
-            return row is not None
-        except Exception:
-            return False
-        finally:
-            cluster.shutdown()
+        return cassandra_node_answers(self.host, self.port)
 
 
 class Cluster:

@@ -114,6 +114,48 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+def broker_registered(host: str, port: int, *, node_id: int) -> bool:
+    """The Kafka node at ``host:port`` answers and lists ``node_id`` among the brokers (so
+    a controller quorum exists)."""
+    if not port_open(port, host):
+        return False
+    admin = AdminClient(
+        {"bootstrap.servers": f"{host}:{port}", "socket.connection.setup.timeout.ms": 2000}
+    )
+    try:
+        meta = admin.list_topics(timeout=3)
+    except Exception:
+        return False
+    return node_id in meta.brokers
+
+
+def cassandra_node_answers(host: str, port: int) -> bool:
+    """The Cassandra node at ``host:port`` answers a query itself (not through another
+    node of its cluster)."""
+    if not port_open(port, host):
+        return False
+    # Imported here: tocsin.cli imports this module for every command, and these load the
+    # Cassandra driver.
+    from cassandra.policies import WhiteListRoundRobinPolicy
+
+    from base.cassandra import make_cluster
+
+    cluster = make_cluster(
+        CassandraSettings(contact_points=(host,), port=port, request_timeout_s=5),
+        profile={"load_balancing_policy": WhiteListRoundRobinPolicy([host])},
+        connect_timeout=3,
+        control_connection_timeout=3,
+    )
+    try:
+        session = cluster.connect()
+        row = session.execute("SELECT release_version FROM system.local", timeout=5).one()
+        return row is not None
+    except Exception:
+        return False
+    finally:
+        cluster.shutdown()
+
+
 def find_java(stack: StackSettings) -> str:
     """A Java 17..23 binary: Cassandra 5.0 calls System.setSecurityManager (gone in 24)."""
     candidates: list[str] = []
@@ -509,19 +551,7 @@ class KafkaServer(_Server):
         ]
 
     def ready(self) -> bool:
-        if not port_open(self.port):
-            return False
-        admin = AdminClient(
-            {
-                "bootstrap.servers": f"127.0.0.1:{self.port}",
-                "socket.connection.setup.timeout.ms": 2000,
-            }
-        )
-        try:
-            meta = admin.list_topics(timeout=3)
-        except Exception:
-            return False
-        return 1 in meta.brokers
+        return broker_registered("127.0.0.1", self.port, node_id=1)
 
 
 def kafka_cluster_id() -> str:
@@ -601,25 +631,7 @@ class CassandraServer(_Server):
         ]
 
     def ready(self) -> bool:
-        if not port_open(self.port):
-            return False
-        # Imported here: tocsin.cli imports this module for every command, and this one loads
-        # the Cassandra driver.
-        from base.cassandra import make_cluster
-
-        cluster = make_cluster(
-            CassandraSettings(contact_points=("127.0.0.1",), port=self.port, request_timeout_s=5),
-            connect_timeout=3,
-            control_connection_timeout=3,
-        )
-        try:
-            session = cluster.connect()
-            row = session.execute("SELECT release_version FROM system.local", timeout=5).one()
-            return row is not None
-        except Exception:
-            return False
-        finally:
-            cluster.shutdown()
+        return cassandra_node_answers("127.0.0.1", self.port)
 
 
 # ----------------------------------------------------------------------------- stack
