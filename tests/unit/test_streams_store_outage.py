@@ -9,26 +9,14 @@ from typing import Any
 from streams.model import BucketRow
 from streams.ticker import PartitionTicker, TickerConfig
 from tests.fakes import FakeStore
+from tests.unit.test_streams_ticker import row as ticker_row
 from tests.unit.test_streams_ticker import running
 
 NOW = 1_800_000_030_000  # 30 s into a minute
 
 
 def row(sid: str, due_ms: int) -> BucketRow:
-    return BucketRow(
-        partition=0,
-        minute_ms=due_ms - due_ms % 60_000,
-        shard=0,
-        due_ms=due_ms,
-        tenant="t",
-        schedule_id=sid,
-        version=1,
-        order_key=sid,
-        payload=b"{}",
-        payload_type="json",
-        callback='{"type":"http","url":"https://h/cb"}',
-        misfire_tolerance_s=3600,
-    )
+    return ticker_row(sid, due_ms, tolerance_s=3600)
 
 
 def flaky(rows: list[BucketRow]) -> FakeStore:
