@@ -6,6 +6,7 @@ Dead-letter record (value of the dead-letters topic, keyed by the original key):
                   "key_b64", "value_b64", "headers": [[name, value_b64 | null], ...]},
      "reason": "HTTP 700: bad sku" | "poison pill: ..." | "undecodable trigger: ...",
      "status_code": 700 | null, "attempts": 3,
+     "response": {"status_code": 700, "body_excerpt": "bad sku"} | null,
      "first_failure_ms": ..., "last_failure_ms": ..., "dead_lettered_ms": ...,
      "proxy_group": "tocsin-proxy", "endpoint": "https://h/p" | null,
      "trigger_id": ... | null, "schedule_id": ... | null, "tenant": ... | null}
@@ -20,7 +21,12 @@ Delivery outcome (fires mode, value of the deliveries topic, keyed by schedule i
     {"trigger_id", "schedule_id", "tenant", "due_ms", "emit_attempt",
      "outcome": "delivered" | "dead_lettered", "status_code": 204 | null,
      "reason": null | "...", "attempts": 1, "latency_ms": 12,
-     "delivered_ms" | "dead_lettered_ms": ..., "fire": {"topic", "partition", "offset"}}
+     "delivered_ms" | "dead_lettered_ms": ..., "fire": {"topic", "partition", "offset"},
+     dead letters only: "response": {"status_code", "body_excerpt"} | null, "endpoint"}
+
+``response`` is the last attempt's HTTP answer: its status code and the start of its body
+(what the proxy read of it, at most ``MAX_BODY_EXCERPT_CHARS``); null when the last attempt
+got no HTTP answer (a timeout, a refused connection, a Kafka callback).
 
 Pure: builds bytes from values; callers pass the wall-clock times.
 """
@@ -40,10 +46,31 @@ from topics.models import DeliveryOutcome
 MAX_RECORD_BYTES = 900_000
 # A reason is built from a body snippet and a URL; cap it so it can never be the problem.
 _MAX_REASON_CHARS = 4096
+# The proxy reads at most TOCSIN_PROXY_BODY_SNIPPET_BYTES (512) of a body; this caps what a
+# dead letter and its outcome repeat of it whatever that setting says.
+MAX_BODY_EXCERPT_CHARS = 1024
 
 
 def _b64(data: bytes | None) -> str | None:
     return None if data is None else base64.b64encode(data).decode("ascii")
+
+
+def last_response(st: AttemptState) -> dict[str, object] | None:
+    """The last attempt's HTTP answer: its status code and a bounded excerpt of its body, or
+    None when the last attempt got no HTTP answer.
+
+    ``proxy.retry.decide`` keeps an HTTP failure as ``last_status`` and ``last_error`` =
+    ``"HTTP <status>: <body snippet>"`` (``"HTTP <status>"`` for an empty body); every other
+    failure clears ``last_status``. ``last_error`` also survives a trip through the retry
+    topic (``proxy.parking``), so the excerpt is taken from it.
+    """
+    status = st.last_status
+    if status is None:
+        return None
+    prefix = f"HTTP {status}: "
+    error = st.last_error or ""
+    body = error[len(prefix) :] if error.startswith(prefix) else ""
+    return {"status_code": status, "body_excerpt": body[:MAX_BODY_EXCERPT_CHARS]}
 
 
 def failure_times_ms(st: AttemptState, now_s: float, now_ms: int) -> tuple[int, int]:
@@ -87,6 +114,7 @@ def dead_letter_record(
         "reason": reason[:_MAX_REASON_CHARS],
         "status_code": status,
         "attempts": env.attempt_state.attempts,
+        "response": last_response(env.attempt_state),
         "first_failure_ms": first_failure_ms,
         "last_failure_ms": last_failure_ms,
         "dead_lettered_ms": now_ms,
@@ -157,4 +185,8 @@ def delivery_outcome(
             "offset": env.source.offset,
         },
     }
+    if outcome is DeliveryOutcome.DEAD_LETTERED:
+        # What a tenant's dead-letter listing shows (streams.deadletter_store).
+        doc["response"] = last_response(env.attempt_state)
+        doc["endpoint"] = env.request.url if env.request is not None else None
     return trig.schedule_id.encode(), orjson.dumps(doc)
