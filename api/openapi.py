@@ -620,6 +620,67 @@ def _key_paths() -> dict[str, Schema]:
     }
 
 
+def _explain_paths() -> dict[str, Schema]:
+    entry = {
+        "type": "object",
+        "properties": {
+            "at": _string(),
+            "at_ms": {"type": "integer"},
+            "event": {**_string(), "description": "the history event, as recorded"},
+            "schedule_id": {**_string(), "description": "the schedule, or one of its runs"},
+            "trigger_id": _nullable("string"),
+            "due_ms": _nullable("integer"),
+            "lateness_ms": _nullable("integer"),
+            "emit_attempt": _nullable("integer"),
+            "detail": _nullable("string"),
+            "text": _string(),
+        },
+    }
+    explanation = {
+        "type": "object",
+        "properties": {
+            "tenant": _string(),
+            "schedule_id": _string(),
+            "kind": {"enum": ["one_shot", "recurring"]},
+            "state": _string(),
+            "reason": {**_string(), "description": "why it stands where it does, in words"},
+            "timeline": {"type": "array", "items": entry},
+            "notes": {"type": "array", "items": _string()},
+            "runs_shown": {"type": "integer"},
+            "not_recorded": {
+                "type": "array",
+                "items": _string(),
+                "description": "what the system does not record, so the timeline cannot show",
+            },
+        },
+    }
+    params = [
+        _SID,
+        {
+            "name": "tenant",
+            "in": "query",
+            "schema": _string(),
+            "description": "admin key: whose schedule (a tenant key reads its own only)",
+        },
+        {
+            "name": "runs",
+            "in": "query",
+            "schema": {"type": "integer", "minimum": 0, "maximum": 100, "default": 10},
+            "description": "recurring: how many of the newest runs to include",
+        },
+    ]
+    op = dict(
+        _op(
+            "why it did or did not fire: everything recorded about the schedule in time "
+            "order, with the reason for its state; another tenant's schedule is 404",
+            {"200": _json(explanation, "the explanation"), **_ERRORS},
+            params=params,
+        )
+    )
+    op["security"] = [{"apiKey": []}, {"adminKey": []}]
+    return {"/v1/schedules/{schedule_id}/explain": {"get": op}}
+
+
 def _paths() -> dict[str, Schema]:
     return {
         **_health_paths(),
@@ -627,6 +688,7 @@ def _paths() -> dict[str, Schema]:
         **_bulk_paths(),
         **_tenant_paths(),
         **_key_paths(),
+        **_explain_paths(),
     }
 
 

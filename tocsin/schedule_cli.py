@@ -16,6 +16,7 @@ from base.errors import CommandRejected
 from base.settings import Settings
 from streams.client import CommandClient, ResultWatcher
 from streams.ports import CqlRow
+from tocsin.explain_cli import schedule_explain
 from tocsin.output import (
     EXIT_NOT_FOUND,
     EXIT_OK,
@@ -43,6 +44,7 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
         "get": _schedule_get,
         "create": _schedule_send,
         "cancel": _schedule_send,
+        "explain": schedule_explain,
     }
     return run_action(
         args, settings, actions, command="schedule", subject="schedule id", given=args.schedule_id
@@ -334,7 +336,7 @@ def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: SubParsers) -> None:
     schedule = sub.add_parser("schedule", help="create, cancel and inspect schedules")
-    schedule.add_argument("action", choices=["create", "cancel", "get", "list", "runs"])
+    schedule.add_argument("action", choices=["create", "cancel", "get", "list", "runs", "explain"])
     schedule.add_argument("tenant")
     schedule.add_argument("schedule_id", nargs="?")
     schedule.add_argument("--from", dest="from_", help="list: due from (ISO-8601 or epoch ms)")
@@ -357,6 +359,12 @@ def register(sub: SubParsers) -> None:
     schedule.add_argument("--timeout-s", type=float, default=30.0)
     schedule.add_argument("--next", type=int, default=10, help="runs: how many future runs")
     schedule.add_argument("--past", type=int, default=10, help="runs: how many past runs")
+    schedule.add_argument(
+        "--runs",
+        type=int,
+        default=10,
+        help="explain: how many of a recurring schedule's newest runs",
+    )
     schedule.set_defaults(func=cmd_schedule)
 
 
