@@ -7,7 +7,13 @@ import ssl
 
 from cassandra.auth import PlainTextAuthProvider
 from cassandra.cluster import EXEC_PROFILE_DEFAULT, Cluster, ExecutionProfile
-from cassandra.policies import DCAwareRoundRobinPolicy, TokenAwarePolicy
+from cassandra.policies import (
+    ConstantSpeculativeExecutionPolicy,
+    DCAwareRoundRobinPolicy,
+    NoSpeculativeExecutionPolicy,
+    SpeculativeExecutionPolicy,
+    TokenAwarePolicy,
+)
 
 from base.settings import CassandraSettings
 
@@ -31,6 +37,9 @@ def make_cluster(
             DCAwareRoundRobinPolicy(local_dc=settings.local_dc)
         ),
         "request_timeout": settings.request_timeout_s,
+        # Only statements marked idempotent are ever executed speculatively (the driver
+        # checks); CassandraSettings says why and when.
+        "speculative_execution_policy": speculative_policy(settings),
         **(profile or {}),
     }
     kwargs: dict[str, object] = {
@@ -43,6 +52,9 @@ def make_cluster(
         # for the server's delayed ACK: 43.6 ms instead of 0.9 ms for a lone 11-row batch;
         # smaller requests are not delayed (make bench-cassandra, BENCHMARKS.md).
         "sockopts": [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)],
+        # A hung node is marked down after a few seconds instead of a minute (settings).
+        "idle_heartbeat_interval": settings.heartbeat_interval_s,
+        "idle_heartbeat_timeout": settings.heartbeat_timeout_s,
     }
     version = settings.protocol_version if protocol_version is None else protocol_version
     if version:
@@ -58,3 +70,13 @@ def make_cluster(
         kwargs["ssl_context"] = ctx
     kwargs.update(overrides)
     return Cluster(**kwargs)
+
+
+def speculative_policy(settings: CassandraSettings) -> SpeculativeExecutionPolicy:
+    """The speculative execution policy for these settings (none when turned off)."""
+    if settings.speculative_executions <= 0:
+        return NoSpeculativeExecutionPolicy()
+    return ConstantSpeculativeExecutionPolicy(
+        delay=max(0, settings.speculative_delay_ms) / 1000,
+        max_attempts=settings.speculative_executions,
+    )

@@ -87,6 +87,25 @@ class KafkaSettings:
     ssl_ca_location: str | None = None
     ssl_certificate_location: str | None = None
     ssl_key_location: str | None = None
+    # How clients follow a broker failover. A dead or hung leader's partitions move only
+    # once the controller fences it (broker.session.timeout.ms, docs/operations.md); these
+    # bound how long a client takes to notice after that.
+    # Longest pause between reconnects to a broker that went away (librdkafka's
+    # reconnect.backoff.max.ms, stock 10 s): each failed reconnect also re-reads metadata,
+    # so with the stock backoff a client saw a dead leader's successor up to 10 s late.
+    reconnect_backoff_max_ms: int = 1000
+    # How often clients re-read the cluster's metadata unasked (librdkafka's
+    # topic.metadata.refresh.interval.ms and aiokafka's metadata_max_age_ms, stock 5 min).
+    # A hung broker answers no request, so no error prompts a re-read: only this or a
+    # request timeout tells a client that its partitions have a new leader. One small
+    # request per client per period.
+    metadata_refresh_ms: int = 5000
+    # How long a request to a broker may stay unanswered before the connection is given up
+    # and its requests re-sent elsewhere (librdkafka's socket.timeout.ms, stock 60 s). An
+    # idempotent producer sends nothing to a partition's new leader while requests to its
+    # old leader are in flight, so this bounds a produce stalled on a hung broker. A
+    # request legitimately slower than this is re-sent (without duplicates: idempotent).
+    socket_timeout_ms: int = 10000
 
     def librdkafka(self) -> KafkaConfig:
         """Client configuration for confluent-kafka (librdkafka property names)."""
@@ -100,6 +119,9 @@ class KafkaSettings:
             # librdkafka prints to stderr itself unless given a logger: through ours, its
             # lines are structured and filtered like every other.
             "logger": logging.getLogger("tocsin.librdkafka"),
+            "reconnect.backoff.max.ms": self.reconnect_backoff_max_ms,
+            "topic.metadata.refresh.interval.ms": self.metadata_refresh_ms,
+            "socket.timeout.ms": self.socket_timeout_ms,
         }
         optional = {
             "sasl.mechanism": self.sasl_mechanism,
@@ -125,6 +147,23 @@ class CassandraSettings:
     # "SimpleStrategy:1" locally; "NetworkTopologyStrategy:dc1=3,dc2=3" in production.
     replication: str = "SimpleStrategy:1"
     request_timeout_s: float = 10.0
+    # A hung node (its process stopped, its sockets open) answers nothing and raises
+    # nothing, so the driver would keep choosing it as coordinator, each request then
+    # waiting request_timeout_s. An idempotent statement still unanswered after
+    # speculative_delay_ms is sent to the next host as well, up to speculative_executions
+    # more times (0: never); the first answer wins. Statements that are not idempotent
+    # (lightweight transactions) are never sent twice. Each extra execution is one more
+    # request only when a node is that slow.
+    speculative_delay_ms: int = 250
+    speculative_executions: int = 2
+    # A connection that received nothing for heartbeat_interval_s is sent a heartbeat; one
+    # unanswered for heartbeat_timeout_s marks the node down, so that nothing, lightweight
+    # transactions included, is sent to a hung node after a few seconds (the driver's
+    # stock 30 s + 30 s). A node paused longer than that (a long GC pause) is marked down
+    # too and reconnected to once it answers; two of three replicas still serve every
+    # LOCAL_QUORUM request meanwhile.
+    heartbeat_interval_s: float = 2.0
+    heartbeat_timeout_s: float = 3.0
     # Native protocol version (0: negotiate the highest both sides speak). v4, not
     # Cassandra 5's v5: v5 wraps every frame in checksummed segments whose CRC24 the
     # driver computes in pure Python, which cost 8-20 % more client CPU per request here
@@ -299,6 +338,9 @@ class Settings:
                 ssl_ca_location=_opt(e, "KAFKA_SSL_CA_LOCATION"),
                 ssl_certificate_location=_opt(e, "KAFKA_SSL_CERTIFICATE_LOCATION"),
                 ssl_key_location=_opt(e, "KAFKA_SSL_KEY_LOCATION"),
+                reconnect_backoff_max_ms=_int(e, "KAFKA_RECONNECT_BACKOFF_MAX_MS", 1000),
+                metadata_refresh_ms=_int(e, "KAFKA_METADATA_REFRESH_MS", 5000),
+                socket_timeout_ms=_int(e, "KAFKA_SOCKET_TIMEOUT_MS", 10000),
             ),
             cassandra=CassandraSettings(
                 contact_points=tuple(
@@ -314,6 +356,10 @@ class Settings:
                 local_dc=_opt(e, "CASSANDRA_LOCAL_DC"),
                 replication=_get(e, "CASSANDRA_REPLICATION", "SimpleStrategy:1"),
                 request_timeout_s=_float(e, "CASSANDRA_REQUEST_TIMEOUT_S", 10.0),
+                speculative_delay_ms=_int(e, "CASSANDRA_SPECULATIVE_DELAY_MS", 250),
+                speculative_executions=_int(e, "CASSANDRA_SPECULATIVE_EXECUTIONS", 2),
+                heartbeat_interval_s=_float(e, "CASSANDRA_HEARTBEAT_INTERVAL_S", 2.0),
+                heartbeat_timeout_s=_float(e, "CASSANDRA_HEARTBEAT_TIMEOUT_S", 3.0),
                 protocol_version=_int(e, "CASSANDRA_PROTOCOL_VERSION", 4),
             ),
             topics=TopicSettings(

@@ -80,12 +80,12 @@ LEAD_MS = (5_000, 20_000)
 class ClusterChaos:
     """What bench.chaos.Scenario needs (``env``, ``log_dir``) plus the cluster."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, broker_session_timeout_ms: int | None = None) -> None:
         from tocsin.infra import find_java
 
         base = {**os.environ, **CLUSTER_CHAOS_ENV}
         stack = Settings.from_env(base).stack
-        self.cluster = Cluster(stack)
+        self.cluster = Cluster(stack, broker_session_timeout_ms=broker_session_timeout_ms)
         assert self.cluster.plan.kafka_port == 31092, "never another stack's ports"
         self.env = {**base, **self.cluster.plan.client_env()}
         self.java = find_java(self.cluster.stack)
@@ -480,11 +480,17 @@ def main() -> int:
     )
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--keep-cluster", action="store_true")
+    parser.add_argument(
+        "--broker-session-timeout-ms",
+        type=int,
+        default=None,
+        help="the brokers' broker.session.timeout.ms (default: Kafka's stock 9000)",
+    )
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
     if unknown := set(names) - set(SCENARIOS):
         parser.error(f"unknown scenarios {sorted(unknown)}; choose from {list(SCENARIOS)}")
-    chaos = ClusterChaos()
+    chaos = ClusterChaos(broker_session_timeout_ms=args.broker_session_timeout_ms)
 
     def on_term(signum: int, _frame: Any) -> None:
         raise SystemExit(f"stopped by signal {signum}")  # so every finally: cleans up
@@ -492,6 +498,8 @@ def main() -> int:
     signal.signal(signal.SIGTERM, on_term)
     say("starting the chaos cluster (Kafka 31092, Cassandra 31042, .state/chaos-cluster)")
     try:
+        fencing = args.broker_session_timeout_ms or "stock 9000"
+        say(f"brokers' broker.session.timeout.ms: {fencing}")
         say(f"cluster ready: {chaos.cluster.up()}")
         results = run_all(chaos, names)
     finally:

@@ -33,6 +33,7 @@ from base.settings import Settings
 from streams import drain, metrics
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
+from streams.deadletter_store import DeadLetterStore, record_dead_letters
 from streams.deliveries import parse_outcome, record_outcome
 from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer
@@ -124,6 +125,8 @@ class Worker:
             interval_s=sched.recurring_interval_s,
         )
         self.processor.materializers = self.materializers
+        # Each tenant's dead letters, listed and redriven by the API (api.deadletters).
+        self.dead_letters = DeadLetterStore(self.store)
         self.processor.recurring_horizon_ms = self.materializer_config.horizon_ms
         self.app = self._build_app()
         self._started = False
@@ -158,6 +161,9 @@ class Worker:
             broker_session_timeout=s.scheduler.session_timeout_s,
             broker_heartbeat_interval=max(1.0, s.scheduler.session_timeout_s / 5),
             broker_commit_interval=1.0,
+            # A hung leader answers no fetch, so only a metadata re-read finds its successor
+            # (base.settings.KafkaSettings.metadata_refresh_ms).
+            consumer_metadata_max_age_ms=s.kafka.metadata_refresh_ms,
             stream_wait_empty=False,
             producer_acks=-1,
         )
@@ -215,6 +221,7 @@ class Worker:
                 outcomes = [o for e in events if (o := parse_outcome(e.message.value))]
                 tenants = self.processor.tenants
                 await asyncio.gather(*(record_outcome(self.store, tenants, o) for o in outcomes))
+                await record_dead_letters(self.dead_letters, tenants, outcomes)
 
     def _add_lifecycle_handlers(self, app: faust.App) -> None:
         s = self.settings

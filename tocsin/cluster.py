@@ -62,14 +62,30 @@ class ClusterPlan:
     kafka_controller_port: int
     cassandra_port: int
     cassandra_storage_port: int
+    # The brokers' broker.session.timeout.ms (None: Kafka's stock 9 s): how long the
+    # controller waits for a silent broker before fencing it and moving its partitions'
+    # leadership (docs/operations.md weighs a shorter one).
+    broker_session_timeout_ms: int | None = None
 
     @classmethod
-    def from_stack(cls, stack: StackSettings, *, nodes: int = 3) -> ClusterPlan:
+    def from_stack(
+        cls,
+        stack: StackSettings,
+        *,
+        nodes: int = 3,
+        broker_session_timeout_ms: int | None = None,
+    ) -> ClusterPlan:
         if not 1 <= nodes <= 9:
             raise InfraError(f"a local cluster has 1 to 9 nodes, not {nodes}")
+        if broker_session_timeout_ms is not None and broker_session_timeout_ms < 1000:
+            raise InfraError(
+                f"a broker session timeout under 1000 ms fences brokers on any pause, "
+                f"not {broker_session_timeout_ms}"
+            )
         shift = CLUSTER_PORT_SHIFT
         return cls(
             nodes=nodes,
+            broker_session_timeout_ms=broker_session_timeout_ms,
             state_dir=stack.state_dir / "cluster",
             kafka_port=stack.kafka_port + shift,
             kafka_controller_port=stack.kafka_controller_port + shift,
@@ -114,6 +130,17 @@ class ClusterPlan:
         return env
 
 
+def fencing_properties(session_timeout_ms: int | None) -> str:
+    """The broker properties for a session timeout other than the stock one: the session
+    and a heartbeat a third of it, so that two lost heartbeats do not fence a broker."""
+    if session_timeout_ms is None:
+        return ""
+    return (
+        f"broker.session.timeout.ms={session_timeout_ms}\n"
+        f"broker.heartbeat.interval.ms={max(100, session_timeout_ms // 3)}\n"
+    )
+
+
 def render_kafka_config(plan: ClusterPlan, node_id: int, data_dir: Path) -> str:
     return _substitute(
         INFRA_DIR / "kafka" / "cluster.properties.in",
@@ -123,7 +150,7 @@ def render_kafka_config(plan: ClusterPlan, node_id: int, data_dir: Path) -> str:
         port=plan.kafka_port,
         controller_port=plan.kafka_controller_port,
         data_dir=data_dir,
-    )
+    ) + fencing_properties(plan.broker_session_timeout_ms)
 
 
 def render_cassandra_config(plan: ClusterPlan, node_id: int, data_dir: Path) -> str:
@@ -266,8 +293,12 @@ class Cluster:
     """The cluster's six servers: ``up`` starts the Kafka nodes together (a quorum needs
     two of three) and, meanwhile, the Cassandra nodes one after another."""
 
-    def __init__(self, stack: StackSettings, *, nodes: int = 3) -> None:
-        self.plan = ClusterPlan.from_stack(stack, nodes=nodes)
+    def __init__(
+        self, stack: StackSettings, *, nodes: int = 3, broker_session_timeout_ms: int | None = None
+    ) -> None:
+        self.plan = ClusterPlan.from_stack(
+            stack, nodes=nodes, broker_session_timeout_ms=broker_session_timeout_ms
+        )
         node_stack = _node_stack(self.plan, stack)
         self.stack = node_stack
         self.kafka = [KafkaNode(self.plan, i, node_stack) for i in self.plan.node_ids]

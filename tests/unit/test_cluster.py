@@ -175,3 +175,77 @@ def test_a_server_started_here_is_judged_by_its_own_exit_status(tmp_path: Path) 
         proc.wait()
     with pytest.raises(InfraError, match="exited during start-up"):
         server._wait_ready(time.monotonic(), proc)
+
+
+# -- how clients follow a failover (settings -> client configuration) ------------------------
+
+
+def test_librdkafka_clients_follow_a_failover_within_seconds() -> None:
+    from base.settings import Settings
+
+    conf = Settings.from_env({}).kafka.librdkafka()
+    assert conf["reconnect.backoff.max.ms"] == 1000
+    assert conf["topic.metadata.refresh.interval.ms"] == 5000
+    assert conf["socket.timeout.ms"] == 10000
+    tuned = Settings.from_env(
+        {
+            "TOCSIN_KAFKA_RECONNECT_BACKOFF_MAX_MS": "2000",
+            "TOCSIN_KAFKA_METADATA_REFRESH_MS": "30000",
+            "TOCSIN_KAFKA_SOCKET_TIMEOUT_MS": "20000",
+        }
+    ).kafka.librdkafka()
+    assert (
+        tuned["reconnect.backoff.max.ms"],
+        tuned["topic.metadata.refresh.interval.ms"],
+        tuned["socket.timeout.ms"],
+    ) == (2000, 30000, 20000)
+
+
+def test_cassandra_cluster_speculates_on_idempotent_statements_and_heartbeats_often() -> None:
+    from cassandra.policies import ConstantSpeculativeExecutionPolicy
+
+    from base.cassandra import make_cluster
+    from base.settings import Settings
+
+    cluster = make_cluster(
+        Settings.from_env(
+            {
+                "TOCSIN_CASSANDRA_SPECULATIVE_DELAY_MS": "400",
+                "TOCSIN_CASSANDRA_SPECULATIVE_EXECUTIONS": "1",
+                "TOCSIN_CASSANDRA_HEARTBEAT_INTERVAL_S": "1.5",
+                "TOCSIN_CASSANDRA_HEARTBEAT_TIMEOUT_S": "2.5",
+            }
+        ).cassandra
+    )
+    policy = cluster.profile_manager.default.speculative_execution_policy
+    assert isinstance(policy, ConstantSpeculativeExecutionPolicy)
+    assert (policy.delay, policy.max_attempts) == (0.4, 1)
+    assert (cluster.idle_heartbeat_interval, cluster.idle_heartbeat_timeout) == (1.5, 2.5)
+
+
+def test_no_speculative_execution_when_turned_off() -> None:
+    from cassandra.policies import NoSpeculativeExecutionPolicy
+
+    from base.cassandra import make_cluster
+    from base.settings import Settings
+
+    settings = Settings.from_env({"TOCSIN_CASSANDRA_SPECULATIVE_EXECUTIONS": "0"}).cassandra
+    policy = make_cluster(settings).profile_manager.default.speculative_execution_policy
+    assert isinstance(policy, NoSpeculativeExecutionPolicy)
+
+
+def test_brokers_keep_the_stock_session_unless_asked(tmp_path: Path) -> None:
+    conf = _properties(render_kafka_config(_plan(tmp_path), 1, tmp_path / "data"))
+    assert "broker.session.timeout.ms" not in conf
+    assert "broker.heartbeat.interval.ms" not in conf
+
+
+def test_a_shorter_broker_session_comes_with_a_heartbeat_a_third_of_it(tmp_path: Path) -> None:
+    stack = Settings.from_env({"TOCSIN_STATE_DIR": str(tmp_path)}).stack
+    plan = ClusterPlan.from_stack(stack, broker_session_timeout_ms=3000)
+    conf = _properties(render_kafka_config(plan, 1, tmp_path / "data"))
+    assert conf["broker.session.timeout.ms"] == "3000"
+    assert conf["broker.heartbeat.interval.ms"] == "1000"
+    assert conf["node.id"] == "1"
+    with pytest.raises(InfraError, match="under 1000 ms"):
+        ClusterPlan.from_stack(stack, broker_session_timeout_ms=500)

@@ -16,6 +16,9 @@ def test_defaults_point_at_the_local_stack() -> None:
         "bootstrap.servers": "127.0.0.1:9092",
         "security.protocol": "PLAINTEXT",
         "socket.nagle.disable": True,
+        "reconnect.backoff.max.ms": 1000,
+        "topic.metadata.refresh.interval.ms": 5000,
+        "socket.timeout.ms": 10000,
     }
 
 
