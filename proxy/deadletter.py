@@ -22,7 +22,12 @@ Delivery outcome (fires mode, value of the deliveries topic, keyed by schedule i
      "outcome": "delivered" | "dead_lettered", "status_code": 204 | null,
      "reason": null | "...", "attempts": 1, "latency_ms": 12,
      "delivered_ms" | "dead_lettered_ms": ..., "fire": {"topic", "partition", "offset"},
+     "failures": 0, "last_failure": null | "HTTP 503: ...", "failed_for_ms": null | 1200,
      dead letters only: "response": {"status_code", "body_excerpt"} | null, "endpoint"}
+
+``failures`` counts the failed attempts, ``last_failure`` says what the last of them got and
+``failed_for_ms`` is the time from the first failure to the last: the scheduler keeps them
+in the schedule's history, so a delivery that needed retries says so.
 
 ``response`` is the last attempt's HTTP answer: its status code and the start of its body
 (what the proxy read of it, at most ``MAX_BODY_EXCERPT_CHARS``); null when the last attempt
@@ -184,9 +189,24 @@ def delivery_outcome(
             "partition": env.source.partition,
             "offset": env.source.offset,
         },
+        **failure_summary(env.attempt_state),
     }
     if outcome is DeliveryOutcome.DEAD_LETTERED:
         # What a tenant's dead-letter listing shows (streams.deadletter_store).
         doc["response"] = last_response(env.attempt_state)
         doc["endpoint"] = env.request.url if env.request is not None else None
     return trig.schedule_id.encode(), orjson.dumps(doc)
+
+
+def failure_summary(st: AttemptState) -> dict[str, object]:
+    """The failed attempts of ``st``: how many, the last one's error, and the time from the
+    first failure to the last (None without failures)."""
+    span_ms = None
+    if st.first_failure_s is not None and st.last_failure_s is not None:
+        span_ms = int((st.last_failure_s - st.first_failure_s) * 1000)
+    last = st.last_error if st.failures else None
+    return {
+        "failures": st.failures,
+        "last_failure": None if last is None else last[:MAX_BODY_EXCERPT_CHARS],
+        "failed_for_ms": span_ms,
+    }

@@ -40,6 +40,30 @@ def parse_outcome(raw: bytes | None) -> dict[str, Any] | None:
     return value
 
 
+def delivery_detail(outcome: dict[str, Any]) -> str | None:
+    """What the schedule's history keeps of an outcome: a dead letter's reason, the final
+    status and attempt, and the failed attempts before it (``failures``, ``last_failure``,
+    ``failed_for_ms``, which a proxy of an older version leaves out)."""
+    status = outcome.get("status_code")
+    attempts = outcome.get("attempts")
+    dead = outcome.get("outcome") == DeliveryOutcome.DEAD_LETTERED
+    if dead:
+        head = str(outcome.get("reason") or "dead-lettered")
+        head += f"; {attempts} attempt(s)" if attempts else ""
+    else:
+        head = "status " + (str(status) if status is not None else "?")
+        head += f" on attempt {attempts}" if attempts else ""
+    failures = outcome.get("failures")
+    if not isinstance(failures, int) or failures <= 0:
+        return head
+    span = outcome.get("failed_for_ms")
+    over = f" over {span / 1000:g} s" if isinstance(span, int) and span > 0 else ""
+    last = outcome.get("last_failure")
+    # A dead letter's reason already names its last failure.
+    tail = f", the last: {last}" if last and not dead else ""
+    return f"{head}; {failures} failed{over}{tail}"
+
+
 async def record_outcome(
     store: DeliveryStore,
     tenants: TenantPolicies,
@@ -62,10 +86,12 @@ async def record_outcome(
                 at_ms=int(outcome.get("delivered_ms") or outcome.get("dead_lettered_ms") or 0),
                 trigger_id=outcome.get("trigger_id"),
                 due_ms=outcome.get("due_ms"),
-                detail=outcome.get("reason"),
+                detail=delivery_detail(outcome),
                 retention_s=config.retention_s,
             )
             metrics.DELIVERIES.labels(outcome["outcome"]).inc()
+            if outcome["outcome"] == DeliveryOutcome.DEAD_LETTERED:
+                metrics.count_dead_lettered(outcome["tenant"])
             return True
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("unusable delivery outcome", extra={"error": repr(exc)})

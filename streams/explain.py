@@ -31,6 +31,7 @@ Row = Mapping[str, Any]
 # the scheduler, and their names are all this view needs.
 PAUSED = "paused"
 RESUMED = "resumed"
+SKIPPED_PAUSED = "skipped_paused"
 _EMISSIONS = frozenset({ScheduleEvent.FIRED, ScheduleEvent.REFIRED})
 # A scheduled trigger this far past its due time has been waiting for a worker, not just in
 # flight (as streams.status.OVERDUE_AFTER_MS).
@@ -232,6 +233,8 @@ def describe(
         return "dead-lettered" + (f": {detail}" if detail else "")
     if name == ScheduleEvent.SKIPPED:
         return "runs skipped" + (f": {detail}" if detail else "")
+    if name == SKIPPED_PAUSED:
+        return "runs skipped while paused" + (f": {detail}" if detail else "")
     words = name.replace("_", " ")
     return words + (f": {detail}" if detail else "")
 
@@ -268,7 +271,7 @@ def _one_shot_reason(facts: Facts, notes: list[str]) -> str:
         )
     if state == ScheduleState.FIRED:
         return _fired_reason(facts, notes)
-    if state == ScheduleState.SCHEDULED:
+    if state in (ScheduleState.SCHEDULED, PAUSED):
         return _waiting_reason(facts)
     tail = f" (last event: {last['event']} at {_iso(last['at_ms'])})" if last else ""
     return f"{state or 'unknown state'}{tail}"
@@ -314,8 +317,12 @@ def _waiting_reason(facts: Facts) -> str:
     row = facts.row
     due = _opt_int(row.get("due_ms"))
     pause = _last(facts.events, {PAUSED, RESUMED})
-    if pause is not None and pause["event"] == PAUSED:
-        return f"paused since {_iso(pause['at_ms'])}: it does not fire until resumed"
+    if row.get("state") == PAUSED or (pause is not None and pause["event"] == PAUSED):
+        since = f" since {_iso(pause['at_ms'])}" if pause is not None else ""
+        return (
+            f"paused{since}: it does not fire until resumed; resumed after its due time, "
+            "its misfire tolerance decides between firing late and missed"
+        )
     if due is None:
         return "scheduled"
     if due > facts.now_ms:
@@ -341,8 +348,9 @@ def _recurring_reason(facts: Facts) -> str:
         key = str(run_row.get("delivery_outcome") or run_row.get("state") or "scheduled")
         counts[key] = counts.get(key, 0) + 1
     pause = _last(facts.events, {PAUSED, RESUMED})
-    if state == ScheduleState.SCHEDULED and pause is not None and pause["event"] == PAUSED:
-        head = f"recurring, paused since {_iso(pause['at_ms'])}: its runs are skipped"
+    if state == PAUSED or (pause is not None and pause["event"] == PAUSED):
+        since = f" since {_iso(pause['at_ms'])}" if pause is not None else ""
+        head = f"recurring, paused{since}: its runs are skipped"
     else:
         head = f"recurring, {state or 'unknown state'}"
     if not facts.runs:

@@ -57,6 +57,7 @@ from streams.decisions import (
     plan_extension,
     slot_of,
 )
+from streams.metrics import SkipReason, count_skipped
 from streams.model import BucketRow, ScheduleRow
 from streams.recurring_store import RecurringRuns
 
@@ -423,6 +424,8 @@ class PartitionMaterializer:
         PARENTS_EXTENDED.inc(len(commits))
         RUNS_MATERIALIZED.inc(runs)
         RUNS_SKIPPED.inc(skipped)
+        for step in steps:
+            count_skipped(step.parent.tenant, SkipReason.MISFIRE, len(step.plan.skipped))
 
 
 __all__ = ["MaterializerConfig", "PartitionMaterializer", "RunTicker"]

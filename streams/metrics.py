@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
+from enum import StrEnum
 
 from prometheus_client import Counter, Gauge, Histogram
 
@@ -72,6 +73,83 @@ FIRES_DEFERRED = Gauge(
     "Due triggers waiting in the fair queue (their tenant's fire quota, or their turn)",
     ["partition"],
 )
+
+
+class TenantLabels:
+    """The label value a tenant's series take: its own name for the first ``limit`` tenants
+    a process counts, ``OTHER_TENANTS`` for every tenant after them. Tenant names come from
+    outside, so one series each would grow the registry (and every scrape) without bound;
+    operators see the busiest tenants, which are the first to be counted, by name."""
+
+    def __init__(self, limit: int) -> None:
+        if limit < 0:
+            raise ValueError("the tenant label limit must not be negative")
+        self.limit = limit
+        self._named: set[str] = set()
+
+    def __call__(self, tenant: str) -> str:
+        if tenant in self._named:
+            return tenant
+        if len(self._named) < self.limit:
+            self._named.add(tenant)
+            return tenant
+        return OTHER_TENANTS
+
+
+# Series per tenant label of each per-tenant metric; beyond it tenants share one series.
+MAX_TENANT_LABELS = 200
+OTHER_TENANTS = "_other"
+tenant_label = TenantLabels(MAX_TENANT_LABELS)
+
+
+class SkipReason(StrEnum):
+    """Why a run was skipped: its recurring schedule's misfire policy, or a pause."""
+
+    MISFIRE = "misfire"
+    PAUSED = "paused"
+
+
+class MissCause(StrEnum):
+    """Why a trigger was recorded as missed."""
+
+    TOLERANCE = "tolerance"  # reached later than its misfire tolerance
+    UNEMITTABLE = "unemittable"  # the broker refuses the record for good
+
+
+RUNS_SKIPPED_BY_TENANT = Counter(
+    "tocsin_runs_skipped_by_tenant_total",
+    "Runs not fired: dropped by the misfire policy of a recurring schedule, or paused",
+    ["tenant", "reason"],
+)
+TRIGGERS_MISSED_BY_TENANT = Counter(
+    "tocsin_triggers_missed_by_tenant_total",
+    "Triggers recorded as missed, by cause",
+    ["tenant", "cause"],
+)
+DEAD_LETTERED_BY_TENANT = Counter(
+    "tocsin_dead_lettered_by_tenant_total",
+    "Triggers the proxy dead-lettered, as recorded from the deliveries topic",
+    ["tenant"],
+)
+
+
+def count_skipped(tenant: str, reason: SkipReason, runs: int = 1) -> None:
+    if runs > 0:
+        RUNS_SKIPPED_BY_TENANT.labels(tenant_label(tenant), reason).inc(runs)
+
+
+def count_missed(tenant: str, cause: MissCause) -> None:
+    TRIGGERS_MISSED_BY_TENANT.labels(tenant_label(tenant), cause).inc()
+
+
+def count_dead_lettered(tenant: str) -> None:
+    DEAD_LETTERED_BY_TENANT.labels(tenant_label(tenant)).inc()
+
+
+def count_throttled(tenant: str) -> None:
+    """A trigger deferred by its tenant's fire quota (``FIRES_THROTTLED``)."""
+    FIRES_THROTTLED.labels(tenant_label(tenant)).inc()
+
 
 # Where a worker's time goes when triggers are late although Cassandra and Kafka answer:
 # every trigger of the process is emitted from one event loop, so a long callback, a GC

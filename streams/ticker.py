@@ -607,7 +607,7 @@ class PartitionTicker:
         taken = self.pacer.take(now, self._fire_quota_of, limit=limit)
         for paced in taken:
             if paced.throttled:
-                metrics.FIRES_THROTTLED.labels(paced.entry.tenant).inc()
+                metrics.count_throttled(paced.entry.tenant)
             self._dispatch(paced.entry, now, grace_ms=paced.waited_ms)
         return len(taken)
 
@@ -775,6 +775,8 @@ class PartitionTicker:
     ) -> None:
         self.missed += 1
         metrics.TRIGGERS_MISSED.labels(self._label).inc()
+        cause = metrics.MissCause.UNEMITTABLE if detail else metrics.MissCause.TOLERANCE
+        metrics.count_missed(row.tenant, cause)
         log.warning(
             "trigger missed",
             extra={
