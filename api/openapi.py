@@ -681,6 +681,124 @@ def _explain_paths() -> dict[str, Schema]:
     return {"/v1/schedules/{schedule_id}/explain": {"get": op}}
 
 
+def _dead_letter_paths() -> dict[str, Schema]:
+    """``/v1/dead-letters`` (api.deadletter_routes): a tenant key's own dead letters."""
+    tid = {
+        "name": "trigger_id",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string", "pattern": "^[0-9a-f]{32}$"},
+    }
+    letter = {
+        "type": "object",
+        "properties": {
+            "trigger_id": _string(),
+            "schedule_id": _string(),
+            "dead_lettered_at": _string(),
+            "due": _nullable("string"),
+            "reason": _nullable("string"),
+            "response": {
+                "type": ["object", "null"],
+                "description": "the last attempt's HTTP answer (null: none, e.g. a timeout)",
+                "properties": {
+                    "status_code": {"type": "integer"},
+                    "body_excerpt": {**_string(), "description": "at most 1,024 characters"},
+                },
+            },
+            "endpoint": _nullable("string"),
+            "attempts": _nullable("integer"),
+            "emit_attempt": _nullable("integer"),
+            "redriven": {
+                "type": ["object", "null"],
+                "properties": {"at": _string(), "attempt": {"type": "integer"}},
+            },
+        },
+    }
+    redriven = {
+        "type": "object",
+        "properties": {
+            "trigger_id": _string(),
+            "schedule_id": _string(),
+            "attempt": {"type": "integer", "description": "the new emission attempt"},
+            "redriven_at": _string(),
+        },
+    }
+    bulk = {
+        "type": "object",
+        "properties": {
+            "matched": {"type": "integer"},
+            "redriven": {"type": "array", "items": redriven},
+            "failed": {"type": "array", "items": {"type": "object"}},
+            "truncated": {"type": "boolean", "description": "more are left: send it again"},
+            "limit": {"type": "integer", "description": "at most this many per request (500)"},
+        },
+    }
+    window = {"name": "from", "in": "query", "schema": _ref("Time")}
+    listing = {
+        "type": "object",
+        "properties": {
+            "dead_letters": {"type": "array", "items": letter},
+            "next_cursor": _nullable("string"),
+        },
+    }
+    force = {"force": {"type": "boolean", "description": "redrive even if redriven/delivered"}}
+    many = {
+        "type": "object",
+        "description": "either trigger_ids (at most 500) or a window [from, to) of at most 32 "
+        "days (its dead letters not redriven yet, newest first, at most 500)",
+        "properties": {
+            "trigger_ids": {"type": "array", "items": _string(), "maxItems": 500},
+            "from": _ref("Time"),
+            "to": _ref("Time"),
+            **force,
+        },
+    }
+    refusals = {**_ERRORS, "409": _ERR, "410": _ERR}
+    return {
+        "/v1/dead-letters": {
+            "get": _op(
+                "the tenant's dead letters, newest first, with reason and last response "
+                "(window default: the last 7 days, at most 32)",
+                {"200": _json(listing, "a page"), **_ERRORS},
+                params=[
+                    {**window, "description": "from (default: to - 7 days)"},
+                    {"name": "to", "in": "query", "schema": _ref("Time")},
+                    {
+                        "name": "limit",
+                        "in": "query",
+                        "schema": {"type": "integer", "maximum": 1000},
+                    },
+                    {"name": "cursor", "in": "query", "schema": _string()},
+                ],
+            )
+        },
+        "/v1/dead-letters/redrive": {
+            "post": _op(
+                "send dead-lettered triggers again (same trigger id, next attempt, per-key "
+                "order); each one's outcome is listed",
+                {"200": _json(bulk, "each one's outcome"), **_ERRORS},
+                body=many,
+            )
+        },
+        "/v1/dead-letters/{trigger_id}": {
+            "get": _op(
+                "one dead letter (the trigger's latest); another tenant's is 404",
+                {"200": _json(letter, "the dead letter"), **_ERRORS},
+                params=[tid],
+            )
+        },
+        "/v1/dead-letters/{trigger_id}/redrive": {
+            "post": _op(
+                "send this dead-lettered trigger again; 409 already_redriven, "
+                "already_delivered, schedule_cancelled, superseded; 410 schedule_gone",
+                {"200": _json(redriven, "sent"), **refusals},
+                body={"type": "object", "properties": force},
+                params=[tid],
+            )
+        },
+    }
+
+
 def _paths() -> dict[str, Schema]:
     return {
         **_health_paths(),
@@ -689,6 +807,7 @@ def _paths() -> dict[str, Schema]:
         **_tenant_paths(),
         **_key_paths(),
         **_explain_paths(),
+        **_dead_letter_paths(),
     }
 
 
