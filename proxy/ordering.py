@@ -16,7 +16,9 @@ bytes, because an in-flight message is still in the proxy's memory. ``should_pau
 the reader a high/low water mark decision with hysteresis. The bounds are soft: ``push``
 never refuses a message (the reader cannot un-poll it), it only reports that the reader
 should stop fetching. The same counts are kept per *group* (the tenant, in fires mode) so
-the runtime can tell when one group holds more than its share (``over_share``).
+the runtime can tell when one group holds more than its share (``over_share``), and the
+number held per source partition, so the reader pauses only the partitions that hold
+something (``holding``).
 
 This module must never do I/O, take locks or look at the clock: the runtime serialises
 access and owns time.
@@ -25,7 +27,7 @@ access and owns time.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Generic, Protocol, TypeVar
 
@@ -84,6 +86,8 @@ class OrderQueue(Generic[M]):
         # Per group: [messages, bytes] held. An entry leaves when its group holds nothing,
         # so the map is bounded by what is held.
         self._groups: dict[Hashable, list[int]] = {}
+        # Per source partition: messages held. Same rule: an entry leaves at zero.
+        self._partitions: dict[Hashable, int] = {}
         self._keys: dict[Hashable, _KeyState[M]] = {}
         # Entries are either a key (its head is ready) or a keyless message. A key appears
         # here at most once: it is appended only when it goes from "blocked or empty" to
@@ -103,6 +107,7 @@ class OrderQueue(Generic[M]):
         self._held_count += 1
         self._held_bytes += msg.size
         self._count_group(msg, 1)
+        self._count_partition(msg, 1)
         self._waiting_count += 1
         key = msg.order_key
         if key is None:
@@ -163,6 +168,7 @@ class OrderQueue(Generic[M]):
         self._held_count -= 1
         self._held_bytes -= msg.size
         self._count_group(msg, -1)
+        self._count_partition(msg, -1)
         key = msg.order_key
         if key is None:
             return
@@ -210,6 +216,15 @@ class OrderQueue(Generic[M]):
         self._held_count -= 1
         self._held_bytes -= msg.size
         self._count_group(msg, -1)
+        self._count_partition(msg, -1)
+
+    def _count_partition(self, msg: M, sign: int) -> None:
+        tp = msg.tp
+        held = self._partitions.get(tp, 0) + sign
+        if held <= 0:
+            self._partitions.pop(tp, None)
+        else:
+            self._partitions[tp] = held
 
     def _count_group(self, msg: M, sign: int) -> None:
         if self._group_of is None:
@@ -232,6 +247,11 @@ class OrderQueue(Generic[M]):
             return False
         b = self.bounds
         return held[0] >= b.max_messages * share or held[1] >= b.max_bytes * share
+
+    def holding(self, partitions: Iterable[Hashable]) -> set[Hashable]:
+        """Those of ``partitions`` of which something is held (waiting or in flight)."""
+        held = self._partitions
+        return {tp for tp in partitions if tp in held}
 
     def group_held(self, group: Hashable) -> tuple[int, int]:
         """(messages, bytes) held by ``group``."""

@@ -1,10 +1,12 @@
 """The reader thread: the proxy's only Kafka consumer, which only polls.
 
-It turns polled records into envelopes, pushes them into the bounded pending queue and
-pauses its partitions while the queue is over its high-water mark (resuming under the
-low-water mark). It never waits on a receiver, so however slow the endpoints are, it polls
-well within ``max.poll.interval.ms`` and slow receivers never cause rebalances. Paused,
-it keeps polling: that serves heartbeats and rebalance callbacks and fetches nothing.
+It turns polled records into envelopes, pushes them into the bounded pending queue and,
+while the queue is over its high-water mark, pauses the partitions that hold pending
+messages (one holding none is still read, so no partition is left unread behind another's;
+everything resumes under the low-water mark, ``flow_plan``). It never waits on a
+receiver, so however slow the endpoints are, it polls well within ``max.poll.interval.ms``
+and slow receivers never cause rebalances. With every partition paused it keeps polling:
+that serves heartbeats and rebalance callbacks and fetches nothing.
 
 Rebalance callbacks run on this thread (inside ``consume``). On revoke it stops new
 attempts for the partitions, waits (bounded) for running attempts to finish, commits what
@@ -27,7 +29,6 @@ is committed, the rest dropped), between polls on this thread.
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import threading
 import time
@@ -64,21 +65,28 @@ class _Change:
     applied: threading.Event = field(default_factory=threading.Event)
 
 
-class Flow(enum.Enum):
+@dataclass(frozen=True, slots=True)
+class FlowPlan:
     """What the reader does to its partitions after a turn of the poll loop."""
 
-    KEEP = "keep"
-    PAUSE = "pause"  # every assigned partition, newly assigned ones included
-    RESUME = "resume"
+    pause: frozenset[TP] = frozenset()
+    resume: frozenset[TP] = frozenset()
 
 
-def flow_step(*, want_paused: bool, paused: bool, assignment_changed: bool) -> Flow:
-    """The pause/resume decision: follow the pending queue's wish (``OrderQueue.should_pause``,
-    with its hysteresis), and pause again while paused when partitions were assigned
-    meanwhile, since a new partition arrives unpaused."""
-    if want_paused:
-        return Flow.KEEP if paused and not assignment_changed else Flow.PAUSE
-    return Flow.RESUME if paused else Flow.KEEP
+def flow_plan(
+    *, want_paused: bool, assigned: Iterable[TP], holding: set[TP], paused: set[TP]
+) -> FlowPlan:
+    """The pause/resume decision. While the pending queue wants the reader to stop
+    (``OrderQueue.should_pause``, with its hysteresis), the partitions that hold pending
+    messages are paused and the ones that hold none are read: pausing those frees no
+    memory, and would leave whatever they carry unread for as long as other partitions
+    hold the bound (a failing tenant's messages, say). Pausing drops what was fetched
+    for a partition and not yet consumed, and after a resume the same partition's fetch
+    tends to come first again, so a reader that paused everything at the bound could read
+    one partition only, turn after turn. Under the low-water mark, everything is read.
+    What is held stays within the bound plus one read per partition."""
+    target = {tp for tp in assigned if tp in holding} if want_paused else set()
+    return FlowPlan(pause=frozenset(target - paused), resume=frozenset(paused - target))
 
 
 def consumer_config(kafka_conf: KafkaConfig, s: ProxySettings) -> KafkaConfig:
@@ -145,8 +153,8 @@ class Reader:
         self.stopped_reading = threading.Event()
         self._may_close = threading.Event()
         self.closed = threading.Event()
-        self._paused = False
-        self._assignment_changed = False
+        self._paused = False  # the pending queue's wish, for the log
+        self._paused_tps: set[TP] = set()
         self.assignment: set[tuple[str, int]] = set()
         self.paused_partitions = 0
         self.error: BaseException | None = None
@@ -331,22 +339,27 @@ class Reader:
 
     def _backpressure(self, consumer: Consumer) -> None:
         want = self._state.should_pause()
-        step = flow_step(
-            want_paused=want, paused=self._paused, assignment_changed=self._assignment_changed
-        )
-        if step is Flow.KEEP:
+        if not want and not self._paused_tps:
             return
-        parts = consumer.assignment()
-        if step is Flow.PAUSE:
-            consumer.pause(parts)
-            if not self._paused:
-                log.info("pending queue full, pausing", extra={"partitions": len(parts)})
-        else:
-            consumer.resume(parts)
-            log.info("pending queue drained, resuming", extra={"partitions": len(parts)})
-        self._paused = want
-        self._assignment_changed = False
-        self.paused_partitions = len(parts) if want else 0
+        holding = self._state.holding(self.assignment) if want else set()
+        plan = flow_plan(
+            want_paused=want, assigned=self.assignment, holding=holding, paused=self._paused_tps
+        )
+        if plan.pause:
+            consumer.pause([TopicPartition(t, p) for t, p in sorted(plan.pause)])
+            self._paused_tps.update(plan.pause)
+        if plan.resume:
+            consumer.resume([TopicPartition(t, p) for t, p in sorted(plan.resume)])
+            self._paused_tps.difference_update(plan.resume)
+        if want != self._paused:
+            self._paused = want
+            log.info(
+                "pending queue full, pausing the partitions holding it"
+                if want
+                else "pending queue drained, resuming",
+                extra={"partitions": len(self._paused_tps if want else plan.resume)},
+            )
+        self.paused_partitions = len(self._paused_tps)
         self._metrics.paused.set(self.paused_partitions)
 
     # ---- rebalance callbacks (on this thread) ------------------------------------------
@@ -356,7 +369,6 @@ class Reader:
         self._state.assign(tps)
         self._writer.assigned(set(tps))
         self.assignment.update(tps)
-        self._assignment_changed = True
         self._metrics.rebalances.labels("assigned").inc(len(tps))
         if tps:
             log.info("partitions assigned", extra={"partitions": sorted(tps)})
@@ -395,6 +407,7 @@ class Reader:
                 self._commit(consumer, positions)
         for tp in tps:
             self.assignment.discard(tp)
+            self._paused_tps.discard(tp)
             with contextlib.suppress(KeyError):  # no gauge yet for this partition
                 self._metrics.commit_lag.remove(tp[0], str(tp[1]))
         self._metrics.rebalances.labels("revoked" if commit else "lost").inc(len(tps))

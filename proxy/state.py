@@ -12,6 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import cast
 
 from proxy.envelope import Envelope, TopicPartition
 from proxy.offsets import OffsetTracker
@@ -52,6 +53,11 @@ class SharedState:
     def should_pause(self) -> bool:
         with self.lock:
             return self.queue.should_pause()
+
+    def holding(self, tps: Iterable[TopicPartition]) -> set[TopicPartition]:
+        """Those of ``tps`` with a message pending here (waiting or in flight)."""
+        with self.lock:
+            return cast(set[TopicPartition], self.queue.holding(tps))
 
     def assign(self, tps: Iterable[TopicPartition]) -> None:
         with self.lock:

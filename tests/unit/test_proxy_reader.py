@@ -1,6 +1,6 @@
-"""The reader's decisions with a fake consumer and writer: pause at the pending queue's
-high-water mark, resume under its low-water mark, pause partitions assigned while paused,
-and what it pushes, skips and marks committed."""
+"""The reader's decisions with a fake consumer and writer: at the pending queue's
+high-water mark pause the partitions holding pending messages (not the others), resume
+under its low-water mark, and what it pushes, skips and marks committed."""
 
 from __future__ import annotations
 
@@ -8,32 +8,27 @@ import itertools
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from proxy.envelope import Envelope, prepare_generic
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
-from proxy.reader import Flow, Reader, flow_step
+from proxy.reader import FlowPlan, Reader, flow_plan
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
 
 
-@pytest.mark.parametrize(
-    ("want", "paused", "changed", "step"),
-    [
-        (False, False, False, Flow.KEEP),
-        (False, False, True, Flow.KEEP),
-        (True, False, False, Flow.PAUSE),
-        (True, False, True, Flow.PAUSE),
-        (True, True, False, Flow.KEEP),
-        (True, True, True, Flow.PAUSE),  # a partition assigned meanwhile arrives unpaused
-        (False, True, False, Flow.RESUME),
-        (False, True, True, Flow.RESUME),
-    ],
-)
-def test_the_pause_resume_decision(want: bool, paused: bool, changed: bool, step: Flow) -> None:
-    assert flow_step(want_paused=want, paused=paused, assignment_changed=changed) is step
+def test_the_pause_resume_decision() -> None:
+    a, b, c = ("t", 0), ("t", 1), ("t", 2)
+    plan = flow_plan(want_paused=True, assigned=[a, b, c], holding={a, b}, paused=set())
+    assert plan == FlowPlan(pause=frozenset({a, b}))  # c holds nothing: it is read on
+    plan = flow_plan(want_paused=True, assigned=[a, b, c], holding={a, b}, paused={a, b})
+    assert plan == FlowPlan()
+    plan = flow_plan(want_paused=True, assigned=[a, b, c], holding={b, c}, paused={a, b})
+    assert plan == FlowPlan(pause=frozenset({c}), resume=frozenset({a}))  # a drained
+    plan = flow_plan(want_paused=False, assigned=[a, b, c], holding={a, b}, paused={a, b})
+    assert plan == FlowPlan(resume=frozenset({a, b}))
+    assert flow_plan(want_paused=False, assigned=[a], holding={a}, paused=set()) == FlowPlan()
 
 
 class FakeConsumer:
@@ -132,19 +127,38 @@ def test_the_reader_pauses_at_the_high_water_mark_and_resumes_under_the_low() ->
     assert r.paused_partitions == 0
 
 
-def test_a_partition_assigned_while_paused_is_paused_too() -> None:
+def test_a_partition_holding_nothing_is_read_while_the_others_hold_the_bound() -> None:
     state = SharedState(Bounds(max_messages=2))
-    consumer = FakeConsumer(("t", 0))
+    consumer = FakeConsumer(("t", 0), ("t", 1))
     r = reader(state, FakeWriter())
     r._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
     r._ingest(records(2))
     r._backpressure(consumer)  # type: ignore[arg-type]
-    consumer.parts.append(TopicPartition("t", 1))
-    r._on_assign(consumer, [TopicPartition("t", 1)])  # type: ignore[arg-type]
+    assert consumer.calls == [("pause", [("t", 0)])] and r.paused_partitions == 1
+    consumer.parts.append(TopicPartition("t", 2))
+    r._on_assign(consumer, [TopicPartition("t", 2)])  # arrives unpaused, holding nothing
     r._backpressure(consumer)  # type: ignore[arg-type]
-    assert consumer.calls == [("pause", [("t", 0)]), ("pause", [("t", 0), ("t", 1)])]
+    assert len(consumer.calls) == 1
+    r._ingest(records(1, partition=1))
     r._backpressure(consumer)  # type: ignore[arg-type]
-    assert len(consumer.calls) == 2
+    assert consumer.calls[-1] == ("pause", [("t", 1)])
+    drain(state, 2)  # partition 0's two are done: 1 held, at the low-water mark
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert consumer.calls[-1] == ("resume", [("t", 0), ("t", 1)])
+    assert r.paused_partitions == 0
+
+
+def test_a_drained_partition_is_resumed_while_the_bound_is_still_full() -> None:
+    state = SharedState(Bounds(max_messages=4, low_ratio=0.25))
+    consumer = FakeConsumer(("t", 0), ("t", 1))
+    r = reader(state, FakeWriter())
+    r._on_assign(consumer, consumer.assignment())  # type: ignore[arg-type]
+    r._ingest(records(1) + records(3, partition=1))
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert consumer.calls == [("pause", [("t", 0), ("t", 1)])]
+    drain(state, 1)  # partition 0's one: 3 held, still over the low mark (1)
+    r._backpressure(consumer)  # type: ignore[arg-type]
+    assert consumer.calls[-1] == ("resume", [("t", 0)]) and r.paused_partitions == 1
 
 
 def test_ingest_pushes_new_records_skips_errors_and_repeats_and_wakes_the_writer() -> None:

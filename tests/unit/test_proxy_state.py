@@ -131,3 +131,19 @@ def test_the_snapshot_reports_the_oldest_message_out() -> None:
     snap = state.snapshot(now_s=103.0)
     assert (snap.waiting, snap.in_flight, snap.held) == (1, 1, 2)
     assert snap.oldest_in_flight_s == 3.0 and snap.uncommitted == {("t", 0): 2}
+
+
+def test_the_partitions_holding_pending_messages() -> None:
+    state = assigned(0, 1, 2)
+    a, b, c = envelope(0), envelope(1, key=b"x"), envelope(0, partition=1)
+    state.push([a, b, c])
+    assert state.holding([("t", 0), ("t", 1), ("t", 2)]) == {("t", 0), ("t", 1)}
+    assert state.take() is a
+    state.release(a)
+    assert state.holding([("t", 0), ("t", 1)]) == {("t", 0), ("t", 1)}  # b still waits
+    state.begin_revoke([("t", 0)])  # drops b
+    assert state.holding([("t", 0), ("t", 1)]) == {("t", 1)}
+    assert state.take() is c  # in flight: still held
+    assert state.holding([("t", 1)]) == {("t", 1)}
+    state.release(c)
+    assert state.holding([("t", 0), ("t", 1), ("t", 2)]) == set()
