@@ -404,3 +404,30 @@ def decide(
             new,
         )
     return Retry(after_s=delay, reason=reason), new
+
+
+def held_by_host(
+    policy: RetryPolicy, state: AttemptState, *, now_s: float, wait_s: float, reason: str
+) -> tuple[Retry | DeadLetter, AttemptState]:
+    """A message its host's open circuit breaker holds back for ``wait_s``.
+
+    The host is failing, so the message is failing too as far as ``max_retry_age_s`` goes:
+    its failure clock starts now unless an attempt of its own already failed, and it is
+    dead-lettered once the wait would take it past that age. Without this a message to a
+    host that never comes back would wait (and be parked and read again) for ever, never
+    attempted and so never judged. The hold is no attempt: no attempt or failure is
+    counted, so backoff and the 6xx and poison counts are untouched.
+    """
+    first = state.first_failure_s if state.first_failure_s is not None else now_s
+    last_s = state.last_failure_s if state.last_failure_s is not None else now_s
+    new = replace(state, first_failure_s=first, last_failure_s=last_s)
+    if policy.max_retry_age_s > 0 and (now_s + wait_s) - first > policy.max_retry_age_s:
+        last = f"; last: {state.last_error}" if state.last_error else ""
+        return (
+            DeadLetter(
+                reason=f"retry age over {policy.max_retry_age_s:g}s: {reason}{last}",
+                status=state.last_status,
+            ),
+            new,
+        )
+    return Retry(after_s=wait_s, reason=reason), new
