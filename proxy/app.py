@@ -33,8 +33,11 @@ from base.errors import TocsinError
 from base.health import Health
 from base.health import serve as serve_health
 from base.settings import Settings
+from proxy.callback_signing import signer_for
 from proxy.committer import Committer
 from proxy.envelope import Envelope, prepare_fire, prepare_generic
+from proxy.hostlimits import HostGate, HostLimits, HostView, endpoint_host
+from proxy.limitsfile import LimitsFile
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
 from proxy.outbox import Outbox
@@ -70,6 +73,9 @@ class ProxyApp:
         self.settings = settings
         self.proxy = proxy
         self.metrics = metrics or ProxyMetrics()
+        # A missing or bad secrets file stops the proxy here, before any thread starts
+        # (each lane's HTTP sender then reads the file for itself).
+        signer_for(proxy, self.metrics)
         # Topic names are the configured prefix + the catalog name (docs/design.md).
         prefix = settings.topics.prefix
         self.dead_letter_topic = proxy.dead_letter_topic or f"{prefix}dead-letters"
@@ -95,6 +101,14 @@ class ProxyApp:
         )
         self.outbox = Outbox(kafka_conf, self.metrics)
         self.lot = ParkingLot(topic=self.retry_topic)
+        # One gate for both lanes: a host's rate and breaker count every attempt made to it.
+        # A missing or bad limits file stops the proxy here, before any thread starts.
+        self.hosts = HostGate(proxy.breaker_policy(), HostLimits(default_rps=proxy.host_rps))
+        self.limits_file: LimitsFile | None = None
+        if proxy.host_limits_file:
+            self.limits_file = LimitsFile(proxy.host_limits_file, proxy.host_rps, self.hosts)
+            self.limits_file.load()
+        self.metrics.watch_hosts(self.hosts)
 
         def writer(state: SharedState, lane: Lane) -> Writer:
             # Both lanes write through one outbox, parking lot and set of topics.
@@ -107,6 +121,8 @@ class ProxyApp:
                 deliveries_topic=self.deliveries_topic,
                 lot=self.lot,
                 lane=lane,
+                hosts=self.hosts,
+                limits_file=self.limits_file if lane is Lane.MAIN else None,
             )
 
         self.writer = writer(self.state, Lane.MAIN)
@@ -325,6 +341,11 @@ class ProxyApp:
             or self.retry_writer.error
             or self.committer.error
         )
+
+    def host_view(self, tenant: str | None, url: str) -> HostView:
+        """The rate limit and circuit breaker this proxy applies to ``tenant``'s callbacks
+        to ``url``'s host, now (for an explain view; ``proxy.hostlimits.HostView``)."""
+        return self.hosts.explain(tenant, endpoint_host(url), time.monotonic())
 
     def wait_assigned(self, timeout_s: float = 30.0, partitions: int = 1) -> bool:
         """For tests: wait until at least ``partitions`` partitions are assigned."""

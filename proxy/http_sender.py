@@ -5,6 +5,9 @@ writer's event loop (``async with HttpSender(...)``) and capped at ``concurrency
 and ``per_host_concurrency`` per receiver. The answer is reported as it came: an HTTP
 status with its Retry-After and the start of its body, a read timeout, a connect failure,
 or undeliverable (an invalid request, or a target the SSRF guard refuses).
+
+Each fires-mode attempt is signed here, just before it is sent, so its ``Tocsin-Signature``
+timestamp is the attempt's own (proxy.callback_signing).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from urllib.parse import urlsplit
 import aiohttp
 from multidict import CIMultiDict
 
+from proxy.callback_signing import SIGNATURE_HEADER, CallbackSigner, SignResult, refusal, signer_for
 from proxy.envelope import Envelope
 from proxy.metrics import ProxyMetrics
 from proxy.retry import ConnectFailure, HttpResult, TimeoutResult, Undeliverable
@@ -41,9 +45,19 @@ async def _discard_body(resp: aiohttp.ClientResponse, max_bytes: int) -> None:
 
 
 class HttpSender:
-    def __init__(self, settings: ProxySettings, metrics: ProxyMetrics, *, guard: bool) -> None:
+    def __init__(
+        self,
+        settings: ProxySettings,
+        metrics: ProxyMetrics,
+        *,
+        guard: bool,
+        signer: CallbackSigner | None = None,
+    ) -> None:
         self._s = settings
         self._metrics = metrics
+        # Each sender (one per lane, each on its own thread) reads the secrets file itself.
+        self._signer = signer if signer is not None else signer_for(settings, metrics)
+        self._sign_counts = {r: metrics.signatures.labels(r.value) for r in SignResult}
         # Refuse loopback, private and reserved targets (fires mode: tenants pick the URLs).
         self._guard = guard
         self._session: aiohttp.ClientSession | None = None
@@ -79,6 +93,9 @@ class HttpSender:
                 return Undeliverable(detail=refusal)
         headers = CIMultiDict(req.headers)
         headers["Tocsin-Delivery-Attempt"] = str(env.attempt_state.attempts + 1)
+        unsigned = self._sign(env, req.body, headers)
+        if unsigned is not None:
+            return unsigned
         # Built per request: the timeout is the tenant's choice, so a cache keyed by it
         # would grow with every distinct value, and building one is a few attribute sets.
         timeout = aiohttp.ClientTimeout(
@@ -108,6 +125,22 @@ class HttpSender:
             return ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
         finally:
             self._metrics.request_latency.observe(time.perf_counter() - t0)
+
+    def _sign(self, env: Envelope, body: bytes, headers: CIMultiDict[str]) -> Undeliverable | None:
+        """Put this attempt's signature in ``headers`` (fires mode); an Undeliverable when
+        one is required and the tenant has no secret."""
+        # Only the proxy signs: a header of that name from the callback's own is dropped.
+        headers.popall(SIGNATURE_HEADER, None)
+        trigger = env.trigger
+        if trigger is None:  # generic mode: no tenant, no trigger id
+            return None
+        signed = self._signer.sign(trigger.tenant, trigger.trigger_id, body)
+        self._sign_counts[signed.result].inc()
+        if signed.result is SignResult.REFUSED:
+            return Undeliverable(detail=refusal(trigger.tenant))
+        if signed.header is not None:
+            headers[SIGNATURE_HEADER] = signed.header
+        return None
 
     async def _answer(self, resp: aiohttp.ClientResponse) -> HttpResult:
         if 200 <= resp.status < 300:

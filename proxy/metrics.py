@@ -7,7 +7,14 @@ second by the committer thread (cheaper than updating them per message). Never b
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from proxy.hostlimits import HostGate
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 3600)
 
@@ -105,6 +112,37 @@ class ProxyMetrics:
             ["topic"],
             registry=r,
         )
+        self.signatures = Counter(
+            "tocsin_proxy_signatures",
+            "HTTP callback attempts by signature: signed, unsigned (no secret, optional) or "
+            "refused (no secret, required: dead-lettered)",
+            ["result"],
+            registry=r,
+        )
+        self.signing_tenants = Gauge(
+            "tocsin_proxy_signing_tenants",
+            "Tenants with a delivery secret in the secrets file in use",
+            registry=r,
+        )
+        self.signing_file_stale = Gauge(
+            "tocsin_proxy_signing_file_stale",
+            "1 while the secrets file's newest version could not be used (the previous "
+            "secrets still sign)",
+            registry=r,
+        )
+        self.host_held = Counter(
+            "tocsin_proxy_host_held",
+            "Messages held back before an attempt by their host's rate limit (rate) or "
+            "circuit breaker (open)",
+            ["reason"],
+            registry=r,
+        )
+        self.breaker_transitions = Counter(
+            "tocsin_proxy_breaker_transitions",
+            "Circuit breaker state changes of (tenant, host) pairs, by the state entered",
+            ["state"],
+            registry=r,
+        )
         self.commits = Counter("tocsin_proxy_commits", "Offset commits", ["result"], registry=r)
         self.rebalances = Counter(
             "tocsin_proxy_rebalances", "Partitions assigned or revoked", ["event"], registry=r
@@ -119,7 +157,42 @@ class ProxyMetrics:
             child = self._attempt_children[status_class] = self.attempts.labels(status_class)
         child.inc()
 
+    def watch_hosts(self, gate: HostGate) -> None:
+        """Publish ``gate``'s breakers at each scrape: how many (tenant, host) pairs are in
+        each state, and which are not closed (at most ``MAX_BREAKER_SERIES`` of them, so the
+        label set stays bounded however many hosts fail)."""
+        self.registry.register(_BreakerCollector(gate))
+
     def serve(self, port: int) -> None:
         """Expose /metrics on ``port`` (0 disables)."""
         if port:
             start_http_server(port, registry=self.registry)
+
+
+# Series of ``tocsin_proxy_breaker_open`` at most: one per (tenant, host) not closed.
+MAX_BREAKER_SERIES = 50
+
+
+class _BreakerCollector(Collector):
+    def __init__(self, gate: HostGate) -> None:
+        self._gate = gate
+
+    def collect(self) -> Iterator[Metric]:
+        counts, troubled = self._gate.snapshot(time.monotonic(), limit=MAX_BREAKER_SERIES)
+        states = GaugeMetricFamily(
+            "tocsin_proxy_breakers",
+            "(tenant, host) pairs known to the proxy, by circuit breaker state",
+            labels=["state"],
+        )
+        for state, n in counts.items():
+            states.add_metric([state.value], n)
+        yield states
+        hosts = GaugeMetricFamily(
+            "tocsin_proxy_breaker_open",
+            f"1 per (tenant, host) whose circuit breaker is open or half-open (at most "
+            f"{MAX_BREAKER_SERIES}, open ones first)",
+            labels=["tenant", "host", "state"],
+        )
+        for view in troubled:
+            hosts.add_metric([view.tenant or "", view.host, view.breaker.state.value], 1)
+        yield hosts

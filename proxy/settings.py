@@ -13,6 +13,7 @@ from typing import Literal
 
 from base.errors import ConfigError
 from base.settings import _bool, _float, _get, _int, _port
+from proxy.breaker import BreakerPolicy
 from proxy.retry import DEFAULT_MAX_RETRY_AGE_S, RetryPolicy
 
 Mode = Literal["fires", "generic"]
@@ -62,6 +63,24 @@ class ProxySettings:
     allow_private_targets: bool = False
     # fires mode: one tenant may hold at most this fraction of `concurrency` writers.
     tenant_share: float = 0.5
+    # fires mode: JSON file, tenant -> [secret, ...] newest first, whose secrets sign each
+    # HTTP callback (proxy/callback_signing.py); re-read when it changes. Empty: unsigned.
+    signing_secrets_file: str = ""
+    # fires mode: a tenant with no secret in that file gets its HTTP callbacks dead-lettered
+    # instead of sent unsigned.
+    require_signature: bool = False
+    # Outbound load per (tenant, host), proxy/hostlimits.py: requests per second by default
+    # (0: no limit), and a JSON file of per-tenant and per-host rates, re-read on change.
+    host_rps: float = 0.0
+    host_limits_file: str = ""
+    # A host's circuit breaker opens after this many consecutive failures (0: never), or
+    # when breaker_failure_ratio of its last breaker_window attempts failed; it stays open
+    # breaker_open_s, doubled after each failed probe up to breaker_open_max_s.
+    breaker_failures: int = 0
+    breaker_failure_ratio: float = 0.5
+    breaker_window: int = 20
+    breaker_open_s: float = 1.0
+    breaker_open_max_s: float = 60.0
 
     def __post_init__(self) -> None:
         if self.mode not in ("fires", "generic"):
@@ -90,10 +109,30 @@ class ProxySettings:
             raise ConfigError("TOCSIN_PROXY_TENANT_SHARE must be in (0, 1]")
         if not 0 <= self.resume_ratio < 1:
             raise ConfigError("TOCSIN_PROXY_RESUME_RATIO must be in [0, 1)")
+        self._check_signing()
         try:
             self.retry_policy()
         except ValueError as exc:
             raise ConfigError(f"bad proxy retry settings: {exc}") from exc
+        self._check_outbound()
+
+    def _check_outbound(self) -> None:
+        """The host rate limit and breaker settings."""
+        if not self.host_rps >= 0:
+            raise ConfigError("TOCSIN_PROXY_HOST_RPS must be >= 0")
+        try:
+            self.breaker_policy()
+        except ValueError as exc:
+            raise ConfigError(f"bad proxy breaker settings: {exc}") from exc
+
+    def _check_signing(self) -> None:
+        if self.require_signature and not self.signing_secrets_file:
+            raise ConfigError(
+                "TOCSIN_PROXY_REQUIRE_SIGNATURE needs TOCSIN_PROXY_SIGNING_SECRETS_FILE"
+            )
+        if self.signing_secrets_file and self.mode != "fires":
+            # Generic mode has no tenant and no trigger id to sign for.
+            raise ConfigError("TOCSIN_PROXY_SIGNING_SECRETS_FILE applies to fires mode only")
 
     def source_topics(self, default_fires: str) -> list[str]:
         if self.source_topic:
@@ -107,6 +146,15 @@ class ProxySettings:
             max_retry_age_s=self.max_retry_age_s,
             retries_6xx=self.retries_6xx,
             poison_timeouts=self.poison_timeouts,
+        )
+
+    def breaker_policy(self) -> BreakerPolicy:
+        return BreakerPolicy(
+            failures=self.breaker_failures,
+            failure_ratio=self.breaker_failure_ratio,
+            window=self.breaker_window,
+            open_s=self.breaker_open_s,
+            open_max_s=self.breaker_open_max_s,
         )
 
     @classmethod
@@ -150,4 +198,15 @@ class ProxySettings:
                 env, "PROXY_ALLOW_PRIVATE_TARGETS", _bool(env, "ALLOW_PRIVATE_TARGETS", False)
             ),
             tenant_share=_float(env, "PROXY_TENANT_SHARE", d.tenant_share),
+            signing_secrets_file=_get(env, "PROXY_SIGNING_SECRETS_FILE", d.signing_secrets_file),
+            require_signature=_bool(env, "PROXY_REQUIRE_SIGNATURE", d.require_signature),
+            host_rps=_float(env, "PROXY_HOST_RPS", d.host_rps),
+            host_limits_file=_get(env, "PROXY_HOST_LIMITS_FILE", d.host_limits_file),
+            breaker_failures=_int(env, "PROXY_BREAKER_FAILURES", d.breaker_failures),
+            breaker_failure_ratio=_float(
+                env, "PROXY_BREAKER_FAILURE_RATIO", d.breaker_failure_ratio
+            ),
+            breaker_window=_int(env, "PROXY_BREAKER_WINDOW", d.breaker_window),
+            breaker_open_s=_float(env, "PROXY_BREAKER_OPEN_S", d.breaker_open_s),
+            breaker_open_max_s=_float(env, "PROXY_BREAKER_OPEN_MAX_S", d.breaker_open_max_s),
         )

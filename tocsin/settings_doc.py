@@ -388,6 +388,56 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "fires: allow callbacks to loopback, private and link-local addresses "
         "(default follows `TOCSIN_ALLOW_PRIVATE_TARGETS`)",
     ),
+    SettingDoc(
+        "PROXY_SIGNING_SECRETS_FILE",
+        P,
+        UNSET,
+        "fires: JSON file of tenant -> delivery secrets (newest first) signing each HTTP "
+        "callback (`Tocsin-Signature`), re-read when it changes; unset: no signatures",
+    ),
+    SettingDoc(
+        "PROXY_REQUIRE_SIGNATURE",
+        P,
+        "false",
+        "fires: dead-letter a tenant's HTTP callbacks when it has no secret in that file "
+        "(instead of sending them unsigned)",
+    ),
+    SettingDoc(
+        "PROXY_HOST_RPS",
+        P,
+        "0",
+        "requests per second to one endpoint host per tenant, unless the limits file says "
+        "otherwise (0: no limit)",
+    ),
+    SettingDoc(
+        "PROXY_HOST_LIMITS_FILE",
+        P,
+        UNSET,
+        "JSON file of tenant -> `{rps, hosts: {host: rps}}` overriding `HOST_RPS`, re-read "
+        "when it changes; unset: the default for every tenant",
+    ),
+    SettingDoc(
+        "PROXY_BREAKER_FAILURES",
+        P,
+        "0",
+        "consecutive failures (5xx, 429, timeout, connect) that open a (tenant, host)'s "
+        "circuit breaker (0: no breaker; 5 is a good start)",
+    ),
+    SettingDoc(
+        "PROXY_BREAKER_FAILURE_RATIO",
+        P,
+        "0.5",
+        "the breaker also opens when this fraction of its last `BREAKER_WINDOW` attempts failed",
+    ),
+    SettingDoc("PROXY_BREAKER_WINDOW", P, "20", "attempts the failure ratio is taken over"),
+    SettingDoc(
+        "PROXY_BREAKER_OPEN_S",
+        P,
+        "1",
+        "how long an opened breaker holds its host's messages before one probe (doubles "
+        "after each failed probe)",
+    ),
+    SettingDoc("PROXY_BREAKER_OPEN_MAX_S", P, "60", "longest open period of a breaker"),
 )
 
 
