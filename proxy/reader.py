@@ -51,6 +51,9 @@ from proxy.writer import Writer
 log = logging.getLogger("tocsin.proxy")
 
 BATCH = 500
+# How long one turn of the poll loop waits when no record is there: the idle tick at which
+# stop, partition changes and commit requests are seen. A record that arrives ends the wait.
+IDLE_WAIT_S = 0.1
 
 TP = tuple[str, int]
 
@@ -87,6 +90,22 @@ def flow_plan(
     What is held stays within the bound plus one read per partition."""
     target = {tp for tp in assigned if tp in holding} if want_paused else set()
     return FlowPlan(pause=frozenset(target - paused), resume=frozenset(paused - target))
+
+
+def read_ready(consumer: Consumer, batch: int, wait_s: float) -> list[Message]:
+    """Up to ``batch`` records, returned as soon as there is one.
+
+    librdkafka's ``consume(n, timeout)`` returns only once it holds n records or the timeout
+    has passed, so under a steady trickle every call would wait out the whole timeout, and
+    every delivery with it. What is already fetched is taken without waiting; with nothing
+    there, the wait is for a single record, and whatever came with it is taken after it."""
+    msgs = consumer.consume(num_messages=batch, timeout=0)
+    if msgs or batch <= 1:
+        return msgs
+    msgs = consumer.consume(num_messages=1, timeout=wait_s)
+    if msgs:
+        msgs += consumer.consume(num_messages=batch - 1, timeout=0)
+    return msgs
 
 
 def consumer_config(kafka_conf: KafkaConfig, s: ProxySettings) -> KafkaConfig:
@@ -227,7 +246,7 @@ class Reader:
         try:
             while not self._stop.is_set():
                 self._apply_changes(consumer)
-                msgs = consumer.consume(num_messages=BATCH, timeout=0.1)
+                msgs = read_ready(consumer, BATCH, IDLE_WAIT_S)
                 if msgs:
                     self._ingest(msgs)
                 self._backpressure(consumer)

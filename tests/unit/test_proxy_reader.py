@@ -207,3 +207,56 @@ def test_a_commit_result_marks_only_the_partitions_kafka_accepted() -> None:
     unset = TopicPartition("t", 1)  # no offset: nothing was committed for it
     r._on_commit(None, [TopicPartition("t", 0, 1), failed, unset])  # type: ignore[list-item]
     assert state.to_commit() == {("t", 1): 1}
+
+
+class TrickleConsumer:
+    """A consumer whose ``ready`` records are fetched already and whose ``arriving`` ones come
+    during a blocking call; it records each call's (num_messages, timeout)."""
+
+    def __init__(self, ready: list[Message], arriving: list[Message]) -> None:
+        self.ready, self.arriving = ready, arriving
+        self.calls: list[tuple[int, float]] = []
+        self.on_consume: Any = None
+
+    def consume(self, num_messages: int, timeout: float) -> list[Message]:
+        self.calls.append((num_messages, timeout))
+        if not self.ready and timeout > 0:
+            self.ready, self.arriving = self.arriving[:1], self.arriving[1:]
+        out, self.ready = self.ready[:num_messages], self.ready[num_messages:]
+        if self.on_consume is not None:
+            self.on_consume()
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+def one_turn(consumer: TrickleConsumer, writer: FakeWriter) -> SharedState:
+    """Run the reader's poll loop for one turn on this thread."""
+    state = SharedState(Bounds())
+    r = reader(state, writer)
+    r._on_assign(None, [TopicPartition("t", 0)])  # type: ignore[arg-type]
+    consumer.on_consume = r.stop_reading
+    consumer.parts = []  # type: ignore[attr-defined]
+    consumer.assignment = lambda: []  # type: ignore[attr-defined]
+    r.consumer = consumer  # type: ignore[assignment]
+    r._may_close.set()
+    r._run()
+    assert r.error is None
+    return state
+
+
+def test_records_already_fetched_are_read_without_waiting_for_a_full_batch() -> None:
+    consumer = TrickleConsumer(ready=records(3), arriving=[])
+    writer = FakeWriter()
+    state = one_turn(consumer, writer)
+    assert consumer.calls == [(500, 0)]
+    assert state.snapshot(0.0).held == 3 and writer.notified == 1
+
+
+def test_with_nothing_fetched_the_reader_waits_for_one_record_then_takes_what_came() -> None:
+    consumer = TrickleConsumer(ready=[], arriving=records(1))
+    state = one_turn(consumer, FakeWriter())
+    # Only the wait for the first record blocks; the rest of the batch is taken as it is.
+    assert consumer.calls == [(500, 0), (1, 0.1), (499, 0)]
+    assert state.snapshot(0.0).held == 1
