@@ -119,3 +119,50 @@ def test_receivers_verify_the_proxy_signature_through_a_rotation(
     assert second["s5"]["outcome"] == "delivered"
     hits = {h.headers["Tocsin-Schedule-Id"]: h for h in receiver.hits}
     assert hits["s5"].headers[SIGNATURE_HEADER].count("v1=") == 1
+
+
+def test_a_required_signature_dead_letters_a_tenant_without_a_secret(
+    stack: Settings, receiver: Receiver, proxies: list[ProxyApp], tmp_path: Path
+) -> None:
+    fires = f"{stack.topics.prefix}fires-{uid()}"
+    deliveries = f"{stack.topics.prefix}deliveries-{uid()}"
+    dlq = f"{stack.topics.prefix}dlq-{uid()}"
+    create_topics(stack, [fires, deliveries, dlq])
+    secrets = tmp_path / "callback-secrets.json"
+    write_secrets_file(secrets, {"acme": [NEW]})
+    url = f"http://127.0.0.1:{receiver.port}/hook"
+    records = []
+    for sid, tenant in (("r1", "globex"), ("r2", "acme")):
+        doc = {
+            "trigger_id": f"t-{sid}",
+            "schedule_id": sid,
+            "tenant": tenant,
+            "due_ms": 1_700_000_000_000,
+            "emitted_ms": 1_700_000_000_005,
+            "attempt": 1,
+            "order_key": sid,
+            "payload": {"n": sid},
+            "callback": {"type": "http", "url": url, "timeout_s": 5},
+        }
+        records.append((sid.encode(), orjson.dumps(doc), None))
+    produce(stack, fires, records)
+    ps = fast_settings(
+        mode="fires",
+        source_topic=fires,
+        endpoint_url="",
+        dead_letter_topic=dlq,
+        deliveries_topic=deliveries,
+        signing_secrets_file=str(secrets),
+        require_signature=True,
+    )
+    start_proxy(stack, ps, proxies)
+    got = read_topic(stack, deliveries, expect=2, timeout_s=60)
+    outcomes = {orjson.loads(m.value())["schedule_id"]: orjson.loads(m.value()) for m in got}
+    assert outcomes["r1"]["outcome"] == "dead_lettered"
+    assert outcomes["r2"]["outcome"] == "delivered"
+    (dead,) = read_topic(stack, dlq, expect=1)
+    record = orjson.loads(dead.value())
+    assert record["tenant"] == "globex" and record["status_code"] is None
+    assert record["reason"].startswith("unsigned: no delivery secret for tenant 'globex'")
+    assert NEW not in dead.value().decode()  # no secret in a dead letter
+    assert [h.headers["Tocsin-Tenant"] for h in receiver.hits] == ["acme"]

@@ -138,6 +138,16 @@ def test_the_documented_python_example_verifies_what_the_proxy_signs() -> None:
     assert not verify(f"v1={VECTOR}", "t-1", BODY, SECRET)
 
 
+def test_the_documented_vector_is_the_one_computed_apart() -> None:
+    text = " ".join((ROOT / "docs" / "proxy.md").read_text().split())
+    assert (
+        f"secret `{SECRET}`, `t=1700000000`, trigger id `t-1`, body `{BODY.decode()}` "
+        f"({len(BODY)} bytes) give `v1={VECTOR}`"
+    ) in text
+    verify = documented_verify()
+    assert verify(f"t=1700000000,v1={VECTOR}", "t-1", BODY, SECRET, window_s=10**10)
+
+
 @pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed")
 def test_the_documented_node_example_verifies_what_the_proxy_signs() -> None:
     now = int(time.time())
