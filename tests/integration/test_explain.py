@@ -212,6 +212,32 @@ def _run(stack: Stack, receiver: Receiver) -> None:
     text = _cli(stack, "schedule", "explain", mallory["tenant"], sids["late"])
     assert text.returncode == 3  # not found: keyed by tenant
 
+    # A recurring schedule: its runs' histories, each entry naming its run id.
+    cron = f"cron-{uuid.uuid4().hex[:6]}"
+    st, res = api.call(
+        "POST",
+        "/v1/schedules",
+        key=alice["api_key"],
+        body={
+            "schedule_id": cron,
+            "recurrence": {"every_s": 1, "max_runs": 2},
+            "payload": {"kind": "cron"},
+            "callback": {"type": "http", "url": f"http://127.0.0.1:{receiver.port}/cron"},
+        },
+    )
+    assert st == 201, res
+
+    def both_runs() -> Any:
+        st, doc = _explain(api, alice["api_key"], cron)
+        assert st == 200, doc
+        return doc if "2 delivered" in doc["reason"] else None
+
+    rec = until(both_runs, 90, "two delivered runs")
+    assert rec["kind"] == "recurring" and rec["runs_shown"] == 2
+    runs = {e["schedule_id"] for e in rec["timeline"] if e["schedule_id"] != cron}
+    assert len(runs) == 2 and all(r.startswith(cron + "@") for r in runs)
+    assert [e["event"] for e in rec["timeline"]].count("delivered") == 2
+
     # And the worker counted the miss and the dead letter for alice.
     port = stack.env["TOCSIN_METRICS_PORT"]
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
