@@ -20,7 +20,7 @@ from base.errors import TocsinError
 from base.logs import setup_logging
 from base.settings import REPO_ROOT, Settings
 from proxy.settings import ProxySettings
-from tocsin import api_cli, proxy_cli, scheduler_cli
+from tocsin import api_cli, deadletter_cli, proxy_cli, scheduler_cli
 from tocsin import settings_doc as sd
 from tocsin.cluster import cmd_cluster
 from tocsin.infra import Stack
@@ -194,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler_cli.register_status(sub, cmd_status)
     api_cli.register(sub)
     proxy_cli.register(sub)
+    deadletter_cli.register(sub)
     return parser
 
 
