@@ -13,7 +13,10 @@ Per-hop breakdown of one delivery, each hop p50/p99 over the delivered fires:
   returning as soon as a record is there) received the record; the record's own timestamp
   is the producer's clock at ``produce()`` and is reported beside it;
 - on the topic -> received by the receiver: the proxy's read, its hand-off to a writer and
-  the request (loopback, so request sent ~ received);
+  the request (loopback, so request sent ~ received), split at the proxy's read, which its
+  delivery outcome tells (``delivered_ms`` less ``latency_ms``, read -> outcome): on the
+  topic -> read by the proxy (negative when the proxy's fetch returned before the
+  reference consumer's) and read by the proxy -> received;
 - received -> answered: the proxy's outcome record on the deliveries topic (its record
   timestamp), written once the answer is in.
 
@@ -84,10 +87,20 @@ def _get(port: int, query: str = "") -> Any:
 # ---- the reference consumer ------------------------------------------------------------------
 
 
+def proxy_read_ms(outcome: bytes | None) -> int | None:
+    """When the proxy read the fire, from its delivery outcome: the outcome's wall time less
+    its ``latency_ms`` (read -> outcome, the proxy's monotonic clock), to 1 ms."""
+    try:
+        v = orjson.loads(outcome or b"")
+        return int(v["delivered_ms"]) - int(v["latency_ms"])
+    except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
+        return None
+
+
 class Watcher(threading.Thread):
     """Reads the fires and deliveries topics as they are written: per schedule id, when a fire
-    became readable (this consumer's clock), its record timestamp, and the record timestamp of
-    its delivery outcome."""
+    became readable (this consumer's clock), its record timestamp, the record timestamp of
+    its delivery outcome and when the proxy read it (from the outcome)."""
 
     def __init__(self, settings: Settings, fires: str, deliveries: str) -> None:
         super().__init__(daemon=True)
@@ -106,6 +119,7 @@ class Watcher(threading.Thread):
         self.fires_topic = fires
         self.fire: dict[str, tuple[int, int]] = {}  # sid -> (readable ms, record ts)
         self.answered: dict[str, int] = {}  # sid -> outcome record ts
+        self.read: dict[str, int] = {}  # sid -> when the proxy read the fire (its clock)
         self.stop = threading.Event()
 
     def run(self) -> None:
@@ -118,8 +132,11 @@ class Watcher(threading.Thread):
             ts = m.timestamp()[1]
             if m.topic() == self.fires_topic:
                 self.fire.setdefault(sid, (at, ts))
-            else:
-                self.answered.setdefault(sid, ts)
+            elif sid not in self.answered:
+                self.answered[sid] = ts
+                read = proxy_read_ms(m.value())
+                if read is not None:
+                    self.read[sid] = read
         self.consumer.close()
 
 
@@ -173,6 +190,8 @@ def hops(rx: dict[str, list[int]], watcher: Watcher) -> tuple[list[int], dict[st
         "emitted -> record timestamp": [],
         "emitted -> on the fires topic": [],
         "on the topic -> received": [],
+        "on the topic -> read by the proxy": [],
+        "read by the proxy -> received": [],
         "received -> answered": [],
     }
     for sid, (due, emitted, received) in rx.items():
@@ -183,6 +202,11 @@ def hops(rx: dict[str, list[int]], watcher: Watcher) -> tuple[list[int], dict[st
             h["emitted -> record timestamp"].append(fire[1] - emitted)
             h["emitted -> on the fires topic"].append(fire[0] - emitted)
             h["on the topic -> received"].append(received - fire[0])
+        read = watcher.read.get(sid)
+        if read is not None:
+            if fire is not None:
+                h["on the topic -> read by the proxy"].append(read - fire[0])
+            h["read by the proxy -> received"].append(received - read)
         answered = watcher.answered.get(sid)
         if answered is not None:
             h["received -> answered"].append(answered - received)
