@@ -50,6 +50,8 @@ class ParkReason(enum.Enum):
     RETRYING = "retrying"  # still failing after park_after_s (or any failure, retry lane)
     TENANT_SHARE = "tenant_share"  # its tenant holds its share of the pending bounds
     BEHIND = "behind"  # an earlier message of its key is parked: it keeps its place
+    # its host's rate limit or open circuit breaker would hold it in memory too long
+    HOST_WAIT = "host_wait"
 
 
 class Step(enum.Enum):
@@ -172,6 +174,13 @@ class Parker:
         """Park a failed ``env`` if it should leave memory; False: it retries in memory."""
         return self.should_park(env, now_s) and self.park(
             env, ParkReason.RETRYING, now_s + retry_after_s
+        )
+
+    def crowding(self, env: Envelope) -> bool:
+        """``env`` is about to wait in memory for its host: park it for its tenant's share
+        instead? (Main lane only, and only while the bounds are under pressure.)"""
+        return self.lane is Lane.MAIN and self._over_share(
+            env, before_attempt=False, tenant_busy=False
         )
 
     def _over_share(self, env: Envelope, *, before_attempt: bool, tenant_busy: bool) -> bool:

@@ -14,6 +14,14 @@ carries it out: a retry waits here, a final outcome goes to ``proxy.outcomes``. 
 failure, whether the message leaves memory for the retry topic instead. The loop must never
 block (no Kafka calls except non-blocking produce), and no offset is done before the
 message's records are acknowledged.
+
+With a ``HostGate`` (``proxy.hostlimits``, shared by both lanes) each HTTP attempt first
+needs its (tenant, host)'s leave: a token of its rate limit and a breaker that lets it
+through. A message refused waits in its (tenant, host)'s line, in order, holding no slot
+(its key stays blocked, other keys go on); one timer per line wakes its head when the next
+token is due or the breaker may be probed. A message that would wait long leaves memory
+for the retry topic instead (``ParkReason.HOST_WAIT``), and one held by an open breaker
+is failing as far as its retry age goes (``proxy.retry.held_by_host``).
 """
 
 from __future__ import annotations
@@ -25,24 +33,34 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.breaker import BreakerState
 from proxy.envelope import Envelope, TopicPartition
+from proxy.hostlimits import Hold as GateHold
+from proxy.hostlimits import HoldReason, HostGate, HostKey, Pass
 from proxy.http_sender import HttpSender
 from proxy.kafka_sender import KafkaSender
+from proxy.limitsfile import CHECK_EVERY_S, LimitsFile
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import Outbox
 from proxy.outcomes import OutcomePublisher
-from proxy.parker import Lane, Parker, ParkingLot, Step
+from proxy.parker import Lane, Parker, ParkingLot, ParkReason, Step
 from proxy.retry import (
     AttemptResult,
     CallbackPolicies,
     ConnectFailure,
+    DeadLetter,
     Decision,
+    HttpResult,
+    KafkaResult,
     Retry,
+    RetryPolicy,
     Undeliverable,
     decide,
+    held_by_host,
     status_class,
 )
 from proxy.sender import Sender
@@ -51,6 +69,33 @@ from proxy.slots import Slots
 from proxy.state import SharedState
 
 log = logging.getLogger("tocsin.proxy")
+
+# The status class (metrics, dead-letter kind) of a message dead-lettered while its host's
+# breaker was open: it may never have been attempted itself.
+CIRCUIT_OPEN = "circuit_open"
+# A wait for the host shorter than this never parks: a park costs two Kafka writes and a
+# read, and the retry lane would hold the message for about as long.
+MIN_HOST_PARK_S = 1.0
+
+
+@dataclass
+class _HostLine:
+    """The messages of one (tenant, host) its rate limit or breaker holds back, in order."""
+
+    reason: HoldReason
+    due_s: float  # when the head may ask the gate again (monotonic)
+    spacing_s: float  # between two of them at the host's full rate (0: no limit)
+    envs: deque[Envelope] = field(default_factory=deque)
+    timer: asyncio.TimerHandle | None = None
+
+
+def _detail(result: AttemptResult) -> str:
+    """A failed attempt in a few words, for the breaker's last failure."""
+    if isinstance(result, HttpResult):
+        return f"HTTP {result.status}"
+    if isinstance(result, KafkaResult):
+        return f"Kafka {result.verdict.value}: {result.detail}"
+    return result.detail
 
 
 class Writer:
@@ -68,9 +113,13 @@ class Writer:
         lane: Lane = Lane.MAIN,
         http: Sender | None = None,
         kafka: Sender | None = None,
+        hosts: HostGate | None = None,
+        limits_file: LimitsFile | None = None,
     ) -> None:
         """``http`` and ``kafka`` replace the real senders (tests); without ``http`` the
-        writer opens an ``HttpSender`` on its own loop."""
+        writer opens an ``HttpSender`` on its own loop. ``hosts``: the rate limits and
+        breakers every HTTP attempt passes (none: no limit); ``limits_file``: re-read from
+        this writer's loop (one lane's writer polls it for both)."""
         own_topics = frozenset(
             t for t in (dead_letter_topic, deliveries_topic, lot.topic if lot else None) if t
         )
@@ -111,6 +160,13 @@ class Writer:
         )
         self._guard = settings.mode == "fires" and not settings.allow_private_targets
         self._retry_ready: deque[Envelope] = deque()
+        self._hosts = hosts
+        self._limits_file = limits_file
+        # Keyed by outside input, but an entry lives only while it holds waiting messages,
+        # so the pending bounds bound it; probes are attempts, bounded by the slots.
+        self._host_lines: dict[HostKey, _HostLine] = {}
+        self._admitted: deque[Envelope] = deque()  # passed the gate, waiting for a slot
+        self._probes: dict[Envelope, HostKey] = {}
         self._backoff: set[Envelope] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._dispatching = True
@@ -187,14 +243,26 @@ class Writer:
                 env.timer.cancel()
             self._backoff.discard(env)
             self._abandon(env)
-        ready, self._retry_ready = self._retry_ready, deque()
-        for env in ready:
+        self._retry_ready = self._sift(self._retry_ready, drop)
+        self._admitted = self._sift(self._admitted, drop)
+        for key, line in list(self._host_lines.items()):
+            line.envs = self._sift(line.envs, drop)
+            if not line.envs:
+                if line.timer is not None:
+                    line.timer.cancel()
+                del self._host_lines[key]
+        for env in self._slots.drop_waiting(drop):
+            self._abandon(env)
+
+    def _sift(self, envs: Iterable[Envelope], drop: Callable[[Envelope], bool]) -> deque[Envelope]:
+        """Abandon the messages of ``envs`` that ``drop`` picks; the others, in order."""
+        kept: deque[Envelope] = deque()
+        for env in envs:
             if drop(env):
                 self._abandon(env)
             else:
-                self._retry_ready.append(env)
-        for env in self._slots.drop_waiting(drop):
-            self._abandon(env)
+                kept.append(env)
+        return kept
 
     # ---- the loop ----------------------------------------------------------------------
 
@@ -229,6 +297,8 @@ class Writer:
                     HttpSender(self._s, self._metrics, guard=self._guard)
                 )
             self._ready.set()
+            if self._limits_file is not None:
+                self._poll_limits()
             stop_wait = asyncio.ensure_future(self._stop.wait())
             while not self._stop.is_set():
                 wake_wait = asyncio.ensure_future(self._wake.wait())
@@ -256,16 +326,24 @@ class Writer:
 
     def _pump(self) -> None:
         while self._dispatching and self._slots.has_room():
-            env = self._retry_ready.popleft() if self._retry_ready else self._state.take()
+            gated = bool(self._admitted)  # these passed the parker and the gate already
+            env = self._admitted.popleft() if gated else self._next()
             if env is None:
                 return
             if self._revoked(env):
                 self._abandon(env)
                 continue
-            if self._parker is not None and self._hold_back(env):
+            if not gated and self._parker is not None and self._hold_back(env):
+                continue
+            if not gated and self._hosts is not None and not self._pass_gate(env):
+                continue
+            if gated and self._host_closed_on(env):
                 continue
             if self._slots.admit(env):
                 self._start(env)
+
+    def _next(self) -> Envelope | None:
+        return self._retry_ready.popleft() if self._retry_ready else self._state.take()
 
     def _revoked(self, env: Envelope) -> bool:
         """Its partition was revoked (or is being): its new owner delivers it."""
@@ -292,8 +370,16 @@ class Writer:
 
     def _slot_freed(self, env: Envelope) -> None:
         self._slots.free(env)
-        if self._dispatching:
-            for waiting in self._slots.next_up(env, skip=self._abandon_if_revoked):
+        if not self._dispatching:
+            return
+        # A loop, not recursion: each one whose host closed meanwhile frees its slot again.
+        started = deque(self._slots.next_up(env, skip=self._abandon_if_revoked))
+        while started:
+            waiting = started.popleft()
+            if self._host_closed_on(waiting):
+                self._slots.free(waiting)
+                started.extend(self._slots.next_up(waiting, skip=self._abandon_if_revoked))
+            else:
                 self._start(waiting)
 
     def _abandon_if_revoked(self, env: Envelope) -> bool:
@@ -304,6 +390,9 @@ class Writer:
 
     def _abandon(self, env: Envelope) -> None:
         """Give the message back without an outcome (revoke or shutdown): no offset moves."""
+        probe = self._probes.pop(env, None)
+        if probe is not None and self._hosts is not None:
+            self._hosts.probe_dropped(*probe)  # the next message of its host probes instead
         env.cancelled = True
         env.attempting = False
         self._state.release(env)
@@ -371,8 +460,9 @@ class Writer:
         sclass = status_class(result)
         self._metrics.attempt(sclass)
         now = time.monotonic()
+        self._host_result(env, result, now)
         decision, env.attempt_state = decide(
-            self._policies.of(env.trigger.callback.retry if env.trigger else None),
+            self._policy_of(env),
             env.attempt_state,
             result,
             now_s=now,
@@ -381,6 +471,9 @@ class Writer:
         )
         self._carry_out(env, decision, sclass, now)
         self._pump()
+
+    def _policy_of(self, env: Envelope) -> RetryPolicy:
+        return self._policies.of(env.trigger.callback.retry if env.trigger else None)
 
     async def _send(self, env: Envelope) -> AttemptResult:
         if env.invalid is not None:
@@ -418,3 +511,162 @@ class Writer:
             "retry scheduled",
             extra={"record": repr(env), "after_s": decision.after_s, "reason": decision.reason},
         )
+
+    # ---- host rate limits and breakers (proxy.hostlimits) ------------------------------
+
+    def _poll_limits(self) -> None:
+        """Take a changed limits file, then look again in a while (on the loop)."""
+        loop, limits_file = self._loop, self._limits_file
+        if loop is None or limits_file is None or not self._dispatching:
+            return
+        try:
+            limits_file.poll(time.monotonic())
+        finally:
+            loop.call_later(CHECK_EVERY_S, self._poll_limits)
+
+    def _pass_gate(self, env: Envelope) -> bool:
+        """True: ``env`` may take a slot now. False: it waits in its host's line, or left
+        (parked, or dead-lettered by its retry age under an open breaker)."""
+        hosts = self._hosts
+        assert hosts is not None
+        if env.request is None:
+            return True  # a Kafka callback, or undeliverable: no endpoint host
+        key: HostKey = (env.tenant, env.host)
+        now = time.monotonic()
+        if key in self._host_lines:
+            self._hold(env, key, None, now)
+            return False
+        answer = hosts.check(env.tenant, env.host, now)
+        if isinstance(answer, Pass):
+            if answer.probe:
+                self._probes[env] = key
+            return True
+        self._hold(env, key, answer, now)
+        return False
+
+    def _host_closed_on(self, env: Envelope) -> bool:
+        """``env`` passed its host's gate, then waited for a writer, and the host's breaker
+        opened meanwhile: it waits in its host's line instead (True; the caller gives its
+        slot back). Its probe is never turned back."""
+        hosts = self._hosts
+        if hosts is None or env.request is None or env in self._probes:
+            return False
+        now = time.monotonic()
+        hold = hosts.blocked(env.tenant, env.host, now)
+        if hold is None:
+            return False
+        self._hold(env, (env.tenant, env.host), hold, now)
+        return True
+
+    def _hold(self, env: Envelope, key: HostKey, answer: GateHold | None, now: float) -> None:
+        """``env`` waits in its host's line, behind those already there (their turn comes
+        first), unless it leaves at once; ``answer``: the gate's, for a line not there."""
+        line = self._host_lines.get(key)
+        if line is not None:
+            hold = GateHold(line.reason, max(0.0, line.due_s - now), line.spacing_s)
+            if self._stays_held(env, hold, now, position=len(line.envs), count=True):
+                line.envs.append(env)
+            return
+        assert answer is not None
+        if self._stays_held(env, answer, now, position=0, count=True):
+            line = _HostLine(answer.reason, now + answer.wait_s, answer.spacing_s)
+            line.envs.append(env)
+            self._host_lines[key] = line
+            self._arm(key, line, now)
+
+    def _stays_held(
+        self, env: Envelope, hold: GateHold, now: float, *, position: int, count: bool
+    ) -> bool:
+        """What a message its host holds back does: wait in memory (True), or leave: be
+        dead-lettered (its retry age ran out under an open breaker) or parked (the wait is
+        long, or its tenant holds its share of the pending bounds)."""
+        wait_s = hold.wait_s + position * hold.spacing_s
+        if count:
+            self._metrics.host_held.labels(hold.reason.value).inc()
+        if hold.reason is HoldReason.OPEN:
+            decision, env.attempt_state = held_by_host(
+                self._policy_of(env),
+                env.attempt_state,
+                now_s=now,
+                wait_s=wait_s,
+                reason=f"circuit breaker open for {env.host}",
+            )
+            if isinstance(decision, DeadLetter):
+                self._carry_out(env, decision, CIRCUIT_OPEN, now)
+                return False
+        parker = self._parker
+        if parker is None:
+            return True
+        if wait_s >= max(self._s.park_after_s, MIN_HOST_PARK_S):
+            return not parker.park(env, ParkReason.HOST_WAIT, now + wait_s)
+        if parker.crowding(env):
+            return not parker.park(env, ParkReason.TENANT_SHARE, now + wait_s)
+        return True
+
+    def _arm(self, key: HostKey, line: _HostLine, now: float) -> None:
+        loop = asyncio.get_running_loop()
+        line.timer = loop.call_later(max(0.0, line.due_s - now), self._line_due, key)
+
+    def _line_due(self, key: HostKey) -> None:
+        """The head of ``key``'s line may ask the gate again (a timer, on the loop)."""
+        line = self._host_lines.get(key)
+        if line is None:
+            return
+        if line.timer is not None:
+            line.timer.cancel()
+            line.timer = None
+        now = time.monotonic()
+        self._admit_line(key, line, now)
+        if not line.envs:
+            del self._host_lines[key]
+        elif line.timer is None:
+            self._arm(key, line, now)
+        self._pump()
+
+    def _admit_line(self, key: HostKey, line: _HostLine, now: float) -> None:
+        """Let the head of ``line`` go while the gate passes it; else note the new wait."""
+        hosts = self._hosts
+        assert hosts is not None
+        while line.envs:
+            env = line.envs[0]
+            if not self._dispatching or self._revoked(env):
+                self._abandon(line.envs.popleft())
+                continue
+            answer = hosts.check(env.tenant, env.host, now)
+            if isinstance(answer, Pass):
+                line.envs.popleft()
+                if answer.probe:
+                    self._probes[env] = key
+                self._admitted.append(env)
+                continue
+            line.reason, line.spacing_s = answer.reason, answer.spacing_s
+            line.due_s = now + answer.wait_s
+            if answer.reason is HoldReason.OPEN:
+                # The breaker (re)opened: each one waiting is judged again for its wait.
+                waiting, line.envs = line.envs, deque()
+                for held in waiting:
+                    if self._stays_held(held, answer, now, position=len(line.envs), count=False):
+                        line.envs.append(held)
+            return
+
+    def _host_result(self, env: Envelope, result: AttemptResult, now: float) -> None:
+        """Tell the host's breaker how the attempt went; a line waiting for it moves on once
+        it closes."""
+        probe = self._probes.pop(env, None)
+        hosts = self._hosts
+        if hosts is None or env.request is None:
+            return
+        change = hosts.record(
+            env.tenant, env.host, result, now, probe=probe is not None, detail=_detail(result)
+        )
+        if change is None:
+            return
+        self._metrics.breaker_transitions.labels(change.after.value).inc()
+        log.warning(
+            "circuit breaker %s",
+            change.after.value,
+            extra={"tenant": env.tenant, "host": env.host, "from": change.before.value},
+        )
+        key: HostKey = (env.tenant, env.host)
+        if change.after is BreakerState.CLOSED and key in self._host_lines:
+            self._line_due(key)
