@@ -349,3 +349,25 @@ class HostGate:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+def describe(view: HostView) -> str:
+    """One (tenant, host) in words, for an explain view or a log line."""
+    b = view.breaker
+    rate = f"{view.rps:g} requests/s" if view.rps > 0 else "no rate limit"
+    last = f", last: {b.last_failure}" if b.last_failure else ""
+    if b.state is BreakerState.OPEN:
+        state = (
+            f"circuit breaker open (times opened: {b.opened_count}{last}); "
+            f"next probe in {b.retry_in_s:.1f}s"
+        )
+    elif b.state is BreakerState.HALF_OPEN:
+        state = f"circuit breaker half-open: one probe out{last}"
+    else:
+        failing = (
+            f" (consecutive failures: {b.consecutive_failures}{last})"
+            if b.consecutive_failures
+            else ""
+        )
+        state = f"circuit breaker closed{failing}"
+    return f"{view.host}: {state}; {rate}"

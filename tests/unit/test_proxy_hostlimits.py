@@ -18,6 +18,7 @@ from proxy.hostlimits import (
     HostLimits,
     Pass,
     TokenBucket,
+    describe,
     endpoint_host,
     parse_limits,
 )
@@ -250,3 +251,16 @@ def test_a_missing_or_bad_limits_file_stops_the_start(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"a": {"rps": -3}}))
     with pytest.raises(ConfigError, match="tenant 'a'"):
         LimitsFile(str(bad), 0.0, gate()).load()
+
+
+def test_describe_says_the_state_the_next_probe_and_the_rate() -> None:
+    g = HostGate(BreakerPolicy(failures=2, open_s=4.0), HostLimits(default_rps=2.5))
+    assert describe(g.explain("a", H, 0.0)) == (f"{H}: circuit breaker closed; 2.5 requests/s")
+    g.record("a", H, BAD, 0.0, probe=False, detail="HTTP 503")
+    assert "closed (consecutive failures: 1, last: HTTP 503)" in describe(g.explain("a", H, 0.0))
+    g.record("a", H, BAD, 1.0, probe=False, detail="connect refused")
+    text = describe(g.explain("a", H, 2.0))
+    assert "open (times opened: 1, last: connect refused)" in text
+    assert "next probe in 3.0s" in text
+    g.check("a", H, 5.0)
+    assert "half-open: one probe out" in describe(g.explain("a", H, 5.0))
