@@ -213,3 +213,77 @@ def test_a_dead_letter_is_listed_and_redriven_to_the_fixed_endpoint_by_its_tenan
     assert [r["attempt"] for r in answer["redriven"]] == [3] and answer["failed"] == []
     (_, third) = until(lambda: len(delivered()) == 2 and delivered(), "the forced redrive")
     assert third.headers["Tocsin-Emit-Attempt"] == "3"
+
+
+def test_the_dead_letter_tables_page_by_day_keep_tenants_apart_and_claim_once(
+    keyspace: Settings,
+) -> None:
+    from streams.deadletter_store import DAY_MS, DeadLetterEntry, DeadLetterStore
+    from streams.store import Store
+
+    day = (time.time_ns() // 1_000_000) // DAY_MS * DAY_MS
+    t, other = f"dl-{uuid.uuid4().hex[:6]}", f"dl-{uuid.uuid4().hex[:6]}"
+
+    def entry(tenant: str, at_ms: int, tid: str) -> DeadLetterEntry:
+        return DeadLetterEntry(
+            tenant=tenant, trigger_id=tid, dead_lettered_ms=at_ms, schedule_id="s", reason="r"
+        )
+
+    mine = [
+        entry(t, day + 5000, "b"),
+        entry(t, day + 5000, "a"),  # the same instant: ordered by trigger id
+        entry(t, day + 10, "c"),
+        entry(t, day - 10, "d"),  # the day before
+        entry(t, day - DAY_MS + 1, "e"),
+    ]
+
+    async def check() -> None:
+        store = Store(keyspace.cassandra)
+        await store.connect()
+        try:
+            dls = DeadLetterStore(store)
+            for e in [*mine, entry(other, day + 20, "x")]:
+                await dls.put(e, retention_s=3600)
+            pages: list[str] = []
+            cursor = None
+            while True:
+                page, cursor = await dls.list_window(
+                    t, from_ms=day - DAY_MS, to_ms=day + DAY_MS, limit=2, before=cursor
+                )
+                pages += [e.trigger_id for e in page]
+                if cursor is None:
+                    break
+            assert pages == ["b", "a", "c", "d", "e"]
+            page, _ = await dls.list_window(t, from_ms=day, to_ms=day + 5000, limit=10)
+            assert [e.trigger_id for e in page] == ["c"]  # the window's bounds hold
+            assert await dls.get(other, "a") is None
+            got = await dls.get(t, "a")
+            assert got is not None and got[0] == mine[1] and 0 < got[1] <= 3600
+
+            first = got[0]
+            assert await dls.claim(first, claim="c1", at_ms=day + 6000, attempt=2, ttl_s=got[1])
+            assert not await dls.claim(first, claim="c2", at_ms=day + 6001, attempt=2, ttl_s=60)
+            # A driver retry of an applied claim reads back its own claim.
+            assert await dls.claim(first, claim="c1", at_ms=day + 6000, attempt=2, ttl_s=60)
+            await dls.put(first, retention_s=3600)  # the same outcome read again
+            again = await dls.get(t, "a")
+            assert again is not None and again[0].redrive_claim == "c1"
+            assert again[0].redrive_attempt == 2
+            await dls.release(first, claim="c2", ttl_s=60)  # not its claim: nothing changes
+            assert (await dls.get(t, "a") or (first, 0))[0].redrive_claim == "c1"
+            await dls.release(first, claim="c1", ttl_s=60)
+            freed = await dls.get(t, "a")
+            assert freed is not None and freed[0].redrive_claim is None
+            assert await dls.claim(first, claim="c3", at_ms=day + 7000, attempt=3, ttl_s=60)
+            assert await dls.claim(
+                first, claim="c4", at_ms=day + 8000, attempt=4, ttl_s=60, replacing="c3"
+            )
+            # A newer dead letter of the same trigger becomes its latest, unclaimed.
+            newer = replace(first, dead_lettered_ms=day + 9000)
+            await dls.put(newer, retention_s=3600)
+            latest = await dls.get(t, "a")
+            assert latest is not None and latest[0] == newer
+        finally:
+            await store.close()
+
+    asyncio.run(check())
