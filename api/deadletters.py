@@ -45,7 +45,6 @@ from streams.deadletter_store import (
 )
 from streams.model import ScheduleEvent, ScheduleRow, ScheduleState, trigger_for
 from streams.ports import CqlRow
-from streams.recurring import parse_run_id
 from topics.codec import encode_trigger, trigger_headers
 from topics.ids import format_iso_ms
 from topics.models import DeliveryOutcome, Trigger
@@ -127,6 +126,16 @@ def _refuse(status: int, code: str, message: str, dl: DeadLetterEntry) -> ApiErr
     return ApiError(status, code, message, trigger_id=dl.trigger_id, schedule_id=dl.schedule_id)
 
 
+def owner_id(dl: DeadLetterEntry, row: CqlRow | None) -> str | None:
+    """The recurring schedule a run's dead letter belongs to, or None for a one-shot. A run
+    (``<schedule id>@<nominal ms>``, or an extra run fired at once) has a row of its own
+    holding only its fire state (no due time); its schedule holds what it fires with."""
+    if row is None or row.get("due_ms") is not None:
+        return None
+    parent, sep, _ = dl.schedule_id.rpartition("@")
+    return parent if sep and parent else None
+
+
 def redrive_source(
     dl: DeadLetterEntry, row: CqlRow | None, parent: CqlRow | None, *, force: bool
 ) -> ScheduleRow:
@@ -138,7 +147,7 @@ def redrive_source(
         when = format_iso_ms(dl.redriven_ms) if dl.redriven_ms else "before"
         return_msg = f"redriven at {when} (attempt {dl.redrive_attempt}); force sends it again"
         raise _refuse(409, "already_redriven", return_msg, dl)
-    run = parse_run_id(dl.schedule_id) if row is not None and row.get("due_ms") is None else None
+    run = owner_id(dl, row)
     owner = parent if run is not None else row
     if row is None or owner is None:
         raise _refuse(410, "schedule_gone", "the schedule's rows have expired", dl)
@@ -161,7 +170,8 @@ def redrive_source(
     if dl.due_ms is None:
         raise _refuse(410, "schedule_gone", "the dead letter does not say the run's due time", dl)
     base = ScheduleRow(**owner)
-    # A run fires as a one-shot of its recurring schedule (streams.decisions.run_bucket_row).
+    # A run fires as a one-shot of its recurring schedule (streams.decisions.run_bucket_row)
+    # under its own trigger id, which the caller passes on (an extra run's is not derived).
     return replace(
         base,
         schedule_id=dl.schedule_id,
@@ -247,9 +257,9 @@ class DeadLetters:
     async def _redrive(self, dl: DeadLetterEntry, ttl_s: int, *, force: bool) -> dict[str, object]:
         row = await self.store.get_schedule(dl.tenant, dl.schedule_id)
         parent = None
-        run = parse_run_id(dl.schedule_id)
-        if row is not None and row.get("due_ms") is None and run is not None:
-            parent = await self.store.get_schedule(dl.tenant, run[0])
+        run = owner_id(dl, row)
+        if run is not None:
+            parent = await self.store.get_schedule(dl.tenant, run)
         source = redrive_source(dl, row, parent, force=force)
         events = await self.store.list_events(dl.tenant, dl.schedule_id)
         attempt = next_attempt(events, dl)

@@ -384,3 +384,25 @@ def test_the_routes_are_in_the_openapi_document() -> None:
         assert path in paths  # type: ignore[operator]
     one = paths["/v1/dead-letters/{trigger_id}/redrive"]["post"]  # type: ignore[index]
     assert {"404", "409", "410"} <= set(one["responses"])
+
+
+def test_an_extra_run_keeps_its_own_trigger_id_and_is_sent_with_its_schedules_callback() -> None:
+    # A run fired at once by hand: its id is not <schedule>@<digits> and its trigger id is
+    # not derived from its due time; its row holds only the fire state.
+    dl = replace(entry(), schedule_id="cron1@now-1764000000000-7", trigger_id="f" * 32)
+    run_row = {"tenant": "acme", "schedule_id": dl.schedule_id, "state": "fired",
+               "trigger_id": dl.trigger_id}  # fmt: skip
+    parent = schedule(dl, schedule_id="cron1", state="scheduled", due_ms=None, order_key=None)
+    letters, fires = Letters(), Fires()
+    letters.rows[("acme", dl.trigger_id)] = dl
+    store = Schedules([run_row, parent])
+    dls = DeadLetters(store, fires, clock=lambda: T0 + 1000, letters=letters)  # type: ignore[arg-type]
+    got = asyncio.run(dls.redrive("acme", dl.trigger_id))
+    ((key, value),) = fires.sent
+    trig = decode_trigger(value)
+    assert got["attempt"] == 2 and key == b"cron1"
+    assert (trig.trigger_id, trig.schedule_id, trig.due_ms) == (
+        dl.trigger_id,
+        dl.schedule_id,
+        dl.due_ms,
+    )
