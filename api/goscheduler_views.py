@@ -47,12 +47,15 @@ class When(StrEnum):
 # SUCCESS or FAILURE by the delivery's outcome.
 _STATE_STATUS: dict[str, GoStatus] = {
     ScheduleState.SCHEDULED: GoStatus.SCHEDULED,
+    # go-scheduler has no paused status: still to fire, once resumed.
+    ScheduleState.PAUSED: GoStatus.SCHEDULED,
     ScheduleState.CANCELLED: GoStatus.DELETED,
     ScheduleState.MISSED: GoStatus.MISS,
 }
 # A cron's status from its parent status (api.recurring.parent_status).
 PARENT_STATUS: dict[str, GoStatus] = {
     ScheduleState.SCHEDULED: GoStatus.SCHEDULED,
+    ScheduleState.PAUSED: GoStatus.SCHEDULED,
     ScheduleState.CANCELLED: GoStatus.DELETED,
     ScheduleState.COMPLETED: GoStatus.SUCCESS,
 }

@@ -30,7 +30,12 @@ from topics.ids import format_iso_ms, trigger_id
 from topics.models import Recurrence
 
 # A recurring parent's statuses: runs to come, cancelled, or none left (end / max_runs).
-PARENT_STATUSES = (ScheduleState.SCHEDULED, ScheduleState.CANCELLED, ScheduleState.COMPLETED)
+PARENT_STATUSES = (
+    ScheduleState.SCHEDULED,
+    ScheduleState.PAUSED,
+    ScheduleState.CANCELLED,
+    ScheduleState.COMPLETED,
+)
 # Counting the runs between the materialised part and a window (for max_runs) stops here;
 # beyond it the window check assumes the schedule still runs (docs/api.md).
 MAX_COUNTED_RUNS = 100_000
@@ -101,11 +106,12 @@ def runs_out(row: CqlRow) -> bool:
 
 
 def parent_status(row: CqlRow, *, now_ms: int, last_due_ms: int | None) -> ScheduleState:
-    """scheduled | cancelled | completed. ``last_due_ms``: due time of the newest written
-    run (only needed once ``runs_out``): the schedule completes when that one is due."""
+    """scheduled | paused | cancelled | completed. ``last_due_ms``: due time of the newest
+    written run (only needed once ``runs_out``): the schedule completes when that one is
+    due."""
     state = _state(row)
-    if state == ScheduleState.CANCELLED:
-        return ScheduleState.CANCELLED
+    if state in (ScheduleState.CANCELLED, ScheduleState.PAUSED):
+        return ScheduleState(state)
     if state != ScheduleState.SCHEDULED:
         return ScheduleState.COMPLETED  # a state the materialiser never writes: finished
     if runs_out(row) and (last_due_ms is None or last_due_ms <= now_ms):

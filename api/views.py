@@ -39,6 +39,7 @@ STATUSES: tuple[str, ...] = (
     ScheduleState.FIRED,
     ScheduleState.MISSED,
     ScheduleState.CANCELLED,
+    ScheduleState.PAUSED,
     DeliveryOutcome.DELIVERED,
     DeliveryOutcome.DEAD_LETTERED,
     ScheduleState.COMPLETED,
@@ -166,12 +167,49 @@ def update_command(
 
 
 def cancel_command(*, tenant: str, schedule_id: str, request_id: str) -> dict[str, object]:
+    return simple_command("cancel", tenant=tenant, schedule_id=schedule_id, request_id=request_id)
+
+
+def simple_command(
+    kind: str, *, tenant: str, schedule_id: str, request_id: str
+) -> dict[str, object]:
+    """A command that names its schedule and nothing else: cancel, pause, resume, trigger."""
     return {
-        "type": "cancel",
+        "type": kind,
         "tenant": tenant,
         "schedule_id": schedule_id,
         "request_id": request_id,
     }
+
+
+# What a bulk pause or resume acts on: the state it changes and the state it leaves.
+BULK_TOGGLES: dict[str, tuple[str, str]] = {
+    "pause": (ScheduleState.SCHEDULED, "paused"),
+    "resume": (ScheduleState.PAUSED, "resumed"),
+}
+MAX_ID_PREFIX_LEN = 256
+
+
+def parse_bulk_scope(
+    body: Mapping[str, object], *, now_ms: int, default_span_ms: int
+) -> tuple[int, int, str]:
+    """(from_ms, to_ms, id_prefix) of a bulk pause/resume body: ``from``/``to`` bound the
+    due times of one-shot schedules (default: the day before now to ``default_span_ms``
+    after it); ``id_prefix`` (default: every id) selects one-shot and recurring alike."""
+    unknown = sorted(set(body) - {"from", "to", "id_prefix"})
+    if unknown:
+        raise ApiError(
+            400, "invalid_field", f"unknown field {unknown[0]!r}; allowed: from, id_prefix, to"
+        )
+    prefix = body.get("id_prefix", "")
+    if not isinstance(prefix, str) or len(prefix.encode()) > MAX_ID_PREFIX_LEN:
+        raise ApiError(400, "invalid_field", "id_prefix must be a string of at most 256 bytes")
+    window = {
+        "from": str(body.get("from", now_ms - 86_400_000)),
+        "to": str(body.get("to", now_ms + default_span_ms)),
+    }
+    lo, hi = parse_window(window)
+    return lo, hi, prefix
 
 
 def parse_time(value: str | None, name: str) -> int:

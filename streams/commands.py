@@ -258,6 +258,7 @@ class CommandProcessor:
                     default_tolerance_s=self.limits.default_misfire_tolerance_s,
                     firing=firing,
                     horizon_ms=self.recurring_horizon_ms,
+                    unemitted=ticker,
                 )
             except CommandRejected as rej:
                 outcomes[index] = (command, Code(rej.code), rej.message)
@@ -385,6 +386,8 @@ class CommandProcessor:
         policies: Mapping[str, TenantConfig],
     ) -> None:
         """Make the batch's decisions durable, then hand what is due soon to the tickers."""
+        # A pause decided on the tickers' state (Unemitted) withdraws its runs here, before
+        # anything is awaited: nothing the ticker holds can fire in between.
         self._withdraw(decisions)
         changes = [
             with_retention(d.change, policies.get(d.change.row.tenant))
@@ -414,7 +417,7 @@ class CommandProcessor:
         indexes = index_writes(changes)
         recurring = recurring_index_changes(changes)
         # Parents with a new key get their due-queue entry before their row, too.
-        due = due_entries([c.row for c in changes], self.materializers, now)
+        due = due_entries([c.row for c in changes if c.write_row], self.materializers, now)
 
         async def write_index() -> None:
             for put, drop, retention in indexes:
@@ -433,18 +436,25 @@ class CommandProcessor:
         """Recurring parents just written: their runs are written now rather than when the
         materialiser's reader gets to their due-queue entry."""
         for msg, d in decisions:
-            if d.change is not None and d.change.row.recurrence is not None:
+            change = d.change
+            if change is not None and change.write_row and change.row.recurrence is not None:
                 materializer = self.materializers.get(msg.partition)
                 if materializer is not None:
-                    materializer.notify(d.change.row.tenant, d.change.row.schedule_id)
+                    materializer.notify(change.row.tenant, change.row.schedule_id)
 
     async def _hand_over_all(self, decisions: Sequence[tuple[RawCommand, Decision]]) -> None:
-        pending = []
+        pending: list[asyncio.Future[None]] = []
         for _, d in decisions:
             if d.hand_over is not None:
                 fire = self._hand_to_ticker(d.hand_over)
                 if fire is not None:
                     pending.append(fire)
+            if d.fire_now is not None:
+                # A trigger command's run is in no bucket: only Kafka makes it durable, so
+                # its command waits for the acknowledgement (a replay fires it again).
+                ticker = self._ticker_of(d.fire_now.partition)
+                if ticker is not None:
+                    pending.append(asyncio.ensure_future(ticker.fire_now(d.fire_now)))
         if pending:
             # Due already: answered (so the offset can be committed) only once Kafka has
             # the trigger, since a successor would start past its row. Not due but not
@@ -604,19 +614,25 @@ class CommandProcessor:
         answering, or None. The ticker decides by its own clock and checkpoint
         (PartitionTicker.hand_over): the batch's clock is older than the write, and the
         checkpoint may have been written by a previous owner whose clock ran ahead."""
-        ticker = self.tickers.get(row.partition)
+        ticker = self._ticker_of(row.partition)
         if ticker is None:
-            if self.assigned is None:
-                return None  # no tickers at all (tests, tools): nothing fires here
+            return None
+        return ticker.hand_over(BucketRow.for_schedule(row, shards=self.bucket_shards))
+
+    def _ticker_of(self, partition: int) -> PartitionTicker | None:
+        """The partition's running ticker; None where there are no tickers at all (tests,
+        tools: nothing fires here)."""
+        ticker = self.tickers.get(partition)
+        if ticker is None and self.assigned is not None:
             # Released (its ticker stopped) but, as far as this worker's consumer knows,
             # not yet assigned elsewhere: nothing makes the row durable now, so the
             # batch is retried until the partition is either back (a new ticker) or
             # gone (its commands left to the new owner: _still_assigned).
             raise KafkaError(
-                f"partition {row.partition} has no running ticker here (being rebalanced)",
+                f"partition {partition} has no running ticker here (being rebalanced)",
                 retriable=True,
             )
-        return ticker.hand_over(BucketRow.for_schedule(row, shards=self.bucket_shards))
+        return ticker
 
     def _result(
         self,

@@ -34,13 +34,18 @@ from streams.buckets import BUCKET_MS, BucketKey, max_due_ms, shard_of
 from streams.buckets import minute_ms as minute_of
 from streams.model import (
     BucketRow,
+    EventNote,
+    ManualRun,
     ScheduleChange,
     ScheduleEvent,
     ScheduleRow,
     ScheduleState,
     Stmt,
+    manual_run_id,
+    manual_trigger_id,
 )
 from streams.recurring import (
+    MAX_TOLERANCE_S,
     NEVER_MS,
     Plan,
     extend_at,
@@ -68,7 +73,10 @@ from topics.models import (
     CreateCommand,
     HttpCallback,
     KafkaCallback,
+    PauseCommand,
     Recurrence,
+    ResumeCommand,
+    TriggerCommand,
     UpdateCommand,
 )
 
@@ -101,6 +109,32 @@ class Decision:
     withdraw_version: int | None = None
     # Recurring schedules: (tenant, run id, version) of runs the ticker must drop.
     withdraw_runs: tuple[tuple[str, str, int], ...] = ()
+    # A trigger command's run: emitted after persisting, answered once Kafka has it.
+    fire_now: ManualRun | None = None
+
+
+class Unemitted(Protocol):
+    """What the partition's ticker may still emit (``streams.ticker.PartitionTicker``), so
+    a pause withdraws every run not emitted yet, also one already due and loaded."""
+
+    def earliest_unemitted_ms(self, now_ms: int) -> int:
+        """No trigger due before this is still to be emitted."""
+        ...
+
+    def may_emit(self, tenant: str, schedule_id: str, due_ms: int) -> bool:
+        """Whether this trigger is not emitted yet (loaded and waiting, or not loaded)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class DueAfter:
+    """``Unemitted`` without a ticker (tests, tools): what is due after ``now_ms``."""
+
+    def earliest_unemitted_ms(self, now_ms: int) -> int:
+        return now_ms + 1
+
+    def may_emit(self, tenant: str, schedule_id: str, due_ms: int) -> bool:
+        return True
 
 
 def is_replay(existing: ScheduleRow | None, offset: int) -> bool:
@@ -123,13 +157,19 @@ def decide(
     default_tolerance_s: int,
     firing: bool,
     horizon_ms: int = 600_000,
+    unemitted: Unemitted | None = None,
 ) -> Decision:
     """The outcome of ``command`` against the schedule's current row.
 
     ``firing``: a trigger of this schedule is emitted but not yet recorded as fired.
     ``horizon_ms``: how far ahead recurring schedules' runs are materialised.
+    ``unemitted``: what the ticker may still emit (None: what is due after now).
     Raises CommandRejected for state-dependent rejections.
     """
+    if isinstance(command, TriggerCommand):
+        # Before the replay check: a trigger command writes no row, and its replay fires
+        # its run again under the same ids (at least once).
+        return _decide_trigger(command, existing, msg)
     if existing is not None and is_replay(existing, msg.offset):
         return _replayed(existing, msg.offset)
     if is_recurring(existing) or (
@@ -144,6 +184,7 @@ def decide(
             now_ms=now_ms,
             shards=shards,
             horizon_ms=horizon_ms,
+            unemitted=unemitted,
         )
         return Decision(r.code, r.text, change=r.change, withdraw_runs=r.withdraw)
     if isinstance(command, UpdateCommand) and command.recurrence is not None:
@@ -153,6 +194,10 @@ def decide(
         )
     if isinstance(command, CreateCommand):
         return _decide_create(command, existing, msg, shards)
+    if isinstance(command, PauseCommand):
+        return _decide_pause(command, existing, msg, shards, firing)
+    if isinstance(command, ResumeCommand):
+        return _decide_resume(command, existing, msg, now_ms, shards, default_tolerance_s)
     current = _changeable(existing, command.schedule_id, firing)
     stamped = replace(
         current,
@@ -207,6 +252,17 @@ def _decide_update(
         _updated_content(command, stamped, current),
         due_ms=command.due_ms if command.due_ms is not None else current.due_ms,
     )
+    if current.state == ScheduleState.PAUSED:
+        # Changed, still paused: no bucket row until it is resumed.
+        paused = ScheduleChange(
+            row=row,
+            new_bucket=None,
+            old_bucket=None,
+            now_ms=msg.timestamp_ms,
+            event=ScheduleEvent.UPDATED,
+            index_old_due_ms=current.due_ms if row.due_ms != current.due_ms else None,
+        )
+        return Decision(Code.OK, "updated (still paused)", change=paused)
     change = ScheduleChange(
         row=row,
         new_bucket=BucketRow.for_schedule(row, shards=shards),
@@ -222,6 +278,139 @@ def _decide_update(
         hand_over=row,
         withdraw_version=current.version,
     )
+
+
+def _stamped(current: ScheduleRow, msg: CommandAt) -> ScheduleRow:
+    """``current`` as a command at ``msg`` leaves it: next version, applied offset."""
+    return replace(
+        current,
+        version=current.version + 1,
+        updated_ms=msg.timestamp_ms,
+        applied_offset=msg.offset,
+        last_code=str(Code.OK),
+    )
+
+
+def _decide_pause(
+    command: PauseCommand,
+    existing: ScheduleRow | None,
+    msg: CommandAt,
+    shards: int,
+    firing: bool,
+) -> Decision:
+    """A one-shot stops firing: its bucket row is deleted and the ticker refuses the old
+    version from now on, like a cancel (``firing``: its trigger is out already)."""
+    current = _changeable(existing, command.schedule_id, firing)
+    if current.state == ScheduleState.PAUSED:
+        return Decision(Code.DUPLICATE, f"schedule {command.schedule_id!r} is already paused")
+    row = replace(_stamped(current, msg), state=ScheduleState.PAUSED)
+    change = ScheduleChange(
+        row=row,
+        new_bucket=None,
+        old_bucket=BucketRow.for_schedule(current, shards=shards).key,
+        now_ms=msg.timestamp_ms,
+        event=ScheduleEvent.PAUSED,
+    )
+    return Decision(Code.OK, "paused", change=change, withdraw_version=row.version)
+
+
+def _decide_resume(
+    command: ResumeCommand,
+    existing: ScheduleRow | None,
+    msg: CommandAt,
+    now_ms: int,
+    shards: int,
+    default_tolerance_s: int,
+) -> Decision:
+    """A paused one-shot fires again at its due time; one whose due time passed while it
+    was paused fires late within its misfire tolerance, and beyond it is recorded missed
+    here (the answer says which)."""
+    current = _changeable(existing, command.schedule_id, firing=False)
+    if current.state != ScheduleState.PAUSED:
+        return Decision(Code.DUPLICATE, f"schedule {command.schedule_id!r} is not paused")
+    stamped = _stamped(current, msg)
+    tolerance_s = (
+        current.misfire_tolerance_s
+        if current.misfire_tolerance_s is not None
+        else default_tolerance_s
+    )
+    late_ms = now_ms - current.due_ms
+    if late_ms > tolerance_s * 1000:
+        tid = trigger_id(current.tenant, current.schedule_id, current.due_ms)
+        missed = ScheduleChange(
+            row=replace(stamped, state=ScheduleState.MISSED, trigger_id=tid),
+            new_bucket=None,
+            old_bucket=None,
+            now_ms=msg.timestamp_ms,
+            event=ScheduleEvent.RESUMED,
+            notes=(
+                EventNote(
+                    ScheduleEvent.MISSED,
+                    f"due time passed while paused: late by {late_ms} ms, beyond its "
+                    f"misfire tolerance of {tolerance_s} s",
+                    tid,
+                    current.due_ms,
+                ),
+            ),
+        )
+        return Decision(
+            Code.OK,
+            f"resumed; its due time passed while paused, {late_ms} ms ago, beyond its "
+            f"misfire tolerance of {tolerance_s} s: recorded missed",
+            change=missed,
+        )
+    row = replace(stamped, state=ScheduleState.SCHEDULED)
+    change = ScheduleChange(
+        row=row,
+        new_bucket=BucketRow.for_schedule(row, shards=shards),
+        old_bucket=None,
+        now_ms=msg.timestamp_ms,
+        event=ScheduleEvent.RESUMED,
+    )
+    text = "resumed" if late_ms <= 0 else "resumed; due while paused, fires late (within tolerance)"
+    return Decision(Code.OK, text, change=change, hand_over=row)
+
+
+def _decide_trigger(
+    command: TriggerCommand, existing: ScheduleRow | None, msg: CommandAt
+) -> Decision:
+    """One extra run of the schedule, due at the command's record time, with the
+    schedule's payload, callback and order key, under ids of its own (``ManualRun``).
+    The schedule itself is left as it is, paused or not; only a cancelled one refuses."""
+    if existing is None or not existing.callback:
+        raise CommandRejected(Code.NOT_FOUND, f"no schedule {command.schedule_id!r}")
+    if existing.state == ScheduleState.CANCELLED:
+        raise CommandRejected(
+            Code.ALREADY_CANCELLED, f"schedule {command.schedule_id!r} was cancelled"
+        )
+    at = msg.timestamp_ms
+    rid = manual_run_id(existing.schedule_id, at, msg.offset)
+    tid = manual_trigger_id(existing.tenant, existing.schedule_id, msg.partition, msg.offset, at)
+    run = ManualRun(
+        partition=msg.partition,
+        minute_ms=minute_of(at),
+        shard=0,
+        due_ms=at,
+        tenant=existing.tenant,
+        schedule_id=rid,
+        version=1,
+        order_key=existing.order_key or existing.schedule_id,
+        payload=existing.payload,
+        payload_type=existing.payload_type,
+        callback=existing.callback,
+        # Fired however late the command is read: it was asked for explicitly.
+        misfire_tolerance_s=MAX_TOLERANCE_S,
+        trigger_id=tid,
+    )
+    change = ScheduleChange(
+        row=existing,
+        new_bucket=None,
+        old_bucket=None,
+        now_ms=at,
+        write_row=False,
+        notes=(EventNote(ScheduleEvent.TRIGGERED, f"fired now as run {rid}", tid, at),),
+    )
+    return Decision(Code.OK, f"triggered: run {rid}, trigger id {tid}", change=change, fire_now=run)
 
 
 def _updated_content(
@@ -468,8 +657,14 @@ def index_changes(
     drop: list[IndexEntry] = []
     for change in changes:
         row = change.row
+        moved_from = change.index_old_due_ms
+        if change.new_bucket is None and moved_from is not None:
+            # A paused one-shot moved by an update: it has no bucket row to go by.
+            put.append((row.tenant, row.schedule_id, row.due_ms))
+            drop.append((row.tenant, row.schedule_id, moved_from))
+            continue
         if change.new_bucket is None:
-            continue  # a cancel keeps its entry (listed as cancelled)
+            continue  # a cancel or pause keeps its entry (listed as cancelled, paused)
         old = change.old_bucket
         if old is not None and old.due_ms == row.due_ms:
             continue  # an update that kept the due time
@@ -600,15 +795,24 @@ def decide_recurring(
     now_ms: int,
     shards: int,
     horizon_ms: int,
+    unemitted: Unemitted | None = None,
 ) -> RecurringDecision:
     """The outcome of a command on a recurring schedule (raises CommandRejected).
 
-    Called for a create carrying a recurrence and for any command on a recurring parent.
+    Called for a create carrying a recurrence and for any command on a recurring parent
+    (a trigger command is ``decide``'s, for both kinds).
     """
     if isinstance(command, CreateCommand):
         return _create(command, existing, partition, offset, timestamp_ms, now_ms, horizon_ms)
     parent = _changeable_parent(existing, command.schedule_id)
     assert parent.recurrence is not None
+    paused = parent.state == ScheduleState.PAUSED
+    if isinstance(command, PauseCommand) and paused:
+        return RecurringDecision(
+            Code.DUPLICATE, f"schedule {command.schedule_id!r} is already paused"
+        )
+    if isinstance(command, ResumeCommand) and not paused:
+        return RecurringDecision(Code.DUPLICATE, f"schedule {command.schedule_id!r} is not paused")
     old_rec = recurrence_from_json(parent.recurrence)
     stamped = replace(
         parent,
@@ -619,6 +823,10 @@ def decide_recurring(
     )
     if isinstance(command, CancelCommand):
         return _cancel(parent, stamped, old_rec, now_ms, timestamp_ms, shards)
+    if isinstance(command, PauseCommand):
+        return _pause(parent, stamped, old_rec, now_ms, timestamp_ms, shards, unemitted)
+    if isinstance(command, ResumeCommand):
+        return _resume(parent, stamped, old_rec, now_ms, timestamp_ms, horizon_ms)
     assert isinstance(command, UpdateCommand)
     return _update(command, parent, stamped, old_rec, now_ms, timestamp_ms, shards, horizon_ms)
 
@@ -667,6 +875,114 @@ def _cancel(
         change=_change(row, existing, pending, timestamp_ms, shards, ScheduleEvent.CANCELLED),
         withdraw=tuple((row.tenant, run_id(row.schedule_id, n), row.version) for n, _ in pending),
     )
+
+
+def _pause(
+    existing: ScheduleRow,
+    stamped: ScheduleRow,
+    old_rec: Recurrence,
+    now_ms: int,
+    timestamp_ms: int,
+    shards: int,
+    unemitted: Unemitted | None,
+) -> RecurringDecision:
+    """Every run not emitted yet is withdrawn and its bucket row deleted - unlike a cancel,
+    also one already due and waiting in the ticker (its timeline, its fair queue, a minute
+    not read yet): none fires once the pause is answered. The materialiser writes no runs
+    while the parent is paused; ``materialized_until_ms`` stays at the first run not
+    fired, where the resume counts the skipped runs from."""
+    ticker = unemitted or DueAfter()
+    earliest = ticker.earliest_unemitted_ms(now_ms)
+    candidates = _pending_runs(
+        existing,
+        old_rec,
+        from_ms=earliest - old_rec.jitter_s * 1000,
+        due_after_ms=min(earliest, now_ms + 1) - 1,
+    )
+    pending = [
+        (nominal, due)
+        for nominal, due in candidates
+        if ticker.may_emit(existing.tenant, run_id(existing.schedule_id, nominal), due)
+    ]
+    until = existing.materialized_until_ms or 0
+    first = min((nominal for nominal, _ in pending), default=until)
+    row = replace(
+        stamped,
+        state=ScheduleState.PAUSED,
+        materialize_key=materialize_key(existing.partition, NEVER_MS),
+        materialized_until_ms=min(until, first),
+        run_count=max(0, (existing.run_count or 0) - len(pending)),
+    )
+    change = _change(row, existing, pending, timestamp_ms, shards, ScheduleEvent.PAUSED)
+    return RecurringDecision(
+        Code.OK,
+        f"paused; {len(pending)} pending runs removed",
+        change=replace(change, event_detail=f"{len(pending)} pending runs removed"),
+        withdraw=tuple(
+            (row.tenant, run_id(row.schedule_id, n), existing.version) for n, _ in pending
+        ),
+    )
+
+
+# Most runs a resume counts as skipped while paused (each costs a cron step): a longer
+# pause of a frequent schedule counts this many towards ``max_runs``.
+MAX_SKIPPED_COUNT = 10_000
+
+
+def _resume(
+    existing: ScheduleRow,
+    stamped: ScheduleRow,
+    rec: Recurrence,
+    now_ms: int,
+    timestamp_ms: int,
+    horizon_ms: int,
+) -> RecurringDecision:
+    """The parent goes on with its first run after now. The runs from where it was
+    paused up to that one were skipped: they count towards ``max_runs`` and are recorded
+    as one ``skipped_paused`` event."""
+    until = existing.materialized_until_ms or 0
+    anchor = existing.anchor_ms or existing.created_ms
+    count = existing.run_count or 0
+    skipped: list[int] = []
+    new_until = NEVER_MS
+    if until < NEVER_MS:
+        begin = max(now_ms + 1, series_start(rec, anchor))
+        new_until = next(occurrences(rec, begin, anchor_ms=anchor), NEVER_MS)
+        left = None if rec.max_runs is None else max(0, rec.max_runs - count)
+        for nominal in occurrences(rec, until, anchor_ms=anchor):
+            if nominal >= new_until or len(skipped) >= MAX_SKIPPED_COUNT:
+                break
+            if left is not None and len(skipped) >= left:
+                break
+            skipped.append(nominal)
+        count += len(skipped)
+        if rec.max_runs is not None and count >= rec.max_runs:
+            new_until = NEVER_MS  # the pause used up the runs it had left
+    row = _row_state(
+        replace(stamped, state=ScheduleState.SCHEDULED),
+        until_ms=new_until,
+        run_count=count,
+        now_ms=now_ms,
+        horizon_ms=horizon_ms,
+    )
+    notes: tuple[EventNote, ...] = ()
+    text = "resumed"
+    if skipped:
+        many = "at least " if len(skipped) >= MAX_SKIPPED_COUNT else ""
+        span = f"{many}{len(skipped)} runs from {format_iso_ms(skipped[0])} to " + format_iso_ms(
+            skipped[-1]
+        )
+        notes = (EventNote(ScheduleEvent.SKIPPED_PAUSED, f"{span} skipped while paused"),)
+        text = f"resumed; {span} were skipped while paused"
+    change = ScheduleChange(
+        row=row,
+        new_bucket=None,
+        old_bucket=None,
+        now_ms=timestamp_ms,
+        event=ScheduleEvent.RESUMED,
+        notes=notes,
+    )
+    return RecurringDecision(Code.OK, text, change=change)
 
 
 def _update(

@@ -5,6 +5,7 @@ change one command makes. Pure: no I/O, imported by the decisions, the store and
 from __future__ import annotations
 
 import functools
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import StrEnum
@@ -47,6 +48,8 @@ class ScheduleState(StrEnum):
     FIRED = "fired"
     MISSED = "missed"
     CANCELLED = "cancelled"
+    # Not firing until resumed: no bucket row (a one-shot), no runs written (recurring).
+    PAUSED = "paused"
     # A recurring schedule with no runs left (api.recurring derives it; not written today).
     COMPLETED = "completed"
 
@@ -66,6 +69,12 @@ class ScheduleEvent(StrEnum):
     SKIPPED = "skipped"
     DELIVERED = "delivered"
     DEAD_LETTERED = "dead_lettered"
+    PAUSED = "paused"
+    RESUMED = "resumed"
+    # Runs of a recurring schedule that fell while it was paused (recorded at the resume).
+    SKIPPED_PAUSED = "skipped_paused"
+    # Fired once at once by a trigger command, as an extra run (``manual_run_id``).
+    TRIGGERED = "triggered"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -157,6 +166,52 @@ class BucketRow(BucketKey):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class ManualRun(BucketRow):
+    """The one extra run of a trigger command: fired through the ticker like a bucket row
+    (never stored as one: the command waits for Kafka's acknowledgement, and a replay of
+    the command fires it again with the same ids), under a trigger id of its own."""
+
+    trigger_id: str
+
+
+# A trigger command's runs get their ids from this namespace, never from
+# ``topics.ids.NAMESPACE``: no manual run's trigger id can equal a nominal run's, whatever
+# ids a client picks.
+MANUAL_NAMESPACE = uuid.UUID("5b1f0c8e-3f4a-4c55-9e0b-7d2a61c4e9a3")
+
+
+def manual_run_id(schedule_id: str, at_ms: int, offset: int) -> str:
+    """The schedule id a trigger command's run carries: never a nominal run id
+    (``<id>@<digits>``, streams.recurring.parse_run_id), distinct per command."""
+    return f"{schedule_id}@now-{at_ms}-{offset}"
+
+
+def manual_trigger_id(
+    tenant: str, schedule_id: str, partition: int, offset: int, at_ms: int
+) -> str:
+    """The trigger id of a trigger command's run: the same for every emission of it (a
+    replayed command fires it again under this id), 32 lowercase hex digits."""
+    return uuid.uuid5(MANUAL_NAMESPACE, f"{tenant}/{schedule_id}/{partition}/{offset}/{at_ms}").hex
+
+
+def trigger_id_of(row: BucketRow) -> str:
+    """The trigger id ``row`` fires under."""
+    if isinstance(row, ManualRun):
+        return row.trigger_id
+    return make_trigger_id(row.tenant, row.schedule_id, row.due_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class EventNote:
+    """One more history event a change writes with its schedule row."""
+
+    event: ScheduleEvent
+    detail: str | None = None
+    trigger_id: str | None = None
+    due_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ScheduleChange:
     """One command's effect for ``Store.apply_schedule_changes``: the schedule's new full
     row, the bucket row to write (create/reschedule) and the one to delete
@@ -175,6 +230,14 @@ class ScheduleChange:
     # The tenant's retention (TenantConfig.retention_s) for the schedule row and its event;
     # None: the store's global one. Bucket rows always keep the global retention.
     retention_s: int | None = None
+    # More history events, written with the row (same partition key: one mutation).
+    notes: tuple[EventNote, ...] = ()
+    # False: only the events are written, the row is left as it is (a trigger command,
+    # which must not overwrite a state the ticker may be recording meanwhile).
+    write_row: bool = True
+    # A paused one-shot whose due time an update moved: the listing index entry to move
+    # (it has no bucket row, which is what moves the entry otherwise).
+    index_old_due_ms: int | None = None
 
 
 # A prepared statement's name and its bind values.

@@ -124,9 +124,12 @@ class ScheduleStore(EventStore):
         return {row["schedule_id"]: row for rows in parts for row in rows}
 
     def schedule_ttl_s(self, row: ScheduleRow, now_ms: int, retention_s: int | None = None) -> int:
-        """A scheduled row lives until due + retention; a finished one retention from now.
+        """A scheduled row lives until due + retention; a finished one retention from now;
+        a paused one until it is resumed or cancelled (0: no TTL), however long that is.
         ``retention_s``: the tenant's retention (None: the global one)."""
         keep = self.keep_s(retention_s)
+        if row.state == ScheduleState.PAUSED:
+            return 0
         if row.state == ScheduleState.SCHEDULED:
             return ttl_s(row.due_ms, now_ms, keep)
         return keep
@@ -351,7 +354,9 @@ class ScheduleStore(EventStore):
         commits = []
         for change in wave:
             row = change.row
-            stmts = [self.put_schedule_stmt(row, change.now_ms, change.retention_s)]
+            stmts = []
+            if change.write_row:
+                stmts.append(self.put_schedule_stmt(row, change.now_ms, change.retention_s))
             if change.event is not None:
                 stmts.append(
                     self.event_stmt(
@@ -365,8 +370,22 @@ class ScheduleStore(EventStore):
                         change.retention_s,
                     )
                 )
+            stmts.extend(
+                self.event_stmt(
+                    row.tenant,
+                    row.schedule_id,
+                    note.event,
+                    change.now_ms,
+                    note.detail,
+                    note.trigger_id,
+                    note.due_ms,
+                    change.retention_s,
+                )
+                for note in change.notes
+            )
             stmts.extend(change.commit_with)
-            commits.append(stmts)
+            if stmts:
+                commits.append(stmts)
         await gather_all(
             [
                 self.run_together("put_schedule", [s for i in batch for s in commits[i]])

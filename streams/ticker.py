@@ -52,13 +52,12 @@ from base.errors import KafkaError, StoreError, TocsinError
 from base.supervise import HealthSink, supervise
 from streams import metrics
 from streams.buckets import BUCKET_MS, minute_ms
-from streams.model import BucketRow, FiredMark, trigger_for
+from streams.model import BucketRow, FiredMark, trigger_for, trigger_id_of
 from streams.pacing import FirePacer
 from streams.ports import TenantPolicies, TickerStore
 from streams.tenants import TenantConfig
 from streams.timeline import Entry, Timeline
 from topics.codec import encode_trigger, trigger_headers
-from topics.ids import trigger_id as make_trigger_id
 
 log = logging.getLogger("tocsin.ticker")
 
@@ -246,6 +245,32 @@ class PartitionTicker:
         for key in [k for k in self._awaited if k[:2] == (tenant, schedule_id)]:
             if key not in self._inflight:
                 self._settle_awaited(key)  # nothing of the withdrawn version fires now
+
+    def earliest_unemitted_ms(self, now_ms: int) -> int:
+        """No trigger due before this is still to be emitted here: every row below the
+        checkpoint was fired, and what waits is in the timeline or the fair queue. Before
+        the checkpoint is read, anything this far back may still come
+        (``initial_lookback_ms``)."""
+        if self.fired_before_ms is None:
+            return now_ms - self.config.initial_lookback_ms
+        earliest = self.fired_before_ms
+        for due in (self.timeline.next_due_ms(), self.pacer.earliest_due_ms()):
+            if due is not None:
+                earliest = min(earliest, due)
+        return earliest
+
+    def may_emit(self, tenant: str, schedule_id: str, due_ms: int) -> bool:
+        """Whether the trigger of (tenant, schedule_id) due at ``due_ms`` is not emitted yet:
+        its minute is not loaded, or it waits in the timeline or the fair queue. A pause
+        decided on this (synchronously, with the withdrawal that follows) leaves nothing of
+        the schedule to fire but what is emitted already."""
+        if (tenant, schedule_id, due_ms) in self._inflight:
+            return False
+        if due_ms >= self.timeline.loaded_until_ms:
+            return True
+        if self.timeline.get(tenant, schedule_id) is not None:
+            return True
+        return self.pacer.get(tenant, schedule_id) is not None
 
     def is_firing(self, tenant: str, schedule_id: str) -> bool:
         """True while a trigger of this schedule is emitted but not yet recorded as fired,
@@ -645,7 +670,7 @@ class PartitionTicker:
         key = (row.tenant, row.schedule_id, row.due_ms)
         if key in self._inflight:
             return None
-        trig_id = make_trigger_id(row.tenant, row.schedule_id, row.due_ms)
+        trig_id = trigger_id_of(row)
         self._inflight[key] = _InFlight(entry, grace_ms)
         self._firing[key[:2]] = self._firing.get(key[:2], 0) + 1
         heapq.heappush(self._inflight_heap, (row.due_ms, next(self._seq), key))

@@ -265,9 +265,27 @@ class FakeStore:
                 deletes.append(change.old_bucket)
             self._write_buckets([new] if new is not None else [], deletes)
             row = change.row
-            self.schedules[(row.tenant, row.schedule_id)] = row
+            if change.write_row:
+                self.schedules[(row.tenant, row.schedule_id)] = row
             if change.event is not None:
-                self._event(row.tenant, row.schedule_id, change.event, change.now_ms, row.due_ms)
+                self._event(
+                    row.tenant,
+                    row.schedule_id,
+                    change.event,
+                    change.now_ms,
+                    row.due_ms,
+                    detail=change.event_detail,
+                )
+            for note in change.notes:
+                self._event(
+                    row.tenant,
+                    row.schedule_id,
+                    note.event,
+                    change.now_ms,
+                    note.due_ms,
+                    note.trigger_id,
+                    note.detail,
+                )
 
     # -- fire bookkeeping ------------------------------------------------------------------
 

@@ -23,6 +23,11 @@ class CommandType(StrEnum):
     CREATE = "create"
     UPDATE = "update"
     CANCEL = "cancel"
+    # Stop firing until resumed (a recurring schedule skips its runs meanwhile).
+    PAUSE = "pause"
+    RESUME = "resume"
+    # Fire once, at once, as an extra run with a trigger id of its own.
+    TRIGGER = "trigger"
 
 
 class ResultStatus(StrEnum):
@@ -215,7 +220,56 @@ class CancelCommand:
         return CommandType.CANCEL
 
 
-Command: TypeAlias = CreateCommand | UpdateCommand | CancelCommand
+@dataclass(frozen=True, kw_only=True)
+class PauseCommand:
+    """Stop the schedule from firing until a resume; triggers already emitted are not
+    recalled."""
+
+    tenant: str
+    schedule_id: str
+    request_id: str | None = None
+    reply_nonce: str | None = None
+
+    @property
+    def type(self) -> CommandType:
+        return CommandType.PAUSE
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResumeCommand:
+    """Let a paused schedule fire again: a one-shot whose due time passed meanwhile follows
+    its misfire tolerance, a recurring one goes on with its next run."""
+
+    tenant: str
+    schedule_id: str
+    request_id: str | None = None
+    reply_nonce: str | None = None
+
+    @property
+    def type(self) -> CommandType:
+        return CommandType.RESUME
+
+
+@dataclass(frozen=True, kw_only=True)
+class TriggerCommand:
+    """Fire the schedule once now, besides its own runs (paused or not)."""
+
+    tenant: str
+    schedule_id: str
+    request_id: str | None = None
+    reply_nonce: str | None = None
+
+    @property
+    def type(self) -> CommandType:
+        return CommandType.TRIGGER
+
+
+# The commands that name a schedule and nothing else.
+SimpleCommand: TypeAlias = CancelCommand | PauseCommand | ResumeCommand | TriggerCommand
+
+Command: TypeAlias = (
+    CreateCommand | UpdateCommand | CancelCommand | PauseCommand | ResumeCommand | TriggerCommand
+)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -45,7 +45,11 @@ from topics.models import (
     Command,
     CommandType,
     CreateCommand,
+    PauseCommand,
     PayloadType,
+    ResumeCommand,
+    SimpleCommand,
+    TriggerCommand,
     UpdateCommand,
 )
 from topics.recurrence import RECURRING_DEFAULT_MISFIRE_TOLERANCE_S, parse_recurrence
@@ -95,6 +99,25 @@ COMMAND_FIELDS: dict[CommandType, Fields] = {
         required=("type", "tenant", "schedule_id"),
         optional=("request_id", "reply_nonce"),
     ),
+    CommandType.PAUSE: Fields(
+        required=("type", "tenant", "schedule_id"),
+        optional=("request_id", "reply_nonce"),
+    ),
+    CommandType.RESUME: Fields(
+        required=("type", "tenant", "schedule_id"),
+        optional=("request_id", "reply_nonce"),
+    ),
+    CommandType.TRIGGER: Fields(
+        required=("type", "tenant", "schedule_id"),
+        optional=("request_id", "reply_nonce"),
+    ),
+}
+# The commands that carry nothing but the schedule they name.
+_SIMPLE_COMMANDS: dict[CommandType, type[SimpleCommand]] = {
+    CommandType.CANCEL: CancelCommand,
+    CommandType.PAUSE: PauseCommand,
+    CommandType.RESUME: ResumeCommand,
+    CommandType.TRIGGER: TriggerCommand,
 }
 
 _REPLY_NONCE = re.compile(r"[A-Za-z0-9_-]{16,128}", re.ASCII)
@@ -115,7 +138,7 @@ def _command_type(obj: dict[str, object]) -> CommandType:
     if not isinstance(value, str) or value not in _COMMAND_TYPES:
         raise CommandRejected(
             Code.UNKNOWN_COMMAND_TYPE,
-            f"type {show(value)} is not one of create, update, cancel",
+            f"type {show(value)} is not one of {', '.join(t.value for t in CommandType)}",
         )
     return CommandType(value)
 
@@ -155,8 +178,9 @@ def decode_command(raw: bytes, *, key: bytes | None, now_ms: int, limits: Limits
     if request_id is not None:
         request_id = check_text(request_id, "request_id", max_len=limits.max_id_len)
     nonce = check_reply_nonce(obj["reply_nonce"]) if "reply_nonce" in obj else None
-    if ctype is CommandType.CANCEL:
-        return CancelCommand(
+    simple = _SIMPLE_COMMANDS.get(ctype)
+    if simple is not None:
+        return simple(
             tenant=tenant, schedule_id=schedule_id, request_id=request_id, reply_nonce=nonce
         )
     if ctype is CommandType.CREATE:

@@ -345,7 +345,7 @@ def test_openapi_references_resolve_and_enums_are_the_wire_values() -> None:
     refs = set(re.findall(r'"\$ref":"#/components/schemas/(\w+)"', orjson.dumps(doc).decode()))
     assert refs and refs <= set(schemas)
     status = schemas["Schedule"]["properties"]["status"]["enum"]
-    assert status == ["scheduled", "fired", "missed", "cancelled", "completed"]
+    assert status == ["scheduled", "fired", "missed", "cancelled", "paused", "completed"]
     mode = doc["paths"]["/v1/schedules"]["post"]["parameters"][0]["schema"]["enum"]
     assert mode == ["sync", "async"]
 
