@@ -23,6 +23,7 @@ from proxy.hostlimits import (
     parse_limits,
 )
 from proxy.limitsfile import CHECK_EVERY_S, LimitsFile
+from proxy.metrics import MAX_BREAKER_SERIES, ProxyMetrics
 from proxy.retry import AttemptState, DeadLetter, HttpResult, Retry, RetryPolicy, held_by_host
 
 BAD = HttpResult(status=503)
@@ -264,3 +265,18 @@ def test_describe_says_the_state_the_next_probe_and_the_rate() -> None:
     assert "next probe in 3.0s" in text
     g.check("a", H, 5.0)
     assert "half-open: one probe out" in describe(g.explain("a", H, 5.0))
+
+
+def test_metrics_show_the_breakers_with_a_bounded_label_set() -> None:
+    metrics = ProxyMetrics()
+    g = HostGate(BreakerPolicy(failures=1))
+    metrics.watch_hosts(g)
+    for i in range(MAX_BREAKER_SERIES + 10):
+        g.record("a", f"https://h{i}", BAD, 0.0, probe=False)
+    g.record("b", H, OK, 0.0, probe=False)
+    reg = metrics.registry
+    assert reg.get_sample_value("tocsin_proxy_breakers", {"state": "open"}) == 60
+    assert reg.get_sample_value("tocsin_proxy_breakers", {"state": "closed"}) == 1
+    series = [s for m in reg.collect() if m.name == "tocsin_proxy_breaker_open" for s in m.samples]
+    assert len(series) == MAX_BREAKER_SERIES
+    assert all(s.labels["tenant"] == "a" and s.labels["state"] == "open" for s in series)
