@@ -522,12 +522,57 @@ def _schedule_paths() -> dict[str, Schema]:
                 params=[_SID, *_MODE],
             )
         },
+        **_control_paths(),
+    }
+
+
+def _control_paths() -> dict[str, Schema]:
+    """Pause, resume and trigger one schedule (no body; docs/wire-contract.md)."""
+    summaries = {
+        "pause": "stop the schedule firing until resumed (recurring: its runs are skipped); "
+        "duplicate when it is paused already",
+        "resume": "let a paused schedule fire again: a one-shot due meanwhile fires late "
+        "within its misfire tolerance or is recorded missed, a recurring one goes on at its "
+        "next run; duplicate when it is not paused",
+        "trigger": "fire the schedule once now as an extra run with its own trigger id (the "
+        "result's message names it); a paused schedule stays paused",
+    }
+    return {
+        f"/v1/schedules/{{schedule_id}}/{kind}": {
+            "post": _op(summary, {**_SCHEDULE_OK, **_RESULT_ERRORS}, params=[_SID, *_MODE])
+        }
+        for kind, summary in summaries.items()
     }
 
 
 def _bulk_paths() -> dict[str, Schema]:
     counts = {"200": _json({"type": "object"}, "counts"), **_ERRORS}
     statuses = {"type": "array", "items": {"enum": list(STATUSES)}}
+    scope = {
+        "type": "object",
+        "description": "one-shots due in [from, to) (default: a day ago to a year ahead)",
+        "properties": {
+            "from": _ref("Time"),
+            "to": _ref("Time"),
+            "id_prefix": {"type": "string", "maxLength": 256},
+        },
+    }
+    toggled_counts = {
+        "type": "object",
+        "description": "matched; paused or resumed (answered ok); codes (count per result "
+        "code); no_result (sent, unanswered in time); failed (one entry per schedule whose "
+        "command failed); truncated (more matched: call again)",
+        "properties": {
+            "matched": {"type": "integer"},
+            "paused": {"type": "integer"},
+            "resumed": {"type": "integer"},
+            "codes": {"type": "object", "additionalProperties": {"type": "integer"}},
+            "no_result": {"type": "integer"},
+            "failed": {"type": "array", "items": {"type": "object"}},
+            "truncated": {"type": "boolean"},
+        },
+    }
+    toggled = {"200": _json(toggled_counts, "counts"), **_ERRORS}
     return {
         "/v1/bulk/cancel": {
             "post": _op("cancel every scheduled schedule due in a window", counts, body=_window())
@@ -537,6 +582,22 @@ def _bulk_paths() -> dict[str, Schema]:
                 "emit again the triggers of fired/missed schedules in a window (reconcile)",
                 counts,
                 body=_window(status=statuses),
+            )
+        },
+        "/v1/bulk/pause": {
+            "post": _op(
+                "pause every scheduled schedule of the tenant (one-shots due in the window, "
+                "recurring ones whatever their times), optionally only ids with a prefix; at "
+                "most 10,000 per request",
+                toggled,
+                body=scope,
+            )
+        },
+        "/v1/bulk/resume": {
+            "post": _op(
+                "resume every paused schedule of the tenant (as /v1/bulk/pause selects them)",
+                toggled,
+                body=scope,
             )
         },
     }

@@ -208,6 +208,27 @@ async def cancel_schedule(request: web.Request) -> web.Response:
     return await _command(request, cmd, cancel=True)
 
 
+async def pause_schedule(request: web.Request) -> web.Response:
+    return await _simple(request, "pause")
+
+
+async def resume_schedule(request: web.Request) -> web.Response:
+    return await _simple(request, "resume")
+
+
+async def trigger_schedule(request: web.Request) -> web.Response:
+    return await _simple(request, "trigger")
+
+
+async def _simple(request: web.Request, kind: str) -> web.Response:
+    """A command that names the path's schedule and nothing else (pause, resume, trigger)."""
+    tenant, service, sid = await _addressed(request)
+    cmd = views.simple_command(
+        kind, tenant=tenant, schedule_id=sid, request_id=service.bridge.new_request_id()
+    )
+    return await _command(request, cmd)
+
+
 async def get_schedule(request: web.Request) -> web.Response:
     tenant, service, sid = await _addressed(request)
     row, events = await service.get_schedule(tenant, sid)
@@ -299,6 +320,28 @@ async def bulk_refire(request: web.Request) -> web.Response:
     assert wanted is not None
     lo, hi = views.parse_window({k: str(v) for k, v in body.items()})
     return json_response(await request.app[SERVICE].bulk_refire(tenant, lo, hi, wanted))
+
+
+async def bulk_pause(request: web.Request) -> web.Response:
+    return await _bulk_toggle(request, "pause")
+
+
+async def bulk_resume(request: web.Request) -> web.Response:
+    return await _bulk_toggle(request, "resume")
+
+
+async def _bulk_toggle(request: web.Request, kind: str) -> web.Response:
+    who = await principal(request)
+    tenant = who.require_tenant()
+    body = await _body(request) if request.can_read_body else {}
+    lo, hi, prefix = views.parse_bulk_scope(
+        body, now_ms=now_ms(), default_span_ms=BULK_DEFAULT_SPAN_MS
+    )
+    return json_response(await request.app[SERVICE].bulk_toggle(tenant, kind, lo, hi, prefix))
+
+
+# A bulk pause or resume without ``to``: one-shots due up to a year ahead.
+BULK_DEFAULT_SPAN_MS = 365 * 86_400_000
 
 
 # -- tenants ---------------------------------------------------------------------------------
@@ -452,8 +495,13 @@ def build_app(settings: Settings, service: Service | None = None) -> web.Applica
     r.add_patch("/v1/schedules/{schedule_id}", update_schedule)
     r.add_delete("/v1/schedules/{schedule_id}", cancel_schedule)
     r.add_post("/v1/schedules/{schedule_id}/reschedule", reschedule)
+    r.add_post("/v1/schedules/{schedule_id}/pause", pause_schedule)
+    r.add_post("/v1/schedules/{schedule_id}/resume", resume_schedule)
+    r.add_post("/v1/schedules/{schedule_id}/trigger", trigger_schedule)
     r.add_post("/v1/bulk/cancel", bulk_cancel)
     r.add_post("/v1/bulk/refire", bulk_refire)
+    r.add_post("/v1/bulk/pause", bulk_pause)
+    r.add_post("/v1/bulk/resume", bulk_resume)
     r.add_post("/v1/tenants", register_tenant)
     r.add_get("/v1/tenants", list_tenants)
     r.add_get("/v1/tenants/{tenant}", get_tenant)

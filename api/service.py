@@ -16,11 +16,13 @@ import orjson
 
 from api.bridge import CommandBridge, Expected, ResultDoc, new_reply_nonce
 from api.views import (
+    BULK_TOGGLES,
     ApiError,
     cancel_command,
     effective_state,
     http_status,
     matches,
+    simple_command,
 )
 from base.clock import now_ms
 from base.errors import CommandRejected, StoreError, TocsinError
@@ -369,6 +371,49 @@ class Service:
         res = await self.send(cmd, wait=True)
         return res["code"]
 
+    async def bulk_toggle(
+        self, tenant: str, kind: str, from_ms: int, to_ms: int, id_prefix: str = ""
+    ) -> dict[str, object]:
+        """Pause (``kind`` "pause") every scheduled schedule of the tenant, or resume every
+        paused one, as ``toggle_targets`` selects them (at most MAX_BULK per request,
+        ``truncated``: call again, the ones done no longer match). Each is its own command,
+        answered on its own: one that fails is listed in ``failed`` and the others
+        proceed."""
+        state, done = BULK_TOGGLES[kind]
+        rows, truncated = await toggle_targets(
+            self.store, tenant, state, from_ms=from_ms, to_ms=to_ms, id_prefix=id_prefix
+        )
+        results = await each_row(
+            rows, lambda row: self._simple(kind, tenant, str(row["schedule_id"]))
+        )
+        codes: dict[str, int] = {}
+        failed: list[dict[str, object]] = []
+        missing = 0
+        for row, result in zip(rows, results, strict=True):
+            if isinstance(result, ApiError) and result.status == 504:
+                missing += 1  # sent, unanswered in time: it may still apply
+            elif isinstance(result, Exception):
+                failed.append(row_failure(row["schedule_id"], result))
+            else:
+                codes[result] = codes.get(result, 0) + 1
+        return {
+            "matched": len(rows),
+            done: codes.get(Code.OK, 0),
+            "codes": codes,
+            "no_result": missing,
+            "failed": failed,
+            "truncated": truncated,
+        }
+
+    async def _simple(self, kind: str, tenant: str, schedule_id: str) -> str:
+        """Send one cancel, pause, resume or trigger; the result code the scheduler
+        answered."""
+        cmd = simple_command(
+            kind, tenant=tenant, schedule_id=schedule_id, request_id=self.bridge.new_request_id()
+        )
+        res = await self.send(cmd, wait=True)
+        return res["code"]
+
     async def bulk_refire(
         self, tenant: str, from_ms: int, to_ms: int, statuses: frozenset[str]
     ) -> dict[str, object]:
@@ -421,6 +466,51 @@ class Service:
             due_ms=trig.due_ms,
             detail="re-fired by bulk reconcile" + was,
         )
+
+
+async def toggle_targets(
+    store: Store,
+    tenant: str,
+    state: str,
+    *,
+    from_ms: int,
+    to_ms: int,
+    id_prefix: str = "",
+    limit: int = MAX_BULK,
+) -> tuple[list[CqlRow], bool]:
+    """The tenant's schedules in ``state`` (scheduled: to pause; paused: to resume) whose
+    id starts with ``id_prefix``: one-shots due in [from_ms, to_ms) from the listing
+    index, in due order, then recurring schedules whatever their times. At most
+    ``limit`` (True when there were more). Shared by the API's bulk routes and
+    ``tocsin schedule pause|resume --all``."""
+    out: list[CqlRow] = []
+    after: tuple[int, str] | None = None
+    while True:
+        page = await store.read_index(tenant, from_ms=from_ms, to_ms=to_ms, after=after, limit=500)
+        if not page:
+            break
+        after = page[-1]
+        wanted = [sid for _, sid in page if sid.startswith(id_prefix)]
+        rows = await store.get_schedules(tenant, wanted) if wanted else {}
+        for due, sid in page:
+            row = rows.get(sid)
+            # A row whose due moved elsewhere is listed there (a reschedule's old entry).
+            if row is None or int(row["due_ms"]) != due or effective_state(row) != state:
+                continue
+            if len(out) >= limit:
+                return out, True
+            out.append(row)
+    ids = [i for i in await store.list_recurring(tenant) if i.startswith(id_prefix)]
+    for start in range(0, len(ids), 100):
+        rows = await store.get_schedules(tenant, ids[start : start + 100])
+        for sid in ids[start : start + 100]:
+            row = rows.get(sid)
+            if row is None or not row.get("recurrence") or row.get("state") != state:
+                continue
+            if len(out) >= limit:
+                return out, True
+            out.append(row)
+    return out, False
 
 
 async def each_row(

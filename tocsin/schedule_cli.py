@@ -6,11 +6,20 @@ import argparse
 import asyncio
 import sys
 import uuid
+from collections import Counter
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from api.views import ApiError, matches, parse_statuses, parse_window, schedule_view
+from api.views import (
+    BULK_TOGGLES,
+    ApiError,
+    matches,
+    parse_bulk_scope,
+    parse_statuses,
+    parse_window,
+    schedule_view,
+)
 from base.clock import now_ms
 from base.errors import CommandRejected
 from base.settings import Settings
@@ -30,7 +39,15 @@ from tocsin.output import (
 )
 from tocsin.store_session import with_store
 from topics.ids import format_iso_ms
-from topics.models import CancelCommand, Command, CommandResult
+from topics.models import (
+    CancelCommand,
+    Command,
+    CommandResult,
+    PauseCommand,
+    ResumeCommand,
+    SimpleCommand,
+    TriggerCommand,
+)
 from topics.validation import Limits, decode_command
 
 if TYPE_CHECKING:
@@ -45,10 +62,26 @@ def cmd_schedule(args: argparse.Namespace, settings: Settings) -> int:
         "create": _schedule_send,
         "cancel": _schedule_send,
         "explain": schedule_explain,
+        "pause": _schedule_control,
+        "resume": _schedule_control,
+        "trigger": _schedule_send,
     }
+    bulk = args.action in _BULK_ACTIONS and getattr(args, "all", False)
+    given = "*" if bulk and not args.schedule_id else args.schedule_id
     return run_action(
-        args, settings, actions, command="schedule", subject="schedule id", given=args.schedule_id
+        args, settings, actions, command="schedule", subject="schedule id", given=given
     )
+
+
+# The actions that name only their schedule, and the command each sends.
+_SIMPLE_ACTIONS: dict[str, type[SimpleCommand]] = {
+    "cancel": CancelCommand,
+    "pause": PauseCommand,
+    "resume": ResumeCommand,
+    "trigger": TriggerCommand,
+}
+# Actions that may act on every matching schedule of the tenant (``--all``).
+_BULK_ACTIONS = ("pause", "resume")
 
 
 _RESULT_COLUMNS = ["schedule_id", "status", "code", "message"]
@@ -108,7 +141,9 @@ def _schedule_send(args: argparse.Namespace, settings: Settings) -> int:
             emit(args, [rejected], _RESULT_COLUMNS)
             return EXIT_REJECTED
     else:
-        command = CancelCommand(tenant=args.tenant, schedule_id=args.schedule_id, request_id=rid)
+        command = _SIMPLE_ACTIONS[args.action](
+            tenant=args.tenant, schedule_id=args.schedule_id, request_id=rid
+        )
     result = _send_and_wait(args, settings, command)
     if result is None:
         print(f"no result within {args.timeout_s}s (is a worker running?)", file=sys.stderr)
@@ -125,6 +160,86 @@ def _schedule_send(args: argparse.Namespace, settings: Settings) -> int:
     if accepted and recurring and not getattr(args, "json", False):
         print(f"next runs: tocsin schedule runs {args.tenant} {args.schedule_id}")
     return EXIT_OK if accepted else EXIT_REJECTED
+
+
+def _schedule_control(args: argparse.Namespace, settings: Settings) -> int:
+    """``tocsin schedule pause|resume TENANT ID``, or with ``--all`` every schedule of the
+    tenant it applies to (``--id-prefix``, ``--from``/``--to`` for one-shots' due times:
+    the API's bulk pause/resume, docs/api.md): one command each, a summary of the answers."""
+    if args.schedule_id and getattr(args, "all", False):
+        print("error: give a schedule id or --all, not both", file=sys.stderr)
+        return EXIT_USAGE
+    if args.schedule_id:
+        return _schedule_send(args, settings)
+    try:
+        lo, hi, prefix = parse_bulk_scope(
+            _bulk_body(args), now_ms=now_ms(), default_span_ms=365 * 86_400_000
+        )
+    except ApiError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return EXIT_USAGE
+    from api.service import toggle_targets  # loads the Cassandra driver
+
+    state, done = BULK_TOGGLES[args.action]
+    rows, truncated = asyncio.run(
+        with_store(
+            settings,
+            lambda store: toggle_targets(
+                store, args.tenant, state, from_ms=lo, to_ms=hi, id_prefix=prefix
+            ),
+        )
+    )
+    ids = [str(r["schedule_id"]) for r in rows]
+    results = _send_all(args, settings, ids) if ids else {}
+    codes = Counter(str(r.code) for r in results.values())
+    failed = [
+        {"schedule_id": sid, "code": str(r.code), "message": r.message}
+        for sid, r in results.items()
+        if str(r.status) != "accepted"
+    ]
+    summary: dict[str, object] = {
+        "matched": len(ids),
+        done: codes.get("ok", 0),
+        "codes": dict(codes),
+        "no_result": len(ids) - len(results),
+        "failed": failed,
+        "truncated": truncated,
+    }
+    if getattr(args, "json", False):
+        print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
+    else:
+        for key, value in summary.items():
+            print(f"{key:10s} {value}")
+    return EXIT_OK if not failed and len(results) == len(ids) else EXIT_REJECTED
+
+
+def _bulk_body(args: argparse.Namespace) -> dict[str, object]:
+    body: dict[str, object] = {"id_prefix": args.id_prefix or ""}
+    for name, value in (("from", args.from_), ("to", args.to)):
+        if value:
+            body[name] = value
+    return body
+
+
+def _send_all(
+    args: argparse.Namespace, settings: Settings, ids: list[str]
+) -> dict[str, CommandResult]:
+    """Send ``args.action`` for every id (signed with the tenant's key); the results that
+    came within ``--timeout-s``."""
+    tenant_row = asyncio.run(with_store(settings, lambda s: s.get_tenant(args.tenant)))
+    key = (tenant_row or {}).get("signing_secret")
+    watcher = ResultWatcher(settings)
+    client = CommandClient(settings)
+    kind = _SIMPLE_ACTIONS[args.action]
+    for sid in ids:
+        client.send(
+            kind(tenant=args.tenant, schedule_id=sid, request_id=uuid.uuid4().hex),
+            signing_key=key,
+        )
+    client.flush()
+    results = watcher.wait_for(ids, timeout_s=args.timeout_s)
+    watcher.close()
+    return results
 
 
 def _send_and_wait(
@@ -336,11 +451,31 @@ def _schedule_runs(args: argparse.Namespace, settings: Settings) -> int:
 
 def register(sub: SubParsers) -> None:
     schedule = sub.add_parser("schedule", help="create, cancel and inspect schedules")
-    schedule.add_argument("action", choices=["create", "cancel", "get", "list", "runs", "explain"])
+    schedule.add_argument(
+        "action",
+        choices=[
+            "create",
+            "cancel",
+            "get",
+            "list",
+            "runs",
+            "explain",
+            "pause",
+            "resume",
+            "trigger",
+        ],
+    )
     schedule.add_argument("tenant")
     schedule.add_argument("schedule_id", nargs="?")
     schedule.add_argument("--from", dest="from_", help="list: due from (ISO-8601 or epoch ms)")
     schedule.add_argument("--to", help="list: due before (ISO-8601 or epoch ms)")
+    schedule.add_argument(
+        "--all",
+        action="store_true",
+        help="pause/resume: every schedule of the tenant it applies to (one-shots due in "
+        "--from/--to, default a day ago to a year ahead; recurring ones all), at most 10,000",
+    )
+    schedule.add_argument("--id-prefix", help="pause/resume --all: only ids with this prefix")
     schedule.add_argument("--status", help="list: comma-separated statuses")
     schedule.add_argument("--limit", type=int, default=100, help="list: at most this many")
     schedule.add_argument(
