@@ -67,6 +67,7 @@ from topics.models import (
     Command,
     CommandResult,
     CommandType,
+    PauseCommand,
     ResultStatus,
 )
 from topics.signing import (
@@ -233,6 +234,10 @@ class CommandProcessor:
             msg = batch[index]
             key = (command.tenant, command.schedule_id)
             ticker = self.tickers.get(msg.partition)
+            if isinstance(command, PauseCommand):
+                # A pause is decided on what the ticker may still emit: without the ticker
+                # (a rebalance under way) it waits for one, like a hand-over.
+                ticker = self._ticker_of(msg.partition)
             firing = ticker is not None and ticker.is_firing(*key)
             existing = current.get(key)
             replay = is_replay(existing, msg.offset)

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 import pytest
 
-from base.errors import CommandRejected
-from streams.commands import RawCommand
+from base.errors import CommandRejected, KafkaError
+from streams.commands import CommandProcessor, RawCommand
 from streams.decisions import (
     Decision,
     decide,
@@ -58,6 +58,7 @@ from topics.models import (
     UpdateCommand,
 )
 from topics.signing import TimestampType, sign_headers
+from topics.validation import Limits
 
 NOW = 1_800_000_000_000
 CB = HttpCallback(url="https://h.example/cb")
@@ -501,3 +502,28 @@ def test_the_trigger_a_manual_run_emits_carries_its_own_id() -> None:
     assert d.fire_now is not None
     trig = trigger_for(d.fire_now, emitted_ms=NOW, trigger_id=trigger_id_of(d.fire_now))
     assert decode_trigger(encode_trigger(trig)).trigger_id == trigger_id_of(d.fire_now)
+
+
+async def test_a_pause_waits_while_its_partition_has_no_ticker_here() -> None:
+    # Assigned here as far as the consumer knows, but its ticker stopped (a rebalance under
+    # way): what may still fire is unknown, so the pause is retried, not answered.
+    create = record("no-ticker", 1)
+    proc = CommandProcessor(
+        store=AcmeStore(),
+        sink=HeldSinkById(),
+        tickers={},
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=Limits(),
+        clock_ms=lambda: create.timestamp_ms,
+        assigned=lambda partition: True,
+    )
+    pausing = command_record(
+        PauseCommand(tenant="acme", schedule_id="no-ticker"),
+        2,
+        create.partition,
+        create.timestamp_ms,
+    )
+    with pytest.raises(KafkaError) as caught:
+        await proc.process_batch([pausing])
+    assert caught.value.retriable
