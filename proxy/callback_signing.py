@@ -60,6 +60,8 @@ MAX_SECRET_CHARS = 256
 MAX_FILE_BYTES = 4 * 1024 * 1024
 RELOAD_CHECK_S = 1.0
 SECRET_PREFIX = "tcs_"
+# Unix seconds have 10 digits until the year 2286; a longer t is not a timestamp.
+MAX_TIMESTAMP_DIGITS = 12
 
 
 class SignResult(enum.StrEnum):
@@ -111,16 +113,20 @@ def check(
     now_s: float,
     window_s: float = REPLAY_WINDOW_S,
 ) -> VerifyFailure | None:
-    """Why ``header`` does not verify with ``secret`` (None: it does). What a receiver
-    does; the proxy uses it only in ``tocsin proxy secret verify``."""
+    """Why ``header`` does not verify with ``secret`` (None: it does): what a receiver
+    does (docs/proxy.md has the same in ten lines). Any header, however malformed, gets an
+    answer, never an exception: it comes from whoever reaches the receiver."""
     fields = [part.strip().partition("=")[::2] for part in header.split(",")]
     t = next((v for k, v in fields if k == "t"), "")
-    if not t.isdecimal():  # isdigit would pass "²", which int() refuses
+    # ASCII digits only ("²" and "٣" are digits to str), and few of them: int() refuses a
+    # string of more than 4,300 digits.
+    if not (t.isascii() and t.isdigit() and len(t) <= MAX_TIMESTAMP_DIGITS):
         return VerifyFailure.MALFORMED
     if abs(now_s - int(t)) > window_s:
         return VerifyFailure.STALE
     expected = signature(secret, int(t), trigger_id, body)
-    if any(k == SCHEME and hmac.compare_digest(v, expected) for k, v in fields):
+    # compare_digest raises on a str with non-ASCII characters: such a v1 matches nothing.
+    if any(k == SCHEME and v.isascii() and hmac.compare_digest(v, expected) for k, v in fields):
         return None
     return VerifyFailure.MISMATCH
 

@@ -114,6 +114,28 @@ def test_a_header_without_a_numeric_timestamp_is_malformed(header: str) -> None:
     assert check(header, "t-1", BODY, SECRET, now_s=1_700_000_000) is VerifyFailure.MALFORMED
 
 
+def hostile_headers(now: int) -> list[str]:
+    """Headers anyone who reaches a receiver can send: each must be refused, not raise."""
+    good = sign([SECRET], now, "t-1", BODY)
+    return [
+        f"t={now},v1=\u00e9" + VECTOR[1:],  # non-ASCII: compare_digest raises on a str
+        f"t={now},v1=\udcff",  # what a surrogateescape header decoding gives
+        "t=" + "9" * 5000 + f",v1={VECTOR}",  # int() refuses more than 4,300 digits
+        good.replace(f"t={now}", "t=" + "".join(chr(0x660 + int(d)) for d in str(now))),
+    ]
+
+
+def test_a_hostile_header_is_refused_without_raising() -> None:
+    now = 1_700_000_000
+    answers = [check(h, "t-1", BODY, SECRET, now_s=now) for h in hostile_headers(now)]
+    assert answers == [
+        VerifyFailure.MISMATCH,
+        VerifyFailure.MISMATCH,
+        VerifyFailure.MALFORMED,
+        VerifyFailure.MALFORMED,
+    ]
+
+
 def test_generated_secrets_are_long_random_and_accepted_by_the_file() -> None:
     a, b = generate_secret(), generate_secret()
     assert a != b and len(a) >= 40
@@ -136,6 +158,8 @@ def test_the_documented_python_example_verifies_what_the_proxy_signs() -> None:
     assert not verify(sign([SECRET], now - 301, "t-1", BODY), "t-1", BODY, SECRET)
     assert not verify(sign([SECRET], now + 301, "t-1", BODY), "t-1", BODY, SECRET)
     assert not verify(f"v1={VECTOR}", "t-1", BODY, SECRET)
+    for hostile in hostile_headers(now):
+        assert verify(hostile, "t-1", BODY, SECRET) is False, hostile[:40]
 
 
 def test_the_documented_vector_is_the_one_computed_apart() -> None:
@@ -159,6 +183,8 @@ def test_the_documented_node_example_verifies_what_the_proxy_signs() -> None:
         (sign([SECRET], now - 301, "t-1", BODY), "t-1", BODY, SECRET, False),
         (f"v1={VECTOR}", "t-1", BODY, SECRET, False),
     ]
+    # All but the lone surrogate, which JSON cannot carry to node.
+    cases += [(h, "t-1", BODY, SECRET, False) for h in hostile_headers(now) if "\udcff" not in h]
     program = doc_example("node") + (
         "const cases = JSON.parse(process.argv[1]);\n"
         "console.log(JSON.stringify(cases.map(([h, id, b, s]) =>"
