@@ -17,8 +17,9 @@ list of secrets, newest first, mounted from a Kubernetes Secret. The proxy reads
 Cassandra, and a secret must never travel on a Kafka topic, so it cannot come with the
 trigger. ``SecretsFile`` re-reads the file when it changes (checked at most every
 ``RELOAD_CHECK_S``); a file that cannot be read or parsed keeps the last good secrets (one
-ERROR log per bad version, never a secret in it). Its map holds only the tenants in the
-file, bounded by the file's size.
+ERROR log per bad version, never a secret in it), and one that could not be read is read
+again at the next look. Its map holds only the tenants in the file, bounded by the file's
+size.
 
 Pure but for ``SecretsFile``, which reads one local file; no secret is ever logged or put
 in an exception message.
@@ -195,7 +196,10 @@ def read_secrets_file(path: Path) -> dict[str, tuple[str, ...]]:
         with path.open("rb") as f:
             raw = f.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
-        raise ConfigError(f"cannot read the secrets file {path}: {exc.strerror}") from None
+        err = ConfigError(f"cannot read the secrets file {path}: {exc.strerror}")
+        # Not the file's fault (descriptors, permissions, a swap under way): may read later.
+        err.retriable = True
+        raise err from None
     return parse_secrets(raw)
 
 
@@ -234,7 +238,10 @@ class SecretsFile:
     monotonic: Callable[[], float] = time.monotonic
     on_reload: Callable[[bool, int], None] = lambda ok, tenants: None
     _by_tenant: dict[str, tuple[str, ...]] = field(default_factory=dict, init=False, repr=False)
+    # The version in use, or the last one found invalid: neither is read again.
     _version: tuple[int, int, int] | None = field(default=None, init=False)
+    # A version that could not be read: read again at each look, reported once.
+    _unreadable: tuple[int, int, int] | None = field(default=None, init=False)
     _next_check: float = field(default=0.0, init=False)
 
     def load(self) -> SecretsFile:
@@ -257,21 +264,31 @@ class SecretsFile:
             self._maybe_reload()
         return self._by_tenant.get(tenant, ())
 
+    def _refuse(self, version: tuple[int, int, int], exc: ConfigError) -> None:
+        if not exc.retriable:
+            self._version = version  # invalid as written: wait for the next version
+        elif version == self._unreadable:
+            return  # still unreadable: already reported
+        else:
+            # Unreadable (chmod changes no part of the version): read it again next time.
+            self._unreadable = version
+        log.error(
+            "callback secrets file unusable; keeping the previous secrets",
+            extra={"path": str(self.path), "error": str(exc)},
+        )
+        self.on_reload(False, len(self._by_tenant))
+
     def _maybe_reload(self) -> None:
         version = _version(self.path)
         if version is None or version == self._version:
             # Gone (being replaced, or unmounted): keep signing with what we had.
             return
-        self._version = version
         try:
             by_tenant = read_secrets_file(self.path)
         except ConfigError as exc:
-            log.error(
-                "callback secrets file unusable; keeping the previous secrets",
-                extra={"path": str(self.path), "error": str(exc)},
-            )
-            self.on_reload(False, len(self._by_tenant))
+            self._refuse(version, exc)
             return
+        self._version, self._unreadable = version, None
         self._by_tenant = by_tenant
         log.info(
             "callback secrets reloaded", extra={"path": str(self.path), "tenants": len(by_tenant)}

@@ -282,6 +282,38 @@ def test_a_bad_new_version_keeps_the_last_good_secrets_and_logs_no_secret(
     assert keys.secrets_for("acme") == (SECRET,)
 
 
+def test_a_version_that_could_not_be_read_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read failure (out of descriptors, or permissions fixed with chmod, which changes
+    neither inode, size nor mtime) is not the file's fault: the same version is tried again
+    at the next look, and reported once."""
+    path = tmp_path / "secrets.json"
+    write(path, {"acme": [OLDER]})
+    clock = Clock()
+    reloads: list[tuple[bool, int]] = []
+    keys = SecretsFile(path, monotonic=clock, on_reload=lambda ok, n: reloads.append((ok, n)))
+    keys.load()
+    write(path, {"acme": [SECRET]})
+    real_open = Path.open
+
+    def no_descriptors(self: Path, *args: Any, **kwargs: Any) -> Any:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(Path, "open", no_descriptors)
+    with caplog.at_level(logging.ERROR, logger="tocsin.proxy"):
+        for _ in range(2):
+            clock.now += RELOAD_CHECK_S
+            assert keys.secrets_for("acme") == (OLDER,)
+    assert len(caplog.records) == 1 and "Too many open files" in caplog.records[
+        0
+    ].getMessage() + str(caplog.records[0].__dict__)
+    monkeypatch.setattr(Path, "open", real_open)
+    clock.now += RELOAD_CHECK_S
+    assert keys.secrets_for("acme") == (SECRET,)
+    assert reloads == [(True, 1), (False, 1), (True, 1)]
+
+
 def test_the_file_is_written_whole_and_private(tmp_path: Path) -> None:
     path = tmp_path / "secrets.json"
     write(path, {"acme": [SECRET]})
