@@ -214,3 +214,16 @@ def test_json_and_text_say_what_is_not_recorded() -> None:
     text = render(ex)
     assert "why     fired at" in text and "not recorded, so not shown:" in text
     assert render(explain(facts(row(), []))).count("(no history recorded)") == 1
+
+
+def test_the_text_view_shows_a_receivers_control_characters_escaped() -> None:
+    # A dead letter's reason holds the start of the receiver's answer: whoever runs the
+    # callback's endpoint chooses it, and it must not reach an operator's terminal raw.
+    hostile = "HTTP 700: \x1b]0;owned\x07\x1b[2J\u202egnp.exe\x9b31m"
+    r = row(state="fired", fired_ms=DUE + 3, delivery_outcome="dead_lettered", delivery_attempts=1)
+    ex = explain(facts(r, [ev(DUE + 3, "fired"), ev(DUE + 9, "dead_lettered", hostile)]))
+    assert hostile in ex.reason  # the JSON keeps it as it came
+    text = render(ex)
+    for raw in ("\x1b", "\x07", "\u202e", "\x9b"):
+        assert raw not in text
+    assert "HTTP 700: \\x1b]0;owned\\x07\\x1b[2J\\u202egnp.exe\\x9b31m" in text
