@@ -456,11 +456,13 @@ class Writer:
             log.exception("unexpected delivery error", extra={"record": repr(env)})
             result = ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
         env.attempting = False
+        now = time.monotonic()
+        # Before the slot goes to the next waiting message: a breaker this result opens
+        # must turn that message back rather than let it go to the failing host.
+        self._host_result(env, result, now)
         self._slot_freed(env)
         sclass = status_class(result)
         self._metrics.attempt(sclass)
-        now = time.monotonic()
-        self._host_result(env, result, now)
         decision, env.attempt_state = decide(
             self._policy_of(env),
             env.attempt_state,

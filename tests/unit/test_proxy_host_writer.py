@@ -212,7 +212,7 @@ def test_a_failing_host_is_backed_off_once_for_all_its_messages() -> None:
 def test_one_tenants_open_breaker_leaves_another_on_the_same_host_alone() -> None:
     gate = HostGate(BreakerPolicy(failures=2, open_s=30.0, open_max_s=30.0))
     sender = HostSender(lambda env: HttpResult(status=503 if env.tenant == "bad" else 200))
-    writer, state, _ = make(sender, gate)
+    writer, state, metrics = make(sender, gate)
     bad = [fire(i, "bad", f"{H}/bad") for i in range(5)]
     good = [fire(5 + i, "good", f"{H}/good") for i in range(20)]
     try:
@@ -222,6 +222,8 @@ def test_one_tenants_open_breaker_leaves_another_on_the_same_host_alone() -> Non
         writer.notify()
         wait_until(lambda: len(sender.delivered(lambda e: e.tenant == "good")) == 20)
         assert gate.explain("good", H, time.monotonic()).breaker.state is BreakerState.CLOSED
+        # Meanwhile bad's messages were held by its breaker, not retried one by one.
+        assert metrics.registry.get_sample_value("tocsin_proxy_host_held_total", {"reason": "open"})
     finally:
         writer.drain(1)
 
@@ -250,12 +252,22 @@ def test_messages_held_by_an_open_breaker_are_dead_lettered_at_their_retry_age()
 def test_a_revoke_gives_back_the_messages_waiting_for_their_host() -> None:
     gate = HostGate(BreakerPolicy(failures=1, open_s=30.0, open_max_s=30.0))
     sender = HostSender(lambda env: HttpResult(status=503))
-    writer, state, _ = make(sender, gate, max_retry_age_s=0)
+    writer, state, metrics = make(sender, gate, max_retry_age_s=0, per_host_concurrency=1)
     try:
         start(writer, state, [fire(i, "a", f"{H}/x") for i in range(4)])
         wait_until(lambda: state.snapshot(time.monotonic()).in_flight == 4 and sender.sent != [])
         wait_until(lambda: gate.explain("a", H, time.monotonic()).breaker.state.value == "open")
-        time.sleep(0.05)  # the failed one's retry comes back and joins the line
+        # All four wait in the host's line: the three behind the first, and the first once
+        # its retry comes back.
+        wait_until(
+            lambda: (
+                metrics.registry.get_sample_value(
+                    "tocsin_proxy_host_held_total", {"reason": "open"}
+                )
+                == 4
+            )
+        )
+        assert len(sender.sent) == 1
         state.begin_revoke([("t", 0)])
         writer.freeze({("t", 0)})
         assert state.snapshot(time.monotonic()).in_flight == 0
