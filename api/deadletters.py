@@ -21,6 +21,9 @@ What a redrive refuses, each with its own code:
 * ``superseded`` (409): the schedule was changed since and its current version has
   another trigger (or is still to fire): that one is the one that counts;
 * ``schedule_gone`` (410): the schedule's rows have expired (retention).
+
+A pause does not refuse a redrive: it holds the fires a schedule would make by itself, not
+one an operator asks for.
 """
 
 from __future__ import annotations
