@@ -17,7 +17,13 @@ from streams.explain_io import DEFAULT_RUNS, MAX_RUNS, read_facts
 PATH = "/v1/schedules/{schedule_id}/explain"
 
 
-def tenant_of(who: Principal, asked: str | None) -> str:
+def not_found(schedule_id: str) -> ApiError:
+    """The one answer for a schedule the caller may not read, whether it does not exist or
+    is another tenant's."""
+    return ApiError(404, "not_found", f"no schedule {schedule_id!r}")
+
+
+def tenant_of(who: Principal, asked: str | None, schedule_id: str) -> str:
     """The tenant whose schedule is read: the admin's ``?tenant=``, else the caller's own.
     A tenant asking for another tenant gets the not-found answer."""
     if who.admin:
@@ -26,7 +32,7 @@ def tenant_of(who: Principal, asked: str | None) -> str:
         return asked
     tenant = who.require_tenant()
     if asked and asked != tenant:
-        raise ApiError(404, "not_found", "no such schedule")
+        raise not_found(schedule_id)
     return tenant
 
 
@@ -43,7 +49,7 @@ async def explanation(
         runs=runs,
     )
     if facts is None:
-        raise ApiError(404, "not_found", f"no schedule {schedule_id!r}")
+        raise not_found(schedule_id)
     return explain(facts)
 
 
@@ -53,8 +59,8 @@ def add_route(app: web.Application, key: web.AppKey[Service]) -> None:
     async def handle(request: web.Request) -> web.Response:
         service = request.app[key]
         who = await caller(service, request)
-        tenant = tenant_of(who, request.query.get("tenant"))
         sid = service.check_schedule_id(request.match_info["schedule_id"])
+        tenant = tenant_of(who, request.query.get("tenant"), sid)
         runs = parse_limit(
             request.query.get("runs"),
             default=DEFAULT_RUNS,
