@@ -25,6 +25,7 @@ from urllib.parse import quote, urlsplit
 from base.errors import TocsinError
 from proxy.parking import Origin
 from proxy.retry import AttemptState
+from topics.callbacks import is_proxy_header
 from topics.models import HttpCallback, KafkaCallback, PayloadType, Trigger
 
 if TYPE_CHECKING:
@@ -210,11 +211,15 @@ def generic_request(env: Envelope, *, url: str, timeout_s: float) -> Request:
 
 
 def fire_request(trigger: Trigger, callback: HttpCallback) -> Request:
+    # The proxy's own names are dropped from the callback's headers, not just appended
+    # after them: a receiver reading the first value would take the tenant's. Commands may
+    # not name them, but a schedule stored before that rule still carries them.
     headers = [
         (k, _header_value(v))
         for k, v in callback.headers.items()
         if _TOKEN.match(k)
         and k.lower() not in ("content-length", "host", "transfer-encoding", "connection")
+        and not is_proxy_header(k)
     ]
     have = {k.lower() for k, _ in headers}
     if "content-type" not in have:

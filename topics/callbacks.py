@@ -60,6 +60,19 @@ RESERVED_HEADERS: frozenset[str] = frozenset(
         "upgrade",
     }
 )
+# Headers the proxy sets on every delivery itself (trigger id, idempotency key, signature,
+# attempt counts, ...): a receiver reading the first of two values would trust the
+# tenant's copy, so a callback may not name them. ``Tocsin-`` is a whole namespace so that
+# a header the proxy adds later cannot collide with one already stored. ``traceparent`` is
+# the caller's to propagate: the proxy does not set it.
+PROXY_HEADER_PREFIX = "tocsin-"
+PROXY_HEADERS: frozenset[str] = frozenset({"idempotency-key"})
+
+
+def is_proxy_header(name: str) -> bool:
+    """Whether the proxy sets a header of this name (case-insensitive) on deliveries."""
+    lowered = name.lower()
+    return lowered.startswith(PROXY_HEADER_PREFIX) or lowered in PROXY_HEADERS
 
 
 def check_url(value: object, field: str = "callback.url") -> str:
@@ -121,6 +134,22 @@ def check_target(callback: Callback, *, limits: Limits, field: str = "callback.u
             "which this deployment does not call back (TOCSIN_ALLOW_PRIVATE_TARGETS=true "
             "allows it)",
         )
+
+
+def check_own_headers(callback: Callback, field: str = "callback.headers") -> None:
+    """``invalid_callback`` for an HTTP callback that names a header the proxy sets itself.
+    Applied to commands only: callbacks stored before the rule still decode, and the proxy
+    drops those names from them when it builds the request."""
+    if not isinstance(callback, HttpCallback):
+        return
+    for name in callback.headers:
+        if is_proxy_header(name):
+            raise CommandRejected(
+                Code.INVALID_CALLBACK,
+                f"{field}: {name!r} is set by the delivery proxy and not allowed "
+                f"(names starting with {PROXY_HEADER_PREFIX!r} and Idempotency-Key are "
+                "reserved)",
+            )
 
 
 def _headers(value: object, *, limits: Limits, field: str) -> dict[str, str]:

@@ -22,7 +22,7 @@ from typing import NamedTuple
 import orjson
 
 from base.errors import CommandRejected
-from topics.callbacks import check_target, parse_callback
+from topics.callbacks import check_own_headers, check_target, parse_callback
 from topics.codes import Code
 from topics.fields import (
     DEFAULT_LIMITS,
@@ -236,6 +236,7 @@ def _create(
     payload, payload_type = parse_payload(obj, max_bytes=limits.max_payload_bytes)
     callback = parse_callback(obj["callback"], limits=limits)
     check_target(callback, limits=limits)
+    check_own_headers(callback)
     order_key = schedule_id
     if "order_key" in obj:
         order_key = check_text(obj["order_key"], "order_key", max_len=limits.max_id_len)
@@ -280,6 +281,7 @@ def _update(
     callback = parse_callback(obj["callback"], limits=limits) if "callback" in obj else None
     if callback is not None:
         check_target(callback, limits=limits)
+        check_own_headers(callback)
     return UpdateCommand(
         tenant=tenant,
         schedule_id=schedule_id,

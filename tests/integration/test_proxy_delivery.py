@@ -532,8 +532,12 @@ def test_fires_mode_delivers_each_callback_and_reports_outcomes(
             del doc["payload"]  # at most one of the two
         return orjson.dumps(doc)
 
+    # s1 was stored before commands were refused the proxy's own header names: the proxy
+    # still sends its own values only.
+    forged = {"X-Auth": "s3cret", "Tocsin-Trigger-Id": "forged", "idempotency-key": "forged"}
+    s1_callback = {"type": "http", "url": base + "/hook/a", "method": "PUT", "headers": forged}
     records: list[tuple[bytes | None, bytes, Any]] = [
-        (b"s1", trigger("s1", "/hook/a"), None),
+        (b"s1", trigger("s1", "/hook/a", callback=s1_callback), None),
         (b"s2", trigger("s2", "/reject"), None),
         (b"s3", b"{not json", None),
         (b"s4", trigger("s4", "/", callback={"type": "kafka", "topic": sink, "key": "kk"}), None),
@@ -558,6 +562,8 @@ def test_fires_mode_delivers_each_callback_and_reports_outcomes(
     assert orjson.loads(hit_a.body) == {"n": "s1"}
     assert hit_a.headers["X-Auth"] == "s3cret"
     assert hit_a.headers["Idempotency-Key"] == "t-s1"
+    for name in ("tocsin-trigger-id", "idempotency-key"):
+        assert [v for k, v in hit_a.headers.items() if k.lower() == name] == ["t-s1"], name
     assert hit_a.headers["Content-Type"] == "application/json"
     hit_b = next(h for h in receiver.hits if h.path == "/hook/b")
     assert hit_b.body == b"\x00raw"

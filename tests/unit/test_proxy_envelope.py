@@ -89,6 +89,37 @@ def test_fire_request_from_trigger() -> None:
     assert (h["Tocsin-Due-Ms"], h["Tocsin-Emitted-Ms"]) == ("1", "2")
 
 
+def test_a_stored_callback_cannot_send_a_header_the_proxy_sets() -> None:
+    # A trigger of a schedule stored before commands were refused these names.
+    callback = {
+        "type": "http",
+        "url": "https://r.example/hook",
+        "headers": {
+            "Authorization": "Bearer x",
+            "Tocsin-Trigger-Id": "forged",
+            "idempotency-key": "forged",
+            "TOCSIN-TENANT": "forged",
+            "Tocsin-Signature": "v1=forged",
+            "Tocsin-Delivery-Attempt": "forged",
+            "Tocsin-Other": "forged",
+        },
+    }
+    e = env(value=trigger_json(callback=callback))
+    prepare_fire(e, decode_trigger)
+    assert e.invalid is None and e.request is not None
+    sent = [(k.lower(), v) for k, v in e.request.headers]
+    assert not [kv for kv in sent if kv[1] == "forged" or kv[1] == "v1=forged"]
+    names = [k for k, _ in sent]
+    assert len(names) == len(set(names)), names
+    h = dict(sent)
+    assert (h["tocsin-trigger-id"], h["idempotency-key"], h["tocsin-tenant"]) == (
+        "tid",
+        "tid",
+        "acme",
+    )
+    assert h["authorization"] == "Bearer x"
+
+
 def test_fire_request_names_the_order_key() -> None:
     e = env(value=trigger_json(order_key="account-42\r\nX-Injected: 1"))
     prepare_fire(e, decode_trigger)

@@ -10,6 +10,7 @@ import pytest
 
 from base.errors import CommandRejected, ConfigError
 from base.settings import SchedulerSettings
+from topics.codec import callback_from_dict
 from topics.codes import STATEFUL_CODES, Code
 from topics.fields import ENVELOPE_BYTES, check_not_past
 from topics.ids import parse_iso_ms
@@ -960,6 +961,42 @@ def test_a_deployment_that_allows_private_targets_accepts_them(url: str) -> None
     allowing = Limits(allow_private_targets=True)
     assert decode(create(callback=http(url=url)), limits=allowing).callback == HttpCallback(url=url)
     assert Limits.from_settings(SchedulerSettings(allow_private_targets=True)) == allowing
+
+
+PROXY_HEADER_NAMES = [
+    "Tocsin-Trigger-Id",
+    "tocsin-trigger-id",
+    "IDEMPOTENCY-KEY",
+    "Tocsin-Signature",
+    "Tocsin-Delivery-Attempt",
+    "tocsin-some-future-header",
+]
+
+
+@pytest.mark.parametrize("name", PROXY_HEADER_NAMES)
+def test_a_callback_naming_a_header_the_proxy_sets_is_rejected(name: str) -> None:
+    headers = {"Authorization": "Bearer x", name: "forged"}
+    for message in (create(callback=http(headers=headers)), update(callback=http(headers=headers))):
+        with pytest.raises(CommandRejected) as caught:
+            decode(message)
+        assert caught.value.code == Code.INVALID_CALLBACK
+        assert repr(name) in caught.value.message and "delivery proxy" in caught.value.message
+
+
+def test_a_stored_callback_naming_a_proxy_header_still_decodes() -> None:
+    # Schedules and triggers stored before the rule must keep firing: the proxy drops the
+    # names from them instead.
+    callback = http(headers={"Tocsin-Trigger-Id": "forged", "Idempotency-Key": "k"})
+    assert callback_from_dict(callback) == HttpCallback(
+        url=HTTP["url"], headers={"Tocsin-Trigger-Id": "forged", "Idempotency-Key": "k"}
+    )
+
+
+def test_headers_near_the_proxy_names_pass() -> None:
+    headers = {"traceparent": "00-" + "a" * 32 + "-" + "b" * 16 + "-01", "X-Tocsin-Id": "1"}
+    assert decode(create(callback=http(headers=headers))).callback == HttpCallback(
+        url=HTTP["url"], headers=headers
+    )
 
 
 def test_check_not_past_for_updates() -> None:
