@@ -55,6 +55,12 @@ CONSUMER_FETCH_MAX_WAIT = Gauge(
     "tocsin_consumer_fetch_max_wait_ms",
     "The fetch wait the worker's Kafka consumer really uses (read back from it)",
 )
+CONSUMER_FETCH_ROUNDS = Counter(
+    "tocsin_consumer_fetch_rounds_total",
+    "Fetch requests the worker's Kafka consumer sent, by mode (streams.fetch_wait): busy "
+    "(records flowing: batching wait and minimum) or idle (held until the first record)",
+    ["mode"],
+)
 CONSUMER_HANDOVERS = Counter(
     "tocsin_consumer_handovers_total",
     "Fetched records handed to the streams, by path (streams.drain): inline, or waited "
@@ -98,7 +104,9 @@ class TenantLabels:
 
 # Series per tenant label of each per-tenant metric; beyond it tenants share one series.
 MAX_TENANT_LABELS = 200
-OTHER_TENANTS = "_other"
+# Parentheses are outside the tenant-name alphabet (topics.fields.check_tenant: A-Z a-z 0-9
+# . _ -), so no tenant's own series can be mistaken for the pool.
+OTHER_TENANTS = "(other)"
 tenant_label = TenantLabels(MAX_TENANT_LABELS)
 
 

@@ -8,8 +8,10 @@ import asyncio
 from typing import Any
 
 import orjson
+import pytest
 from prometheus_client import REGISTRY
 
+from base.errors import CommandRejected
 from proxy.deadletter import delivery_outcome, failure_summary
 from proxy.retry import AttemptState, HttpResult, RetryPolicy, decide
 from streams import metrics
@@ -20,6 +22,7 @@ from tests.fakes import FakeStore
 from tests.unit.test_proxy_writer import fire
 from tests.unit.test_streams_deliveries import Tenants
 from tests.unit.test_streams_ticker import make, row, settle
+from topics.fields import check_tenant
 from topics.models import DeliveryOutcome
 
 
@@ -38,6 +41,15 @@ def test_tenant_labels_name_the_first_tenants_and_pool_the_rest() -> None:
         "b",
     ]
     assert TenantLabels(0)("a") == metrics.OTHER_TENANTS
+
+
+def test_the_pool_label_is_no_tenant_name() -> None:
+    with pytest.raises(CommandRejected):
+        check_tenant(metrics.OTHER_TENANTS)
+    # A tenant named like the old pool label keeps a series of its own.
+    labels = TenantLabels(1)
+    assert labels("_other") == "_other"
+    assert labels("b") == metrics.OTHER_TENANTS != labels("_other")
 
 
 async def test_a_trigger_beyond_its_tolerance_counts_as_missed_for_its_tenant() -> None:
