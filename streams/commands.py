@@ -401,6 +401,12 @@ class CommandProcessor:
         ]
         if changes:
             await self._write_changes(changes, now)
+        for _, d in decisions:
+            if d.change is not None and (d.skipped_paused or d.missed):
+                tenant = d.change.row.tenant
+                metrics.count_skipped(tenant, metrics.SkipReason.PAUSED, d.skipped_paused)
+                if d.missed:
+                    metrics.count_missed(tenant, metrics.MissCause.TOLERANCE)
         self._notify_materializers(decisions)
         await self._hand_over_all(decisions)
 

@@ -111,6 +111,9 @@ class Decision:
     withdraw_runs: tuple[tuple[str, str, int], ...] = ()
     # A trigger command's run: emitted after persisting, answered once Kafka has it.
     fire_now: ManualRun | None = None
+    # For the per-tenant metrics: runs a resume skipped, and whether it recorded a miss.
+    skipped_paused: int = 0
+    missed: bool = False
 
 
 class Unemitted(Protocol):
@@ -186,7 +189,13 @@ def decide(
             horizon_ms=horizon_ms,
             unemitted=unemitted,
         )
-        return Decision(r.code, r.text, change=r.change, withdraw_runs=r.withdraw)
+        return Decision(
+            r.code,
+            r.text,
+            change=r.change,
+            withdraw_runs=r.withdraw,
+            skipped_paused=r.skipped_paused,
+        )
     if isinstance(command, UpdateCommand) and command.recurrence is not None:
         raise CommandRejected(
             Code.INVALID_FIELD,
@@ -358,6 +367,7 @@ def _decide_resume(
             f"resumed; its due time passed while paused, {late_ms} ms ago, beyond its "
             f"misfire tolerance of {tolerance_s} s: recorded missed",
             change=missed,
+            missed=True,
         )
     row = replace(stamped, state=ScheduleState.SCHEDULED)
     change = ScheduleChange(
@@ -783,6 +793,8 @@ class RecurringDecision:
     change: ScheduleChange | None = None
     # (tenant, run schedule id, version) to withdraw from the ticker before persisting.
     withdraw: tuple[tuple[str, str, int], ...] = ()
+    # Runs a resume skipped (they fell in the pause).
+    skipped_paused: int = 0
 
 
 def decide_recurring(
@@ -982,7 +994,7 @@ def _resume(
         event=ScheduleEvent.RESUMED,
         notes=notes,
     )
-    return RecurringDecision(Code.OK, text, change=change)
+    return RecurringDecision(Code.OK, text, change=change, skipped_paused=len(skipped))
 
 
 def _update(

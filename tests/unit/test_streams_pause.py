@@ -8,8 +8,10 @@ import asyncio
 from dataclasses import replace
 
 import pytest
+from prometheus_client import REGISTRY
 
 from base.errors import CommandRejected, KafkaError
+from streams import metrics
 from streams.commands import CommandProcessor, RawCommand
 from streams.decisions import (
     Decision,
@@ -33,6 +35,7 @@ from streams.recurring import NEVER_MS, run_id
 from streams.ticker import PartitionTicker
 from tests.unit.test_fault_properties import NOW as NOW_WALL
 from tests.unit.test_fault_properties import PARTITIONS, SECRET
+from tests.unit.test_fault_properties import FakeSink as ResultSink
 from tests.unit.test_fault_properties import FakeStore as AcmeStore
 from tests.unit.test_streams_handover import (
     HeldSinkById,
@@ -527,3 +530,50 @@ async def test_a_pause_waits_while_its_partition_has_no_ticker_here() -> None:
     with pytest.raises(KafkaError) as caught:
         await proc.process_batch([pausing])
     assert caught.value.retriable
+
+
+async def test_a_resume_counts_the_runs_it_skipped_and_a_miss_it_records() -> None:
+    t0 = NOW_WALL
+    now = [t0]
+    label = metrics.tenant_label("acme")
+    skipped = {"tenant": label, "reason": "paused"}
+    missed = {"tenant": label, "cause": "tolerance"}
+
+    def count(name: str, labels: dict[str, str]) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    before = count("tocsin_runs_skipped_by_tenant_total", skipped)
+    missed_before = count("tocsin_triggers_missed_by_tenant_total", missed)
+    proc = CommandProcessor(
+        store=AcmeStore(),
+        sink=ResultSink(),
+        tickers={},
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=Limits(),
+        clock_ms=lambda: now[0],
+    )
+    every = CreateCommand(
+        tenant="acme",
+        schedule_id="counted",
+        payload=b"{}",
+        payload_type=PayloadType.JSON,
+        callback=CB,
+        misfire_tolerance_s=60,
+        recurrence=Recurrence(every_s=10, start_ms=t0 + 10_000),
+    )
+    once = record("counted-once", 1, due_ms=t0 + 5_000)
+    p_every = partition_for(b"counted", PARTITIONS)
+
+    async def send(command: Command, offset: int, partition: int) -> None:
+        await proc.process_batch([command_record(command, offset, partition, now[0])])
+
+    await send(every, 1, p_every)
+    await proc.process_batch([once])
+    await send(PauseCommand(tenant="acme", schedule_id="counted"), 2, p_every)
+    await send(PauseCommand(tenant="acme", schedule_id="counted-once"), 2, once.partition)
+    now[0] = t0 + 100_000  # runs from t0 + 10 s to t0 + 100 s fell in the pause
+    await send(ResumeCommand(tenant="acme", schedule_id="counted"), 3, p_every)
+    await send(ResumeCommand(tenant="acme", schedule_id="counted-once"), 3, once.partition)
+    assert count("tocsin_runs_skipped_by_tenant_total", skipped) - before == 10
+    assert count("tocsin_triggers_missed_by_tenant_total", missed) - missed_before == 1
