@@ -17,6 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@bash tools/install-browser.sh
 	@touch $(STAMP)
 
 venv: $(STAMP)
@@ -146,3 +147,9 @@ chaos-cluster: $(STAMP)
 
 clean: down
 	rm -rf .state $(VENV) .mypy_cache .ruff_cache .pytest_cache
+
+# A screenshot of each page of the web console (/console) at 1366x768, into docs/console/,
+# taken by its browser tests on the local stack (tests/integration/test_console.py).
+.PHONY: console-shots
+console-shots: up
+	TOCSIN_CONSOLE_SHOTS=docs/console $(BIN)/pytest -q tests/integration/test_console.py

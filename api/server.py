@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from aiohttp import web
 
 from api import deadletter_routes, explain, goscheduler, recurring, recurring_io, views
+from api.console import routes as console
 from api.context import caller, json_response, read_json
 from api.openapi import openapi_document
 from api.service import Principal, Service
@@ -513,6 +514,7 @@ def build_app(settings: Settings, service: Service | None = None) -> web.Applica
     r.add_delete("/v1/tenants/{tenant}/signing-key/previous", retire_previous_signing_key)
     explain.add_route(app, SERVICE)
     deadletter_routes.add_routes(app, SERVICE)
+    console.add_routes(app, SERVICE)
     goscheduler.add_routes(app, SERVICE, settings.api.goscheduler_cron_time_zone)
     return app
 

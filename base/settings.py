@@ -301,6 +301,11 @@ class ApiSettings:
     goscheduler_cron_time_zone: str = "UTC"
     # The API's producer linger: commands of concurrent requests share produce requests.
     produce_linger_ms: int = 2
+    # Prometheus endpoints (workers' and proxies' /metrics) the console's Health page reads
+    # into a rolling hour in memory; empty: the page says that nothing is scraped.
+    metrics_urls: tuple[str, ...] = ()
+    # How often those endpoints are read (the hour keeps 3600 / this samples per endpoint).
+    metrics_scrape_s: float = 15.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -414,6 +419,10 @@ class Settings:
                 tenant_cache_ttl_s=_float(e, "TENANT_CACHE_TTL_S", 5.0),
                 goscheduler_cron_time_zone=_get(e, "GOSCHEDULER_CRON_TIME_ZONE", "UTC"),
                 produce_linger_ms=_int(e, "API_PRODUCE_LINGER_MS", 2),
+                metrics_urls=tuple(
+                    u.strip() for u in _get(e, "API_METRICS_URLS", "").split(",") if u.strip()
+                ),
+                metrics_scrape_s=_float(e, "API_METRICS_SCRAPE_S", 15.0),
             ),
             log_level=_get(e, "LOG_LEVEL", "INFO"),
             log_format=_get(e, "LOG_FORMAT", "json"),

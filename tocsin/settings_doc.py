@@ -278,6 +278,19 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "how long the producer gathers concurrent requests' commands into one request",
     ),
     SettingDoc(
+        "API_METRICS_URLS",
+        A,
+        UNSET,
+        "comma-separated /metrics URLs of workers and proxies the console's Health page "
+        "reads (unset: none)",
+    ),
+    SettingDoc(
+        "API_METRICS_SCRAPE_S",
+        A,
+        "15",
+        "how often the console reads those URLs (it keeps the last hour in memory)",
+    ),
+    SettingDoc(
         "GOSCHEDULER_CRON_TIME_ZONE",
         A,
         "UTC",

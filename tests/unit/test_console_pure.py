@@ -1,0 +1,180 @@
+"""The console's pure parts: escaping, the pages' markup, the metrics ring's arithmetic and
+the same-origin check (the browser tests are tests/integration/test_console.py)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from api.console import pages
+from api.console.health import (
+    HOUR_MS,
+    MINUTE_MS,
+    Sample,
+    Scraper,
+    increase,
+    parse_sample,
+    quantile,
+    summarize,
+)
+from api.console.html import Safe, esc, tag, void
+from api.console.pages import Actions, Search, Viewer
+from api.console.routes import csrf_token, same_origin
+
+TENANT = Viewer(tenant="acme", admin=False, csrf="t0ken")
+ADMIN = Viewer(tenant=None, admin=True, csrf="t0ken")
+HOSTILE = '<script>alert("x")</script>'
+
+
+def test_text_from_outside_is_escaped_everywhere() -> None:
+    assert esc(HOSTILE) == "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt;"
+    assert tag("td", HOSTILE) == f"<td>{esc(HOSTILE)}</td>"
+    assert void("input", value='" onfocus="x') == '<input value="&quot; onfocus=&quot;x" />'
+    assert tag("p", Safe("<b>ok</b>")) == "<p><b>ok</b></p>"
+    row = {"schedule_id": HOSTILE, "status": "scheduled", "due": "d", "delivery": None}
+    html = pages.schedules_page(TENANT, Search(), [], [row], window="w", more=None)
+    assert "<script>" not in html and "&lt;script&gt;" in html
+
+
+def test_a_schedule_page_offers_the_actions_its_state_allows() -> None:
+    doc = {"schedule_id": "a/b", "status": "paused", "callback": {"url": "https://x.example/"}}
+    explained = {"reason": "paused", "timeline": [], "notes": [], "not_recorded": []}
+    both = Actions(pause=True, trigger=True)
+    html = pages.schedule_page(TENANT, "acme", doc, explained, both)
+    assert "Resume" in html and ">Pause<" not in html and "Trigger now" in html
+    assert 'action="/console/actions/resume/a/b"' in html
+    assert 'name="csrf" value="t0ken"' in html
+    fired = pages.schedule_page(TENANT, "acme", {**doc, "status": "fired"}, explained, both)
+    assert "Cancel schedule" not in fired and ">Pause<" not in fired
+    # Without the routes, no button calls them.
+    none = pages.schedule_page(
+        TENANT, "acme", {**doc, "status": "scheduled"}, explained, Actions(False, False)
+    )
+    assert "Pause" not in none and "Trigger now" not in none and "Cancel schedule" in none
+
+
+def test_only_the_admin_gets_the_tenants_section_and_a_tenant_picker() -> None:
+    tenant_page = pages.schedules_page(
+        TENANT, Search(), ["acme", "other"], [], window="w", more=None
+    )
+    assert "/console/tenants" not in tenant_page and "other" not in tenant_page
+    admin_page = pages.schedules_page(ADMIN, Search(), ["acme", "other"], [], window="w", more=None)
+    assert "/console/tenants" in admin_page and '<option value="other"' in admin_page
+
+
+def test_every_input_of_every_page_has_a_label() -> None:
+    html = pages.schedules_page(ADMIN, Search(), ["acme"], [], window="w", more=None)
+    html += pages.login_page()
+    html += pages.tenants_page(
+        ADMIN, [{"tenant": "acme", "active": True, "config": {}}], {"acme": []}
+    )
+    for chunk in html.split("<input")[1:]:
+        attrs = chunk.split(">", 1)[0]
+        if 'type="hidden"' in attrs:
+            continue
+        before = html.split("<input" + chunk.split(">", 1)[0])[0]
+        assert before.rfind("<label") > before.rfind("</label>"), attrs
+
+
+def test_failures_are_grouped_by_endpoint_host_and_status() -> None:
+    letters = [
+        {"endpoint": "https://a.example/x", "response": {"status_code": 500}},
+        {"endpoint": "https://a.example/y", "response": {"status_code": 500}},
+        {"endpoint": "https://b.example/", "response": {"status_code": 410}},
+        {"endpoint": "https://b.example/", "response": None},
+    ]
+    assert pages.failures_by_host(letters) == [
+        ("a.example", "500", 2),
+        ("b.example", "410", 1),
+        ("b.example", "no response", 1),
+    ]
+
+
+EXPOSITION = """
+# TYPE tocsin_triggers_emitted_total counter
+tocsin_triggers_emitted_total{partition="0"} %(e0)s
+tocsin_triggers_emitted_total{partition="1"} %(e1)s
+# TYPE tocsin_fire_lateness_seconds histogram
+tocsin_fire_lateness_seconds_bucket{le="0.01"} %(b1)s
+tocsin_fire_lateness_seconds_bucket{le="0.1"} %(b2)s
+tocsin_fire_lateness_seconds_bucket{le="+Inf"} %(b2)s
+tocsin_fire_lateness_seconds_count %(b2)s
+tocsin_fire_lateness_seconds_sum 1.0
+# TYPE tocsin_consumer_lag_messages gauge
+tocsin_consumer_lag_messages{partition="0"} 3.0
+tocsin_consumer_lag_messages{partition="1"} 4.0
+# TYPE tocsin_fires_throttled_total counter
+tocsin_fires_throttled_total{tenant="acme"} %(t)s
+"""
+
+
+def _expo(e0: float, e1: float, b1: float, b2: float, t: float) -> str:
+    return EXPOSITION % {"e0": e0, "e1": e1, "b1": b1, "b2": b2, "t": t}
+
+
+def test_a_scrape_sums_partitions_and_keeps_the_histogram() -> None:
+    s = parse_sample(_expo(10, 5, 1, 4, 2), at_ms=0)
+    assert s.emitted == 15 and s.commands_lag == 7 and s.fires_lag is None
+    assert s.fire_lateness == ((0.01, 1.0), (0.1, 4.0), (float("inf"), 4.0))
+    assert s.throttled == {"acme": 2.0}
+
+
+def test_the_hour_is_summed_by_minute_across_restarts() -> None:
+    now = 10 * HOUR_MS
+    t0 = now - 5 * MINUTE_MS
+    ring = deque(
+        [
+            parse_sample(_expo(100, 0, 0, 0, 0), t0),
+            parse_sample(_expo(160, 0, 50, 60, 1), t0 + 30_000),
+            # The worker restarted: its counters start again from zero.
+            parse_sample(_expo(20, 0, 10, 20, 0), t0 + MINUTE_MS + 30_000),
+        ]
+    )
+    summary = summarize([ring], now=now)
+    by_minute = {p.minute_ms: p.fires for p in summary.points}
+    assert by_minute[t0] == 60 and by_minute[t0 + MINUTE_MS] == 20
+    assert summary.commands_lag == 7 and summary.sources == 1
+    assert summary.throttled == {"acme": 1.0}
+    # 80 lateness observations: 60 at most 10 ms, 20 in (10 ms, 100 ms].
+    assert summary.fire_lateness == ((0.01, 60.0), (0.1, 80.0), (float("inf"), 80.0))
+    p50 = quantile(0.5, summary.fire_lateness)
+    assert p50 is not None and 0 < p50 <= 0.01
+    p99 = quantile(0.99, summary.fire_lateness)
+    assert p99 is not None and 0.01 < p99 <= 0.1
+    assert quantile(0.5, None) is None
+
+
+def test_samples_older_than_the_hour_are_left_out_and_the_ring_is_bounded() -> None:
+    now = 10 * HOUR_MS
+    old = Sample(at_ms=now - 2 * HOUR_MS, emitted=0.0)
+    new = Sample(at_ms=now - 1000, emitted=5.0)
+    summary = summarize([deque([old, new])], now=now)
+    assert sum(p.fires for p in summary.points) == 0  # one sample in the hour: no increase
+    scraper = Scraper(["http://127.0.0.1:1/metrics"], interval_s=0.01)
+    assert scraper.interval_s == 1.0
+    assert scraper.sources[0].ring.maxlen == 3602
+    assert increase(5, 3) == 3 and increase(3, 5) == 2
+
+
+@pytest.mark.parametrize(
+    ("headers", "ok"),
+    [
+        ({"Origin": "http://console.example:8480"}, True),
+        ({"Referer": "http://console.example:8480/console/schedules"}, True),
+        ({"Origin": "https://evil.example"}, False),
+        ({"Origin": "null"}, False),
+        ({}, False),
+    ],
+)
+def test_actions_come_from_this_host_only(headers: dict[str, str], ok: bool) -> None:
+    request = make_mocked_request(
+        "POST", "/console/actions/cancel/x", headers={"Host": "console.example:8480", **headers}
+    )
+    assert same_origin(request) is ok
+
+
+def test_the_form_token_is_bound_to_the_key() -> None:
+    assert csrf_token("key-a") != csrf_token("key-b")
+    assert csrf_token("key-a") == csrf_token("key-a")
