@@ -170,6 +170,11 @@ def _header(viewer: Viewer, current: Nav | None) -> Safe:
     )
 
 
+def error_page(title: str, message: str) -> Safe:
+    back = tag("p", tag("a", "Back to the console", href="/console"))
+    return layout(title, back, viewer=None, error=message)
+
+
 def login_page(error: str | None = None) -> Safe:
     form = tag(
         "form",

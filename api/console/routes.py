@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -59,6 +60,7 @@ LETTERS_WINDOW_MS = 86_400_000
 MAX_TENANTS_SHOWN = 200
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+_CODE = re.compile(r"[a-z_]{1,40}")
 
 
 class Redirect(Exception):
@@ -147,11 +149,11 @@ def page(handler: Handler) -> Handler:
         except Redirect as r:
             raise web.HTTPSeeOther(r.location) from None
         except ApiError as exc:
-            return html(pages.layout("Error", "", viewer=None, error=exc.message), exc.status)
+            return html(pages.error_page("Error", exc.message), exc.status)
         except TocsinError as exc:
             log.warning("console backend unavailable", extra={"error": str(exc)})
             msg = f"The backend is unavailable ({exc}); try again."
-            return html(pages.layout("Unavailable", "", viewer=None, error=msg), 503)
+            return html(pages.error_page("Unavailable", msg), 503)
 
     return wrapped
 
@@ -310,10 +312,14 @@ DONE = {
 
 def _outcome(q: Mapping[str, str]) -> tuple[str | None, str | None]:
     """The flash of an action's redirect: (done, error)."""
-    done, code = q.get("done"), q.get("code")
+    done, code = q.get("done", ""), q.get("code")
+    if done not in DONE:
+        return None, None
     if code and code != "ok":
-        return None, f"{done or 'The action'} was refused: {code}"
-    return DONE.get(done or ""), None
+        # Only a code's shape is shown: a crafted link cannot put sentences on the page.
+        shown = code if _CODE.fullmatch(code) else "unknown"
+        return None, f"{done.capitalize()} was refused: {shown}"
+    return DONE[done], None
 
 
 async def schedule(request: web.Request) -> web.Response:

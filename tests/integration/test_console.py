@@ -30,9 +30,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
+from api.console.routes import csrf_token
 from base.settings import REPO_ROOT, Settings
 from proxy.app import ProxyApp
 from tests.integration.conftest import (
@@ -470,6 +472,10 @@ def test_the_admin_sees_health_charts_and_manages_tenants(console: Console) -> N
     c.driver.find_element(By.LINK_TEXT, sid).click()
     assert c.h1() == f"Schedule {sid}"
     assert "created" in c.driver.find_element(By.ID, "timeline").text
+    c.click("Pause")  # the admin acts on the chosen tenant's schedule
+    until(lambda: "Paused" in c.text(), 15, "the admin's pause to be answered")
+    st, doc = c.api.call("GET", f"/v1/schedules/{quote(sid, safe='')}", key=c.alice["api_key"])
+    assert st == 200 and isinstance(doc, dict) and doc["status"] == "paused", doc
     # Tenants: quotas and allowed hosts saved, a key issued and usable.
     c.open("/console/tenants")
     assert c.h1() == "Tenants"
@@ -508,20 +514,40 @@ def test_actions_need_the_pages_token_and_origin(console: Console) -> None:
     c = console
     host = c.api.base.removeprefix("http://")
 
-    def post(headers: dict[str, str], body: str) -> int:
-        conn = http.client.HTTPConnection(host, timeout=10)
+    def post(
+        headers: dict[str, str], body: str, path: str = "/console/actions/cancel/x"
+    ) -> tuple[int, str]:
+        conn = http.client.HTTPConnection(host, timeout=30)
         conn.request(
             "POST",
-            "/console/actions/cancel/x",
+            path,
             body=body,
             headers={"Content-Type": "application/x-www-form-urlencoded", **headers},
         )
-        status = conn.getresponse().status
+        resp = conn.getresponse()
+        answer = (resp.status, resp.getheader("Location") or "")
         conn.close()
-        return status
+        return answer
 
     cookie = {"Cookie": f"tocsin_console_key={c.alice['api_key']}"}
     same = {"Origin": c.api.base}
-    assert post({**cookie, "Origin": "https://evil.example"}, "csrf=x") == 403
-    assert post({**cookie, **same}, "csrf=wrong") == 403
-    assert post(same, "csrf=x") == 303  # no cookie: to the sign-in page
+    assert post({**cookie, "Origin": "https://evil.example"}, "csrf=x")[0] == 403
+    assert post({**cookie, **same}, "csrf=wrong")[0] == 403
+    assert post(same, "csrf=x")[0] == 303  # no cookie: to the sign-in page
+    # Mallory's own valid post on alice's schedule acts on mallory's tenant: not found.
+    sid = f"guarded-{uuid.uuid4().hex[:6]}"
+    c.schedule(
+        c.alice["api_key"],
+        {
+            "schedule_id": sid,
+            "due": now_ms() + 3_600_000,
+            "payload": {},
+            "callback": {"type": "http", "url": f"http://127.0.0.1:{c.receiver.port}/g"},
+        },
+    )
+    token = csrf_token(c.mallory["api_key"])
+    mallory = {"Cookie": f"tocsin_console_key={c.mallory['api_key']}", **same}
+    status, where = post(mallory, f"csrf={token}", path=f"/console/actions/cancel/{sid}")
+    assert status == 303 and where.endswith("done=cancel&code=not_found"), where
+    st, doc = c.api.call("GET", f"/v1/schedules/{sid}", key=c.alice["api_key"])
+    assert st == 200 and isinstance(doc, dict) and doc["status"] == "scheduled"

@@ -21,7 +21,7 @@ from api.console.health import (
 )
 from api.console.html import Safe, esc, tag, void
 from api.console.pages import Actions, Search, Viewer
-from api.console.routes import csrf_token, same_origin
+from api.console.routes import _outcome, csrf_token, same_origin
 
 TENANT = Viewer(tenant="acme", admin=False, csrf="t0ken")
 ADMIN = Viewer(tenant=None, admin=True, csrf="t0ken")
@@ -178,3 +178,19 @@ def test_actions_come_from_this_host_only(headers: dict[str, str], ok: bool) -> 
 def test_the_form_token_is_bound_to_the_key() -> None:
     assert csrf_token("key-a") != csrf_token("key-b")
     assert csrf_token("key-a") == csrf_token("key-a")
+
+
+def test_an_actions_answer_shows_fixed_words_and_a_codes_shape_only() -> None:
+    assert _outcome({"done": "pause", "code": "ok"}) == (
+        "Paused: it does not fire until resumed.",
+        None,
+    )
+    assert _outcome({"done": "pause", "code": "not_found"}) == (
+        None,
+        "Pause was refused: not_found",
+    )
+    assert _outcome({"done": "pause", "code": "Call 555-0100 now"}) == (
+        None,
+        "Pause was refused: unknown",
+    )
+    assert _outcome({"done": "Your account is locked", "code": "x"}) == (None, None)
