@@ -194,3 +194,28 @@ def test_an_actions_answer_shows_fixed_words_and_a_codes_shape_only() -> None:
         "Pause was refused: unknown",
     )
     assert _outcome({"done": "Your account is locked", "code": "x"}) == (None, None)
+
+
+async def test_the_scraper_reads_each_url_and_keeps_a_failing_ones_error() -> None:
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    async def metrics(request: web.Request) -> web.Response:
+        return web.Response(text=_expo(1, 2, 0, 0, 0))
+
+    async def broken(request: web.Request) -> web.Response:
+        return web.Response(status=500)
+
+    app = web.Application()
+    app.router.add_get("/metrics", metrics)
+    app.router.add_get("/broken", broken)
+    async with TestServer(app) as server:
+        good, bad = str(server.make_url("/metrics")), str(server.make_url("/broken"))
+        scraper = Scraper([good, bad], interval_s=1)
+        async with ClientSession() as session:
+            await scraper.scrape_once(session)
+            await scraper.scrape_once(session)
+    ok, failing = scraper.sources
+    assert ok.error is None and [s.emitted for s in ok.ring] == [3.0, 3.0]
+    assert failing.error == "HTTP 500" and not failing.ring
+    assert scraper.summary().sources == 1
