@@ -63,14 +63,6 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 _CODE = re.compile(r"[a-z_]{1,40}")
 
 
-class Redirect(Exception):
-    """Answer with a 303 to ``location``."""
-
-    def __init__(self, location: str) -> None:
-        super().__init__(location)
-        self.location = location
-
-
 @dataclass(frozen=True)
 class Session:
     who: Principal
@@ -106,12 +98,12 @@ async def session(request: web.Request) -> Session:
     """The signed-in caller, or a redirect to the sign-in page."""
     key = request.cookies.get(COOKIE)
     if not key:
-        raise Redirect(f"{PREFIX}/login")
+        raise web.HTTPSeeOther(f"{PREFIX}/login")
     service = _service(request)
     try:
         who = await service.authenticate(key)
     except ApiError as exc:
-        raise Redirect(url(f"{PREFIX}/login", error=exc.code)) from None
+        raise web.HTTPSeeOther(url(f"{PREFIX}/login", error=exc.code)) from None
     return Session(who, Viewer(who.tenant, who.admin, csrf_token(key)), service)
 
 
@@ -141,13 +133,12 @@ def tenant_in_scope(who: Principal, request: web.Request) -> str | None:
 
 
 def page(handler: Handler) -> Handler:
-    """Answers a handler's refusals as pages: a redirect, or the error in words."""
+    """Answers a handler's refusals as pages with the error in words (its redirects,
+    aiohttp's HTTPSeeOther, go through as they are)."""
 
     async def wrapped(request: web.Request) -> web.StreamResponse:
         try:
             return await handler(request)
-        except Redirect as r:
-            raise web.HTTPSeeOther(r.location) from None
         except ApiError as exc:
             return html(pages.error_page("Error", exc.message), exc.status)
         except TocsinError as exc:
@@ -369,7 +360,7 @@ async def act(request: web.Request) -> web.StreamResponse:
     except ApiError as exc:
         code = exc.code
     back = url(pages.schedule_path(sid), tenant=tenant if s.who.admin else None)
-    raise Redirect(f"{back}{'&' if '?' in back else '?'}done={kind}&code={code}")
+    raise web.HTTPSeeOther(f"{back}{'&' if '?' in back else '?'}done={kind}&code={code}")
 
 
 # -- dead letters ------------------------------------------------------------------------
@@ -411,7 +402,7 @@ async def redrive(request: web.Request) -> web.StreamResponse:
     except ApiError as exc:
         code = exc.code
     back = url(f"{PREFIX}/dead-letters", tenant=tenant if s.who.admin else None)
-    raise Redirect(f"{back}{'&' if '?' in back else '?'}done=redrive&code={code}")
+    raise web.HTTPSeeOther(f"{back}{'&' if '?' in back else '?'}done=redrive&code={code}")
 
 
 # -- health ------------------------------------------------------------------------------
@@ -489,7 +480,7 @@ async def update_tenant(request: web.Request) -> web.StreamResponse:
     s.who.require_admin()
     name = request.match_info["tenant"]
     await s.service.update_tenant(name, config=_config_change(form), active=None)
-    raise Redirect(url(f"{PREFIX}/tenants", saved=name))
+    raise web.HTTPSeeOther(url(f"{PREFIX}/tenants", saved=name))
 
 
 async def issue_key(request: web.Request) -> web.Response:
@@ -506,7 +497,7 @@ async def revoke_key(request: web.Request) -> web.StreamResponse:
     s.who.require_admin()
     name, key_id = request.match_info["tenant"], request.match_info["key_id"]
     await s.service.revoke_key(name, key_id)
-    raise Redirect(url(f"{PREFIX}/tenants", saved=f"{name} (key {key_id} revoked)"))
+    raise web.HTTPSeeOther(url(f"{PREFIX}/tenants", saved=f"{name} (key {key_id} revoked)"))
 
 
 # -- mounting ----------------------------------------------------------------------------
