@@ -16,6 +16,7 @@ saved there. Waits poll for an outcome with a deadline; nothing asserts a durati
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -41,7 +42,6 @@ from tests.integration.conftest import (
     ApiServer,
     WorkerProcess,
     _env_for,
-    _ports,
     isolated_stack,
     wait_worker_ready,
 )
@@ -218,58 +218,73 @@ def _start_api(env: dict[str, str], port: int, admin: str, log: Path) -> subproc
 
 @pytest.fixture(scope="module")
 def console(real_stack: Settings, tenant: str) -> Iterator[Console]:
-    from prometheus_client import start_http_server
-
     tmp = Path(tempfile.mkdtemp(prefix="tocsin-console-"))
     shots_dir = os.environ.get("TOCSIN_CONSOLE_SHOTS")
     shots = Path(shots_dir) if shots_dir else None
     if shots is not None:
         shots.mkdir(parents=True, exist_ok=True)
-    driver = browser(str(tmp / "profile"))
-    receiver = Receiver(behave=_behave).start()
-    with isolated_stack(real_stack, "console") as settings:
-        metrics_port, proxy_metrics_port = next(_ports), next(_ports)
-        env = _env_for(settings, metrics_port, next(_ports))
-        env["TOCSIN_TENANT_CACHE_TTL_S"] = "1"
-        worker = WorkerProcess(settings, env, tmp / "worker.log").start()
-        proxy = ProxyApp(
-            settings,
-            fast_settings(
-                mode="fires", source_topic="", group_id=f"console-{uuid.uuid4().hex[:6]}"
-            ),
-        )
-        proxy.start()
-        metrics_server, _ = start_http_server(
-            proxy_metrics_port, addr="127.0.0.1", registry=proxy.metrics.registry
-        )
-        port, admin = _free_port(), "admin-" + os.urandom(8).hex()
-        env_api = dict(
-            env,
-            TOCSIN_METRICS_PORT=str(next(_ports)),
-            TOCSIN_API_METRICS_URLS=f"http://127.0.0.1:{metrics_port}/metrics,"
-            f"http://127.0.0.1:{proxy_metrics_port}/metrics",
-            TOCSIN_API_METRICS_SCRAPE_S="1",
-        )
-        api_proc = _start_api(env_api, port, admin, tmp / "api.log")
-        base = f"http://127.0.0.1:{port}"
-        try:
-            until(lambda: _ready(base), 60, "the api")
-            wait_worker_ready(settings, tenant, worker=worker)
-            api = ApiServer(settings, base, admin, worker)
-            alice = _register(api, f"alice-{uuid.uuid4().hex[:6]}")
-            mallory = _register(api, f"mallory-{uuid.uuid4().hex[:6]}")
-            yield Console(settings, api, driver, receiver, alice, mallory, shots)
-        finally:
-            driver.quit()
-            if api_proc.poll() is None:
-                os.killpg(api_proc.pid, signal.SIGTERM)
-                api_proc.wait(20)
-            metrics_server.shutdown()
-            metrics_server.server_close()
-            proxy.stop(timeout_s=5)
-            worker.stop()
-            receiver.stop()
-            shutil.rmtree(tmp, ignore_errors=True)
+    with contextlib.ExitStack() as done:
+        done.callback(shutil.rmtree, tmp, ignore_errors=True)
+        driver = browser(str(tmp / "profile"))
+        done.callback(driver.quit)
+        receiver = Receiver(behave=_behave).start()
+        done.callback(receiver.stop)
+        settings = done.enter_context(isolated_stack(real_stack, "console"))
+        yield _start(done, settings, tenant, tmp, driver, receiver, shots)
+
+
+def _start(
+    done: contextlib.ExitStack,
+    settings: Settings,
+    tenant: str,
+    tmp: Path,
+    driver: WebDriver,
+    receiver: Receiver,
+    shots: Path | None,
+) -> Console:
+    """The worker, the proxy (its metrics served here), the API; each stopped by ``done``.
+    Ports are free ones: another test run on the machine may hold the numbered ones."""
+    from prometheus_client import start_http_server
+
+    metrics_port, proxy_metrics_port = _free_port(), _free_port()
+    env = _env_for(settings, metrics_port, _free_port())
+    env["TOCSIN_TENANT_CACHE_TTL_S"] = "1"
+    worker = WorkerProcess(settings, env, tmp / "worker.log").start()
+    done.callback(worker.stop)
+    proxy = ProxyApp(
+        settings,
+        fast_settings(mode="fires", source_topic="", group_id=f"console-{uuid.uuid4().hex[:6]}"),
+    )
+    proxy.start()
+    done.callback(proxy.stop, timeout_s=5)
+    server, _ = start_http_server(
+        proxy_metrics_port, addr="127.0.0.1", registry=proxy.metrics.registry
+    )
+    done.callback(server.server_close)
+    done.callback(server.shutdown)
+    port, admin = _free_port(), "admin-" + os.urandom(8).hex()
+    env_api = dict(
+        env,
+        TOCSIN_METRICS_PORT=str(_free_port()),
+        TOCSIN_API_METRICS_URLS=f"http://127.0.0.1:{metrics_port}/metrics,"
+        f"http://127.0.0.1:{proxy_metrics_port}/metrics",
+        TOCSIN_API_METRICS_SCRAPE_S="1",
+    )
+    api_proc = _start_api(env_api, port, admin, tmp / "api.log")
+    done.callback(_stop, api_proc)
+    base = f"http://127.0.0.1:{port}"
+    until(lambda: _ready(base), 60, "the api")
+    wait_worker_ready(settings, tenant, worker=worker)
+    api = ApiServer(settings, base, admin, worker)
+    alice = _register(api, f"alice-{uuid.uuid4().hex[:6]}")
+    mallory = _register(api, f"mallory-{uuid.uuid4().hex[:6]}")
+    return Console(settings, api, driver, receiver, alice, mallory, shots)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
 
 
 def _register(api: ApiServer, name: str) -> dict[str, Any]:
