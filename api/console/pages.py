@@ -95,13 +95,14 @@ def csrf_field(viewer: Viewer) -> Safe:
 
 
 def post_button(
-    viewer: Viewer, action: str, label: str, *, style: str = "", confirm: bool = False
+    viewer: Viewer, action: str, label: str, *, style: str = "", names: str | None = None
 ) -> Safe:
-    """A one-button form; ``style``: '' (primary), 'secondary' or 'danger'."""
+    """A one-button form; ``style``: '' (primary), 'secondary' or 'danger'; ``names``: its
+    full accessible name where a page repeats the label (one Redrive per row)."""
     return tag(
         "form",
         csrf_field(viewer),
-        tag("button", label, type="submit", class_=style or None),
+        tag("button", label, type="submit", class_=style or None, aria_label=names),
         method="post",
         action=action,
     )
@@ -544,6 +545,7 @@ def _letter_row(viewer: Viewer, tenant: str, d: Mapping[str, Any]) -> Safe:
             viewer,
             url(f"/console/dead-letters/{tid}/redrive", tenant=_scope(viewer, tenant)),
             "Redrive",
+            names=f"Redrive {d.get('schedule_id')} (trigger {tid})",
         )
     )
     return tag(
@@ -822,7 +824,7 @@ def _tenant_section(
             "Allowed callback hosts (comma-separated; empty = any public host)",
             void("input", type="text", name="allowed_callback_hosts", value=hosts, size="50"),
         ),
-        tag("button", "Save", type="submit"),
+        tag("button", "Save", type="submit", aria_label=f"Save {name}"),
         method="post",
         action=f"/console/tenants/{name}",
         class_="search",
@@ -843,6 +845,7 @@ def _tenant_section(
                     f"/console/tenants/{name}/keys/{k.get('key_id')}/revoke",
                     "Revoke",
                     style="danger",
+                    names=f"Revoke key {k.get('key_id')} of {name}",
                 ),
             ),
         )
@@ -861,7 +864,12 @@ def _tenant_section(
         tag("table", tag("caption", f"API keys of {name}"), head, key_rows),
         tag(
             "div",
-            post_button(viewer, f"/console/tenants/{name}/keys", "Issue a new key"),
+            post_button(
+                viewer,
+                f"/console/tenants/{name}/keys",
+                "Issue a new key",
+                names=f"Issue a new key for {name}",
+            ),
             tag(
                 "span",
                 "Rotate: issue a new key, move clients to it, then revoke the old one.",

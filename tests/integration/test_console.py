@@ -158,9 +158,11 @@ class Console:
         if self.shots is None:
             return
         tall = self.driver.execute_script("return document.documentElement.scrollHeight")
-        self.driver.set_window_size(WIDTH, min(2000, max(HEIGHT, int(tall))))
+        metrics = {"width": WIDTH, "deviceScaleFactor": 1, "mobile": False}
+        metrics["height"] = min(2000, max(HEIGHT, int(tall)))
+        self.driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", metrics)
         self.driver.save_screenshot(str(self.shots / f"{name}.png"))
-        self.driver.set_window_size(WIDTH, HEIGHT)
+        self.driver.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
 
     def check_page(self) -> None:
         """One h1, every visible input labelled, nothing wider than a 1366 px screen."""
