@@ -54,10 +54,7 @@ CHROMEDRIVER = Path("/usr/bin/chromedriver")
 WIDTH, HEIGHT = 1366, 768
 
 webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the dev extras")
-from selenium.common.exceptions import (  # noqa: E402
-    NoSuchElementException,
-    StaleElementReferenceException,
-)
+from selenium.common.exceptions import WebDriverException  # noqa: E402
 from selenium.webdriver.common.action_chains import ActionChains  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.common.keys import Keys  # noqa: E402
@@ -75,7 +72,8 @@ def until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
     while time.monotonic() < deadline:
         try:
             got = check()
-        except (StaleElementReferenceException, NoSuchElementException):
+        except WebDriverException:
+            # Stale or detached elements, a missing one: the page is being replaced.
             got = None
         if got:
             return got
@@ -145,6 +143,7 @@ class Console:
         self.driver.delete_all_cookies()
         self.open("/console")
         assert self.h1() == "Sign in"
+        self.check_page()
         field = self.driver.switch_to.active_element  # autofocus puts the caret there
         assert field.get_attribute("name") == "key"
         field.send_keys(key, Keys.ENTER)
@@ -440,6 +439,7 @@ def test_another_tenant_sees_nothing_of_alices(console: Console) -> None:
     c.open(f"/console/schedules/{missing}")
     assert c.text().replace(missing, "<id>") == seen
     assert c.h1() == "Not found"
+    c.check_page()
     # Naming alice's tenant changes nothing for a tenant key.
     c.open(f"/console/schedules/{sid}?tenant={c.alice['tenant']}")
     assert c.h1() == "Not found"
