@@ -466,6 +466,14 @@ class CommandProcessor:
                 ticker = self._ticker_of(d.fire_now.partition)
                 if ticker is not None:
                     pending.append(asyncio.ensure_future(ticker.fire_now(d.fire_now)))
+            for run in d.hand_over_runs:
+                # A backfill's rows are written and due ahead: held in memory when their
+                # minute is loaded already, else read with it (a checkpoint left above
+                # them by a clock that ran ahead is written back first).
+                ticker = self._ticker_of(run.partition)
+                fire = ticker.hand_over(run) if ticker is not None else None
+                if fire is not None:
+                    pending.append(fire)
         if pending:
             # Due already: answered (so the offset can be committed) only once Kafka has
             # the trigger, since a successor would start past its row. Not due but not

@@ -53,6 +53,7 @@ from streams.recurring import (
     jitter_ms,
     next_runs,
     occurrences,
+    past_occurrences,
     plan,
     run_id,
     series_start,
@@ -68,6 +69,7 @@ from topics.codes import Code
 from topics.fields import check_not_past
 from topics.ids import format_iso_ms, trigger_id
 from topics.models import (
+    BackfillCommand,
     CancelCommand,
     Command,
     CreateCommand,
@@ -114,6 +116,8 @@ class Decision:
     # For the per-tenant metrics: runs a resume skipped, and whether it recorded a miss.
     skipped_paused: int = 0
     missed: bool = False
+    # A backfill's rows, written with the change: handed to the ticker after persisting.
+    hand_over_runs: tuple[BucketRow, ...] = ()
 
 
 class Unemitted(Protocol):
@@ -173,6 +177,9 @@ def decide(
         # Before the replay check: a trigger command writes no row, and its replay fires
         # its run again under the same ids (at least once).
         return _decide_trigger(command, existing, msg)
+    if isinstance(command, BackfillCommand):
+        # Likewise: a replayed backfill writes its runs again (same run and trigger ids).
+        return decide_backfill(command, existing, msg, now_ms=now_ms, shards=shards)
     if existing is not None and is_replay(existing, msg.offset):
         return _replayed(existing, msg.offset)
     if is_recurring(existing) or (
@@ -421,6 +428,137 @@ def _decide_trigger(
         notes=(EventNote(ScheduleEvent.TRIGGERED, f"fired now as run {rid}", tid, at),),
     )
     return Decision(Code.OK, f"triggered: run {rid}, trigger id {tid}", change=change, fire_now=run)
+
+
+# Most runs one backfill command writes: a year of minutely runs (525,600) is asked for in
+# pieces of this size, the answer naming where the next piece starts.
+BACKFILL_MAX_RUNS = 10_000
+# Runs per second one backfill fires: its rows are due this far apart, so at most 10,000
+# runs spread over 500 s (on top of the tenant's fire quota), never a burst on the partition.
+BACKFILL_RUNS_PER_S = 20
+# The first backfilled run fires this long after the decision, so its row is written
+# before it is due and the ticker reads it like any row ahead of its clock.
+BACKFILL_LEAD_MS = 1_000
+
+
+def backfill_nominals(
+    rec: Recurrence,
+    *,
+    tenant: str,
+    schedule_id: str,
+    anchor_ms: int,
+    from_ms: int,
+    to_ms: int,
+    now_ms: int,
+    limit: int = BACKFILL_MAX_RUNS,
+) -> tuple[list[tuple[int, int]], int | None]:
+    """(nominal, due) of the runs with nominal time in ``[from_ms, to_ms)`` due before
+    ``now_ms``, at most ``limit``; and the nominal time of the first run past the limit
+    (None: the window's runs are all there)."""
+    runs: list[tuple[int, int]] = []
+    for nominal in past_occurrences(rec, from_ms, anchor_ms=anchor_ms):
+        if nominal >= to_ms or nominal >= now_ms:
+            break
+        due = nominal + jitter_ms(tenant, run_id(schedule_id, nominal), rec.jitter_s)
+        if due >= now_ms:
+            break  # its own emission is still ahead: it fires anyway
+        if len(runs) >= limit:
+            return runs, nominal
+        runs.append((nominal, due))
+    return runs, None
+
+
+def decide_backfill(
+    command: BackfillCommand,
+    existing: ScheduleRow | None,
+    msg: CommandAt,
+    *,
+    now_ms: int,
+    shards: int,
+) -> Decision:
+    """The runs a recurring schedule had (or would have had) in a past window, written as
+    bucket rows due from ``now_ms + BACKFILL_LEAD_MS`` on, ``BACKFILL_RUNS_PER_S`` apart:
+    the ticker fires them like any row, so a crash or a rebalance neither loses nor repeats
+    the rest. Each carries its run id and its own due time (``run_due_ms``), so its trigger
+    id is the one its own emission had: a receiver that saw the run drops it. Every run of
+    the window is written, fired before or not; a paused schedule may be backfilled (an
+    explicit request, like a trigger command) and stays paused. Recorded as one
+    ``backfilled`` event; the schedule row is left as it is."""
+    if existing is None or not existing.callback:
+        raise CommandRejected(Code.NOT_FOUND, f"no schedule {command.schedule_id!r}")
+    if existing.state == ScheduleState.CANCELLED:
+        raise CommandRejected(
+            Code.ALREADY_CANCELLED, f"schedule {command.schedule_id!r} was cancelled"
+        )
+    if existing.recurrence is None:
+        raise CommandRejected(
+            Code.NOT_RECURRING,
+            f"schedule {command.schedule_id!r} is a one-shot schedule; it has no runs to backfill",
+        )
+    if command.from_ms >= now_ms:
+        raise CommandRejected(
+            Code.WINDOW_IN_FUTURE,
+            f"the window starts at {format_iso_ms(command.from_ms)}, not before now "
+            f"({format_iso_ms(now_ms)}): only past runs can be backfilled",
+        )
+    rec = recurrence_from_json(existing.recurrence)
+    nominals, next_from = backfill_nominals(
+        rec,
+        tenant=existing.tenant,
+        schedule_id=existing.schedule_id,
+        anchor_ms=existing.anchor_ms or existing.created_ms,
+        from_ms=command.from_ms,
+        to_ms=command.to_ms,
+        now_ms=now_ms,
+    )
+    runs = tuple(
+        # Fired however late it is read: it was asked for explicitly.
+        replace(run_bucket(existing, nominal, fire_ms, MAX_TOLERANCE_S, shards), run_due_ms=due)
+        for (nominal, due), fire_ms in zip(
+            nominals, backfill_fire_times(len(nominals), now_ms), strict=True
+        )
+    )
+    text = _backfill_text(command, nominals, runs, next_from)
+    change = ScheduleChange(
+        row=existing,
+        new_bucket=None,
+        old_bucket=None,
+        now_ms=msg.timestamp_ms,
+        event=ScheduleEvent.BACKFILLED,
+        event_detail=text,
+        write_row=False,
+        bucket_puts=runs,
+    )
+    return Decision(Code.OK, text, change=change, hand_over_runs=runs)
+
+
+def backfill_fire_times(count: int, now_ms: int) -> list[int]:
+    """When each of ``count`` backfilled runs fires: ``BACKFILL_RUNS_PER_S`` a second."""
+    start = now_ms + BACKFILL_LEAD_MS
+    return [start + i * 1000 // BACKFILL_RUNS_PER_S for i in range(count)]
+
+
+def _backfill_text(
+    command: BackfillCommand,
+    nominals: Sequence[tuple[int, int]],
+    runs: Sequence[BucketRow],
+    next_from: int | None,
+) -> str:
+    window = f"[{format_iso_ms(command.from_ms)}, {format_iso_ms(command.to_ms)})"
+    if not runs:
+        return f"backfilled 0 runs: none of window {window} is due before now"
+    text = (
+        f"backfilled {len(runs)} runs of window {window}, nominal times "
+        f"{format_iso_ms(nominals[0][0])} to {format_iso_ms(nominals[-1][0])}, firing from "
+        f"{format_iso_ms(runs[0].due_ms)} to {format_iso_ms(runs[-1].due_ms)} "
+        f"({BACKFILL_RUNS_PER_S} runs/s)"
+    )
+    if next_from is not None:
+        text += (
+            f"; truncated at {BACKFILL_MAX_RUNS} runs: backfill again from "
+            f"{format_iso_ms(next_from)}"
+        )
+    return text
 
 
 def _updated_content(

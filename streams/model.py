@@ -75,6 +75,8 @@ class ScheduleEvent(StrEnum):
     SKIPPED_PAUSED = "skipped_paused"
     # Fired once at once by a trigger command, as an extra run (``manual_run_id``).
     TRIGGERED = "triggered"
+    # Past runs of a recurring schedule written to fire again, paced (a backfill command).
+    BACKFILLED = "backfilled"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +136,15 @@ class BucketRow(BucketKey):
     payload_type: str | None = None
     callback: str | None = None
     misfire_tolerance_s: int | None = None
+    # A backfilled run (migration 010): the due time its trigger carries and its trigger id
+    # is made from, the run's own (nominal plus jitter), while ``due_ms`` is when it fires
+    # now. None: the row fires at the due time it carries.
+    run_due_ms: int | None = None
+
+    @property
+    def trigger_due_ms(self) -> int:
+        """The due time this row's trigger carries (``run_due_ms`` of a backfilled run)."""
+        return self.due_ms if self.run_due_ms is None else self.run_due_ms
 
     @property
     def key(self) -> BucketKey:
@@ -198,7 +209,7 @@ def trigger_id_of(row: BucketRow) -> str:
     """The trigger id ``row`` fires under."""
     if isinstance(row, ManualRun):
         return row.trigger_id
-    return make_trigger_id(row.tenant, row.schedule_id, row.due_ms)
+    return make_trigger_id(row.tenant, row.schedule_id, row.trigger_due_ms)
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +249,8 @@ class ScheduleChange:
     # A paused one-shot whose due time an update moved: the listing index entry to move
     # (it has no bucket row, which is what moves the entry otherwise).
     index_old_due_ms: int | None = None
+    # More bucket rows to write in step 1 (a backfill's runs, each due when it is to fire).
+    bucket_puts: tuple[BucketRow, ...] = ()
 
 
 # A prepared statement's name and its bind values.
@@ -259,11 +272,13 @@ def trigger_for(
     ValueError for a row without a callback and the codec's error for an invalid one."""
     if not row.callback:
         raise ValueError(f"schedule {row.schedule_id!r} has no callback")
+    # A backfilled run carries its own due time, not the one it fires at now.
+    due_ms = row.trigger_due_ms if isinstance(row, BucketRow) else row.due_ms
     return Trigger(
-        trigger_id=trigger_id or make_trigger_id(row.tenant, row.schedule_id, row.due_ms),
+        trigger_id=trigger_id or make_trigger_id(row.tenant, row.schedule_id, due_ms),
         schedule_id=row.schedule_id,
         tenant=row.tenant,
-        due_ms=row.due_ms,
+        due_ms=due_ms,
         emitted_ms=emitted_ms,
         attempt=attempt,
         order_key=row.order_key or row.schedule_id,

@@ -345,6 +345,21 @@ def next_runs(
 # -- runs -----------------------------------------------------------------------------------
 
 
+def past_occurrences(rec: Recurrence, from_ms: int, *, anchor_ms: int) -> Iterator[int]:
+    """Nominal instants >= ``from_ms`` the series has, also before it was created: a
+    backfill's runs. An explicit ``start`` and ``end`` still bound it; without ``start``
+    a cron series is unbounded below and a rate series keeps its phase (the instants
+    ``series_start + k * every_s`` for any whole k, negative too)."""
+    if rec.start_ms is None:
+        start = from_ms  # cron: every matching instant from the window's start
+        if rec.every_s is not None:
+            start = series_start(rec, anchor_ms)
+            every = rec.every_s * 1000
+            start -= max(0, start - from_ms) // every * every
+        rec = replace(rec, start_ms=start)
+    return occurrences(rec, from_ms, anchor_ms=anchor_ms)
+
+
 def run_id(schedule_id: str, nominal_ms: int) -> str:
     """The schedule id of one run: stable, so its trigger id is stable too."""
     return f"{schedule_id}@{nominal_ms}"

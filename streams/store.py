@@ -339,6 +339,7 @@ class ScheduleStore(EventStore):
         for change in wave:
             if change.new_bucket is not None:
                 puts.append((change.new_bucket, change.now_ms))
+            puts.extend((run, change.now_ms) for run in change.bucket_puts)
             old = change.old_bucket
             deletes.extend(change.run_deletes)
             if old is not None and (change.new_bucket is None or change.new_bucket.key != old):

@@ -263,7 +263,8 @@ class FakeStore:
             deletes = list(change.run_deletes)
             if change.old_bucket is not None and (new is None or new.key != change.old_bucket):
                 deletes.append(change.old_bucket)
-            self._write_buckets([new] if new is not None else [], deletes)
+            puts = [new] if new is not None else []
+            self._write_buckets([*puts, *change.bucket_puts], deletes)
             row = change.row
             if change.write_row:
                 self.schedules[(row.tenant, row.schedule_id)] = row

@@ -21,6 +21,7 @@ from topics.callbacks import parse_callback
 from topics.codes import Code
 from topics.fields import DEFAULT_LIMITS, Fields, Limits, load_object, parse_payload
 from topics.models import (
+    BackfillCommand,
     Callback,
     Command,
     CommandResult,
@@ -240,14 +241,24 @@ def command_to_dict(command: Command) -> dict[str, object]:
             out["order_key"] = command.order_key
         out["misfire_tolerance_s"] = command.misfire_tolerance_s
     elif isinstance(command, UpdateCommand):
-        if command.due_ms is not None:
-            out["due"] = command.due_ms
-        if command.recurrence is not None:
-            out["recurrence"] = recurrence_to_dict(command.recurrence)
-        if command.payload is not None and command.payload_type is not None:
-            out.update(_payload_fields(command.payload, command.payload_type))
-        if command.callback is not None:
-            out["callback"] = callback_to_dict(command.callback)
+        out.update(_update_fields(command))
+    elif isinstance(command, BackfillCommand):
+        out["from"] = command.from_ms
+        out["to"] = command.to_ms
+    return out
+
+
+def _update_fields(command: UpdateCommand) -> dict[str, object]:
+    """The fields an update changes (the others are left out)."""
+    out: dict[str, object] = {}
+    if command.due_ms is not None:
+        out["due"] = command.due_ms
+    if command.recurrence is not None:
+        out["recurrence"] = recurrence_to_dict(command.recurrence)
+    if command.payload is not None and command.payload_type is not None:
+        out.update(_payload_fields(command.payload, command.payload_type))
+    if command.callback is not None:
+        out["callback"] = callback_to_dict(command.callback)
     return out
 
 

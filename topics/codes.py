@@ -43,6 +43,8 @@ class Code(StrEnum):
     SIGNING_KEY_RETIRED = "signing_key_retired"
     STALE_COMMAND = "stale_command"
     REPLAYED_COMMAND = "replayed_command"
+    NOT_RECURRING = "not_recurring"
+    WINDOW_IN_FUTURE = "window_in_future"
     STORE_REJECTED = "store_rejected"
     INTERNAL_ERROR = "internal_error"
 
@@ -73,6 +75,10 @@ DOCS: dict[Code, str] = {
     Code.NOT_FOUND: "An update or cancel named a schedule that does not exist.",
     Code.ALREADY_FIRED: "The schedule has already fired (or was missed); it can no longer change.",
     Code.ALREADY_CANCELLED: "The schedule was cancelled earlier; it can no longer change.",
+    Code.NOT_RECURRING: "A backfill named a one-shot schedule; only recurring ones have runs.",
+    Code.WINDOW_IN_FUTURE: (
+        "A backfill's window starts at or after the scheduler's now; only past runs backfill."
+    ),
     Code.CONFLICT: "A create reused an existing schedule id with different content.",
     Code.KEY_MISMATCH: "The Kafka message key is not the command's schedule_id.",
     Code.NOTHING_TO_UPDATE: "An update carried none of due, payload, callback.",
@@ -141,5 +147,7 @@ STATEFUL_CODES: frozenset[Code] = frozenset(
         Code.SIGNING_KEY_RETIRED,
         Code.STALE_COMMAND,
         Code.REPLAYED_COMMAND,
+        Code.NOT_RECURRING,
+        Code.WINDOW_IN_FUTURE,
     }
 )

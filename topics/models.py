@@ -28,6 +28,8 @@ class CommandType(StrEnum):
     RESUME = "resume"
     # Fire once, at once, as an extra run with a trigger id of its own.
     TRIGGER = "trigger"
+    # Emit a recurring schedule's runs of a past window, under their own run and trigger ids.
+    BACKFILL = "backfill"
 
 
 class ResultStatus(StrEnum):
@@ -264,11 +266,35 @@ class TriggerCommand:
         return CommandType.TRIGGER
 
 
+@dataclass(frozen=True, kw_only=True)
+class BackfillCommand:
+    """Emit the runs a recurring schedule would have had with nominal times in
+    ``[from_ms, to_ms)`` and in the past, each with its nominal run id and trigger id,
+    paced by the worker, a bounded number per command (docs/wire-contract.md)."""
+
+    tenant: str
+    schedule_id: str
+    from_ms: int
+    to_ms: int
+    request_id: str | None = None
+    reply_nonce: str | None = None
+
+    @property
+    def type(self) -> CommandType:
+        return CommandType.BACKFILL
+
+
 # The commands that name a schedule and nothing else.
 SimpleCommand: TypeAlias = CancelCommand | PauseCommand | ResumeCommand | TriggerCommand
 
 Command: TypeAlias = (
-    CreateCommand | UpdateCommand | CancelCommand | PauseCommand | ResumeCommand | TriggerCommand
+    CreateCommand
+    | UpdateCommand
+    | CancelCommand
+    | PauseCommand
+    | ResumeCommand
+    | TriggerCommand
+    | BackfillCommand
 )
 
 

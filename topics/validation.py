@@ -40,7 +40,9 @@ from topics.fields import (
     parse_payload,
     show,
 )
+from topics.ids import format_iso_ms
 from topics.models import (
+    BackfillCommand,
     CancelCommand,
     Command,
     CommandType,
@@ -109,6 +111,10 @@ COMMAND_FIELDS: dict[CommandType, Fields] = {
     ),
     CommandType.TRIGGER: Fields(
         required=("type", "tenant", "schedule_id"),
+        optional=("request_id", "reply_nonce"),
+    ),
+    CommandType.BACKFILL: Fields(
+        required=("type", "tenant", "schedule_id", "from", "to"),
         optional=("request_id", "reply_nonce"),
     ),
 }
@@ -185,7 +191,35 @@ def decode_command(raw: bytes, *, key: bytes | None, now_ms: int, limits: Limits
         )
     if ctype is CommandType.CREATE:
         return _create(obj, tenant, schedule_id, request_id, nonce, now_ms=now_ms, limits=limits)
+    if ctype is CommandType.BACKFILL:
+        return _backfill(obj, tenant, schedule_id, request_id, nonce)
     return _update(obj, tenant, schedule_id, request_id, nonce, now_ms=now_ms, limits=limits)
+
+
+def _backfill(
+    obj: dict[str, object],
+    tenant: str,
+    schedule_id: str,
+    request_id: str | None,
+    nonce: str | None,
+) -> BackfillCommand:
+    """A backfill's window ``[from, to)``: two times like ``due``, ``from`` before ``to``.
+    Whether the window lies in the past is the scheduler's to decide (its clock)."""
+    from_ms = parse_due(obj["from"], "from")
+    to_ms = parse_due(obj["to"], "to")
+    if from_ms >= to_ms:
+        raise CommandRejected(
+            Code.INVALID_FIELD,
+            f"from ({format_iso_ms(from_ms)}) must be before to ({format_iso_ms(to_ms)})",
+        )
+    return BackfillCommand(
+        tenant=tenant,
+        schedule_id=schedule_id,
+        from_ms=from_ms,
+        to_ms=to_ms,
+        request_id=request_id,
+        reply_nonce=nonce,
+    )
 
 
 def check_reply_nonce(value: object) -> str:
