@@ -11,7 +11,7 @@ TOCSIN := $(BIN)/tocsin
 PYTEST_ARGS ?=
 
 .PHONY: run test check lint typecheck unit integration venv up down status setup worker proxy dev \
-        demo bench bench-scheduler bench-proxy bench-delivery bench-cron bench-api bench-api-floor bench-cassandra chaos api clean deploy-tools deploy-check
+        demo bench bench-scheduler bench-proxy bench-delivery bench-cron bench-api bench-api-floor bench-worker-idle bench-cassandra chaos api clean deploy-tools deploy-check
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required, found " + sys.version' 
@@ -117,6 +117,11 @@ bench-api: setup
 # floor on this machine, for BENCHMARKS.md's analysis; nothing is stored.
 bench-api-floor: setup
 	$(BIN)/python -m bench.api --worker-store none
+
+# One worker owning the 8 commands partitions with nothing due and nothing arriving: its
+# CPU s/s and Kafka's and Cassandra's over 60 s (bench/worker_idle.py).
+bench-worker-idle: setup
+	flock /tmp/bench.lock $(BIN)/python -m bench.worker_idle $(IDLE_ARGS)
 
 # Cassandra round trip with and without TCP_NODELAY, and the driver's CPU per request with
 # protocol v4 and v5 (bench/cassandra_latency.py).

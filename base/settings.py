@@ -257,6 +257,11 @@ class SchedulerSettings:
     # worker (aiokafka, Faust's thread hand-over) and Kafka CPU whatever it carries; above
     # one record, rounds come at most every consumer_fetch_max_wait_ms, fuller.
     consumer_fetch_min_bytes: int = 16384
+    # After a fetch that brought no records, the next one asks for one byte and may be held
+    # this long (streams.fetch_wait): an idle worker then fetches a few times a second
+    # instead of every consumer_fetch_max_wait_ms, and the first record to arrive is
+    # answered at once. At or below consumer_fetch_max_wait_ms: every fetch is busy.
+    consumer_fetch_idle_wait_ms: int = 500
     # Hand each fetched record to the command stream inline instead of through Faust's
     # per-record four-task race (streams.drain says why and how; false: Faust's own path).
     inline_handover: bool = True
@@ -399,6 +404,7 @@ class Settings:
                 command_batch_wait_ms=_int(e, "COMMAND_BATCH_WAIT_MS", 20),
                 consumer_fetch_max_wait_ms=_int(e, "CONSUMER_FETCH_MAX_WAIT_MS", 20),
                 consumer_fetch_min_bytes=_int(e, "CONSUMER_FETCH_MIN_BYTES", 16384),
+                consumer_fetch_idle_wait_ms=_int(e, "CONSUMER_FETCH_IDLE_WAIT_MS", 500),
                 inline_handover=_bool(e, "INLINE_HANDOVER", True),
                 commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
                 require_signed_commands=_bool(e, "REQUIRE_SIGNED_COMMANDS", True),

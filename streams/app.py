@@ -30,7 +30,7 @@ from base.health import Health
 from base.health import serve as serve_health
 from base.logs import setup_logging
 from base.settings import Settings
-from streams import drain, metrics
+from streams import drain, fetch_wait, metrics
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
 from streams.deadletter_store import DeadLetterStore, record_dead_letters
@@ -241,6 +241,12 @@ class Worker:
             mine = {tp.partition for tp in assigned if tp.topic == self.catalog.commands.name}
             set_fetch_max_wait(
                 app, s.scheduler.consumer_fetch_max_wait_ms, s.scheduler.consumer_fetch_min_bytes
+            )
+            fetch_wait.pace(
+                app.consumer,
+                busy_wait_ms=s.scheduler.consumer_fetch_max_wait_ms,
+                busy_min_bytes=s.scheduler.consumer_fetch_min_bytes,
+                idle_wait_ms=s.scheduler.consumer_fetch_idle_wait_ms,
             )
             if s.scheduler.inline_handover:
                 drain.install(app.consumer)

@@ -231,6 +231,12 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "bytes the broker gathers before it answers the worker's fetch early",
     ),
     SettingDoc(
+        "CONSUMER_FETCH_IDLE_WAIT_MS",
+        W,
+        "500",
+        "after an empty fetch, how long the next (one byte minimum) may be held",
+    ),
+    SettingDoc(
         "INLINE_HANDOVER",
         W,
         "true",
