@@ -523,6 +523,34 @@ def _schedule_paths() -> dict[str, Schema]:
             )
         },
         **_control_paths(),
+        **_backfill_path(),
+    }
+
+
+def _backfill_path() -> dict[str, Schema]:
+    """Backfill one recurring schedule over a past window (docs/wire-contract.md)."""
+    window = {
+        "type": "object",
+        "required": ["from", "to"],
+        "properties": {"from": _ref("Time"), "to": _ref("Time")},
+        "additionalProperties": False,
+    }
+    summary = (
+        "emit the runs a recurring schedule had (or would have had) with nominal times in "
+        "[from, to) due before now, each under its own run id and trigger id, paced by the "
+        "worker at 20 runs/s, at most 10,000 per request (the result's message counts them "
+        "and says where to go on when truncated); 409 not_recurring for a one-shot, 422 "
+        "window_in_future when from is not in the past"
+    )
+    return {
+        "/v1/schedules/{schedule_id}/backfill": {
+            "post": _op(
+                summary,
+                {**_SCHEDULE_OK, **_RESULT_ERRORS},
+                body=window,
+                params=[_SID, *_MODE],
+            )
+        }
     }
 
 

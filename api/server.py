@@ -221,6 +221,19 @@ async def trigger_schedule(request: web.Request) -> web.Response:
     return await _simple(request, "trigger")
 
 
+async def backfill_schedule(request: web.Request) -> web.Response:
+    """POST /v1/schedules/{id}/backfill {from, to}: the worker writes the window's past runs
+    to fire paced (docs/wire-contract.md); answered once they are stored."""
+    tenant, service, sid = await _addressed(request)
+    cmd = views.backfill_command(
+        await _body(request),
+        tenant=tenant,
+        schedule_id=sid,
+        request_id=service.bridge.new_request_id(),
+    )
+    return await _command(request, cmd)
+
+
 async def _simple(request: web.Request, kind: str) -> web.Response:
     """A command that names the path's schedule and nothing else (pause, resume, trigger)."""
     tenant, service, sid = await _addressed(request)
@@ -499,6 +512,7 @@ def build_app(settings: Settings, service: Service | None = None) -> web.Applica
     r.add_post("/v1/schedules/{schedule_id}/pause", pause_schedule)
     r.add_post("/v1/schedules/{schedule_id}/resume", resume_schedule)
     r.add_post("/v1/schedules/{schedule_id}/trigger", trigger_schedule)
+    r.add_post("/v1/schedules/{schedule_id}/backfill", backfill_schedule)
     r.add_post("/v1/bulk/cancel", bulk_cancel)
     r.add_post("/v1/bulk/refire", bulk_refire)
     r.add_post("/v1/bulk/pause", bulk_pause)

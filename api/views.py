@@ -99,6 +99,8 @@ _HTTP: dict[str, int] = {
     Code.WRONG_PARTITION: 500,
     Code.STORE_REJECTED: 422,
     Code.INTERNAL_ERROR: 500,
+    Code.NOT_RECURRING: 409,
+    Code.WINDOW_IN_FUTURE: 422,
 }
 
 
@@ -178,6 +180,34 @@ def simple_command(
         "type": kind,
         "tenant": tenant,
         "schedule_id": schedule_id,
+        "request_id": request_id,
+    }
+
+
+def backfill_command(
+    body: Mapping[str, object], *, tenant: str, schedule_id: str, request_id: str
+) -> dict[str, object]:
+    """The backfill command of a ``{from, to}`` body (RFC 3339 with offset or epoch ms,
+    ``from`` before ``to``); whether the window is in the past is the worker's to say."""
+    unknown = sorted(set(body) - {"from", "to"})
+    if unknown:
+        raise ApiError(400, "invalid_field", f"unknown field {unknown[0]!r}; allowed: from, to")
+    window = {}
+    for name in ("from", "to"):
+        value = body.get(name)
+        if isinstance(value, bool) or not isinstance(value, str | int):
+            raise ApiError(400, "invalid_field", f"{name!r} must be an RFC 3339 time or epoch ms")
+        window[name] = str(value)
+    lo = parse_time(window["from"], "from")
+    hi = parse_time(window["to"], "to")
+    if hi <= lo:
+        raise ApiError(400, "invalid_field", "'to' must be after 'from'")
+    return {
+        "type": "backfill",
+        "tenant": tenant,
+        "schedule_id": schedule_id,
+        "from": lo,
+        "to": hi,
         "request_id": request_id,
     }
 
