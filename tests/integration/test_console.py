@@ -130,12 +130,23 @@ class Console:
     def open(self, path: str) -> None:
         self.driver.get(self.url(path))
 
+    def loaded(self) -> None:
+        """Waits for the page a click or Enter started to finish loading (a form's answer
+        is not waited for by the driver)."""
+        until(
+            lambda: self.driver.execute_script("return document.readyState") == "complete",
+            15,
+            f"{self.driver.current_url} to load",
+        )
+
     def h1(self) -> str:
+        self.loaded()
         found = self.driver.find_elements(By.TAG_NAME, "h1")
         assert found, f"no h1 on {self.driver.current_url}: {self.driver.page_source[:3000]}"
         return str(found[0].text)
 
     def text(self) -> str:
+        self.loaded()
         return str(self.driver.find_element(By.TAG_NAME, "body").text)
 
     def sign_in(self, key: str) -> None:
