@@ -441,7 +441,7 @@ http_callbacks = st.fixed_dictionaries(
             st.from_regex(r"X-[A-Za-z0-9]{1,8}", fullmatch=True),
             st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=10),
             max_size=3,
-        ),
+        ).filter(lambda headers: len({name.lower() for name in headers}) == len(headers)),
         "timeout_s": st.floats(min_value=0.001, max_value=300) | st.integers(1, 300),
     },
 )
