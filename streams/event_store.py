@@ -20,6 +20,9 @@ class EventStore(CqlExecutor):
         "record_event": insert_cql("schedule_events", _EVENT_COLUMNS, ttl=True),
         "list_events": f"SELECT {', '.join(_EVENT_COLUMNS)} FROM {{keyspace}}.schedule_events "
         "WHERE tenant = ? AND schedule_id = ?",
+        "list_newest_events": f"SELECT {', '.join(_EVENT_COLUMNS)} "
+        "FROM {keyspace}.schedule_events WHERE tenant = ? AND schedule_id = ? "
+        "ORDER BY at_ms DESC, event DESC LIMIT ?",
     }
 
     def event_stmt(
@@ -56,6 +59,15 @@ class EventStore(CqlExecutor):
             )
         )
 
-    async def list_events(self, tenant: str, schedule_id: str) -> list[CqlRow]:
-        """The schedule's history, oldest first."""
-        return await self.run("list_events", (tenant, schedule_id))
+    async def list_events(
+        self, tenant: str, schedule_id: str, *, newest: int | None = None
+    ) -> list[CqlRow]:
+        """The schedule's history, oldest first; with ``newest``, only its newest that many
+        events (read newest first by the clustering order, so the cost is bounded however
+        long the history: a failing endpoint's attempts and refused commands add to it)."""
+        if newest is None:
+            return await self.run("list_events", (tenant, schedule_id))
+        if newest <= 0:
+            return []
+        rows = await self.run("list_newest_events", (tenant, schedule_id, newest))
+        return list(reversed(rows))

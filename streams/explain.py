@@ -62,6 +62,7 @@ class RunFacts:
     due_ms: int
     row: Row | None
     events: Sequence[Row] = ()
+    older_events: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,6 +77,10 @@ class Facts:
     # Recurring: its newest runs, newest first; ``runs_limit`` how many were asked for.
     runs: Sequence[RunFacts] = ()
     runs_limit: int = 0
+    # Only the newest ``events_limit`` events of each history are read; ``older_events``:
+    # the schedule's own history has older ones (a run's says so in its RunFacts).
+    events_limit: int = 0
+    older_events: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,6 +122,7 @@ class Explanation:
     entries: list[Entry]
     notes: list[str] = field(default_factory=list)
     runs_shown: int = 0
+    older_events: bool = False  # some history older than what is shown exists
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -128,6 +134,7 @@ class Explanation:
             "timeline": [e.to_json() for e in self.entries],
             "notes": list(self.notes),
             "runs_shown": self.runs_shown,
+            "older_events": self.older_events,
             "not_recorded": list(NOT_RECORDED),
         }
 
@@ -150,6 +157,13 @@ def explain(facts: Facts) -> Explanation:
             notes.append(f"only the newest {facts.runs_limit} runs are shown")
     else:
         reason = _one_shot_reason(facts, notes)
+    cut = [sid] if facts.older_events else []
+    cut += [run.run_id for run in facts.runs if run.older_events]
+    if cut:
+        notes.append(
+            f"only the newest {facts.events_limit or '?'} events of each history are shown; "
+            f"older ones exist for {', '.join(cut)}"
+        )
     return Explanation(
         tenant=str(row["tenant"]),
         schedule_id=sid,
@@ -159,6 +173,7 @@ def explain(facts: Facts) -> Explanation:
         entries=entries,
         notes=notes,
         runs_shown=len(facts.runs),
+        older_events=bool(cut),
     )
 
 

@@ -15,12 +15,26 @@ from streams.tenants import TenantConfig
 
 DEFAULT_RUNS = 10
 MAX_RUNS = 100
+# The newest events read of each schedule id's history: a failing endpoint's attempts and
+# refused commands make a history grow, and the read must stay bounded.
+MAX_EVENTS = 200
 
 
 class ExplainStore(MaterializerStore, TenantReader, Protocol):
     """What an explanation reads (``streams.store.Store`` is one)."""
 
-    async def list_events(self, tenant: str, schedule_id: str) -> list[CqlRow]: ...
+    async def list_events(
+        self, tenant: str, schedule_id: str, *, newest: int | None = None
+    ) -> list[CqlRow]: ...
+
+
+async def newest_events(
+    store: ExplainStore, tenant: str, schedule_id: str, limit: int = MAX_EVENTS
+) -> tuple[list[CqlRow], bool]:
+    """The schedule id's newest ``limit`` events, oldest first, and whether older ones
+    exist (one more is read to tell)."""
+    rows = await store.list_events(tenant, schedule_id, newest=limit + 1)
+    return (rows[1:], True) if len(rows) > limit else (rows, False)
 
 
 async def read_facts(
@@ -36,9 +50,9 @@ async def read_facts(
     (another tenant's schedule of the same id is never read: rows are keyed by tenant)."""
     if not 0 <= runs <= MAX_RUNS:
         raise ValueError(f"runs must be in 0..{MAX_RUNS}, got {runs}")
-    row, events, tenant_row = await asyncio.gather(
+    row, (events, older), tenant_row = await asyncio.gather(
         store.get_schedule(tenant, schedule_id),
-        store.list_events(tenant, schedule_id),
+        newest_events(store, tenant, schedule_id),
         store.get_tenant(tenant),
     )
     if row is None:
@@ -55,6 +69,8 @@ async def read_facts(
         fire_quota_per_min=config.fire_quota_per_min,
         runs=run_facts,
         runs_limit=runs,
+        events_limit=MAX_EVENTS,
+        older_events=older,
     )
 
 
@@ -68,7 +84,7 @@ async def _newest_runs(
         return []
     rows, histories = await asyncio.gather(
         store.get_schedules(tenant, ids),
-        asyncio.gather(*(store.list_events(tenant, i) for i in ids)),
+        asyncio.gather(*(newest_events(store, tenant, i) for i in ids)),
     )
     return [
         RunFacts(
@@ -77,6 +93,7 @@ async def _newest_runs(
             due_ms=int(h["due_ms"]),
             row=rows.get(str(h["run_id"])),
             events=events,
+            older_events=older,
         )
-        for h, events in zip(history, histories, strict=True)
+        for h, (events, older) in zip(history, histories, strict=True)
     ]

@@ -447,10 +447,15 @@ class FakeStore:
         await self._enter("record_event", tenant, schedule_id, event, at_ms=at_ms)
         self._event(tenant, schedule_id, event, at_ms, due_ms, trigger_id, detail)
 
-    async def list_events(self, tenant: str, schedule_id: str) -> list[CqlRow]:
+    async def list_events(
+        self, tenant: str, schedule_id: str, *, newest: int | None = None
+    ) -> list[CqlRow]:
         await self._enter("list_events", tenant, schedule_id)
         mine = [e for e in self.events if (e["tenant"], e["schedule_id"]) == (tenant, schedule_id)]
-        return sorted(mine, key=lambda e: (e["at_ms"], e["event"]))
+        ordered = sorted(mine, key=lambda e: (e["at_ms"], e["event"]))
+        if newest is None:
+            return ordered
+        return ordered[max(0, len(ordered) - newest) :] if newest > 0 else []
 
     # -- tenants and API keys --------------------------------------------------------------
 
