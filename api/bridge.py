@@ -51,6 +51,7 @@ from typing import NotRequired, TypedDict, cast
 import orjson
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from api.tracing import command_headers
 from base.errors import KafkaError
 from base.settings import Settings
 from streams.emitter import Emitter, Position
@@ -199,14 +200,19 @@ class CommandBridge:
         if expected is not None:
             result = asyncio.get_running_loop().create_future()
             self._pending[request_id] = (result, expected)
+        # The serving request's trace context (api.tracing); signatures cover key and value
+        # only, so these headers change no signature.
+        trace, span = command_headers()
         try:
             acked = self.producer.send(
                 self.catalog.commands.name,
                 key=key,
                 value=value,
-                headers=headers,
+                headers=[*headers, *trace] if trace else headers,
                 partition=partition_for(key, self.partitions),
             )
+            if span is not None:
+                acked.add_done_callback(lambda _: span.end())
             async with asyncio.timeout(timeout_s):
                 if result is None:
                     await acked

@@ -17,6 +17,7 @@ from api.console import routes as console
 from api.context import caller, json_response, read_json
 from api.openapi import openapi_document
 from api.service import Principal, Service
+from api.tracing import trace_requests
 from api.views import ApiError, Mode
 from base.clock import now_ms
 from base.errors import TocsinError
@@ -488,7 +489,9 @@ async def retire_previous_signing_key(request: web.Request) -> web.Response:
 
 
 def build_app(settings: Settings, service: Service | None = None) -> web.Application:
-    app = web.Application(middlewares=[errors], client_max_size=settings.api.max_body_bytes)
+    app = web.Application(
+        middlewares=[trace_requests, errors], client_max_size=settings.api.max_body_bytes
+    )
     svc = service or Service(settings)
     app[SERVICE] = svc
 

@@ -9,7 +9,8 @@ Dead-letter record (value of the dead-letters topic, keyed by the original key):
      "response": {"status_code": 700, "body_excerpt": "bad sku"} | null,
      "first_failure_ms": ..., "last_failure_ms": ..., "dead_lettered_ms": ...,
      "proxy_group": "tocsin-proxy", "endpoint": "https://h/p" | null,
-     "trigger_id": ... | null, "schedule_id": ... | null, "tenant": ... | null}
+     "trigger_id": ... | null, "schedule_id": ... | null, "tenant": ... | null,
+     "traceparent": "00-<trace id>-<parent id>-01" | null, "tracestate": ... | null}
 
 Bytes travel as base64 so any key, value or header survives JSON intact. A dead letter
 must always be writable, so one that would exceed ``MAX_RECORD_BYTES`` carries the source
@@ -128,6 +129,9 @@ def dead_letter_record(
         "trigger_id": trig.trigger_id if trig else None,
         "schedule_id": trig.schedule_id if trig else None,
         "tenant": trig.tenant if trig else None,
+        # The trigger's W3C trace context: the dead letter belongs to the command's trace.
+        "traceparent": trig.traceparent if trig else None,
+        "tracestate": trig.tracestate if trig else None,
     }
     # Drop the biggest parts first, one at a time, until the record fits.
     steps = ("value_b64", "headers", "key_b64")

@@ -16,6 +16,7 @@ Pure: no I/O, no clock (callers pass ``now``).
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from proxy.parking import Origin
 from proxy.retry import AttemptState
 from topics.callbacks import is_proxy_header
 from topics.models import HttpCallback, KafkaCallback, PayloadType, Trigger
+from topics.tracecontext import TRACEPARENT, TRACESTATE, from_headers
 
 if TYPE_CHECKING:
     import asyncio
@@ -214,12 +216,20 @@ def fire_request(trigger: Trigger, callback: HttpCallback) -> Request:
     # The proxy's own names are dropped from the callback's headers, not just appended
     # after them: a receiver reading the first value would take the tenant's. Commands may
     # not name them, but a schedule stored before that rule still carries them.
+    # The trigger's trace context (from the command) wins over a traceparent among the
+    # callback's own headers: the callback's is one fixed value for every run, the
+    # command's is the request that asked for this run, and a receiver must see one
+    # traceparent (the W3C rule drops both when two differ). A tracestate goes with its
+    # traceparent, so the callback's is dropped with it. Without one, the callback's own
+    # pass as given.
+    traced = trigger.traceparent is not None
     headers = [
         (k, _header_value(v))
         for k, v in callback.headers.items()
         if _TOKEN.match(k)
         and k.lower() not in ("content-length", "host", "transfer-encoding", "connection")
         and not is_proxy_header(k)
+        and not (traced and k.lower() in (TRACEPARENT, TRACESTATE))
     ]
     have = {k.lower() for k, _ in headers}
     if "content-type" not in have:
@@ -244,6 +254,10 @@ def fire_request(trigger: Trigger, callback: HttpCallback) -> Request:
         # Stable across re-emits and proxy retries: receivers can drop duplicates with it.
         ("Idempotency-Key", trigger.trigger_id),
     ]
+    if trigger.traceparent is not None:
+        headers.append((TRACEPARENT, trigger.traceparent))
+        if trigger.tracestate:
+            headers.append((TRACESTATE, trigger.tracestate))
     return Request(
         method=callback.method,
         url=callback.url,
@@ -260,6 +274,13 @@ def prepare_fire(env: Envelope, decode: Callable[[bytes], Trigger]) -> None:
     except (ValueError, TocsinError) as exc:
         env.invalid = f"undecodable trigger: {exc}"
         return
+    # The trace context travels in the record's headers (topics.codec.trigger_headers),
+    # checked again here: any producer may write to the fires topic.
+    trace = from_headers(env.headers).context
+    if trace is not None:
+        trigger = dataclasses.replace(
+            trigger, traceparent=trace.traceparent, tracestate=trace.tracestate
+        )
     env.trigger = trigger
     cb = trigger.callback
     if isinstance(cb, KafkaCallback):

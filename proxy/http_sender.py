@@ -20,11 +20,12 @@ import aiohttp
 from multidict import CIMultiDict
 
 from proxy.callback_signing import SIGNATURE_HEADER, CallbackSigner, SignResult, refusal, signer_for
-from proxy.envelope import Envelope
+from proxy.envelope import Envelope, Request
 from proxy.metrics import ProxyMetrics
 from proxy.retry import ConnectFailure, HttpResult, TimeoutResult, Undeliverable
 from proxy.settings import ProxySettings
 from proxy.ssrf import GuardedResolver, blocked_reason, literal_refusal
+from proxy.tracing import attempt_span, end_attempt
 
 HttpOutcome = HttpResult | TimeoutResult | ConnectFailure | Undeliverable
 
@@ -96,6 +97,16 @@ class HttpSender:
         unsigned = self._sign(env, req.body, headers)
         if unsigned is not None:
             return unsigned
+        span = attempt_span(env, req, headers)  # None unless tracing is on
+        if span is None:
+            return await self._request(req, headers)
+        outcome = await self._request(req, headers)
+        end_attempt(span, outcome)
+        return outcome
+
+    async def _request(self, req: Request, headers: CIMultiDict[str]) -> HttpOutcome:
+        session = self._session
+        assert session is not None  # send() checked it
         # Built per request: the timeout is the tenant's choice, so a cache keyed by it
         # would grow with every distinct value, and building one is a few attribute sets.
         timeout = aiohttp.ClientTimeout(
@@ -103,7 +114,7 @@ class HttpSender:
         )
         t0 = time.perf_counter()
         try:
-            async with self._session.request(
+            async with session.request(
                 req.method,
                 req.url,
                 headers=headers,

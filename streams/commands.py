@@ -61,6 +61,7 @@ from streams.recurring_store import RecurringStore
 from streams.store import load_schedule_rows
 from streams.tenants import QuotaBook, TenantConfig
 from streams.ticker import PartitionTicker, TriggerSink
+from streams.tracing import NO_TRACES, CommandTraces
 from topics.codec import encode_result
 from topics.codes import ACCEPTED_CODES, Code
 from topics.models import (
@@ -201,9 +202,14 @@ class CommandProcessor:
                 materializer = self.materializers.get(partition)
                 if materializer is not None:
                     await stack.enter_async_context(materializer.lock)
-            return await self._process_batch(batch)
+            # Each command's trace context (and, tracing on, its span until answered).
+            traces = CommandTraces(batch)
+            stack.callback(traces.close)
+            return await self._process_batch(batch, traces)
 
-    async def _process_batch(self, batch: Sequence[RawCommand]) -> list[CommandResult]:
+    async def _process_batch(
+        self, batch: Sequence[RawCommand], traces: CommandTraces = NO_TRACES
+    ) -> list[CommandResult]:
         now = self.clock_ms()
         outcomes: list[tuple[Command | None, Code, str]] = []
         valid: list[tuple[int, Command]] = []
@@ -268,6 +274,7 @@ class CommandProcessor:
             except CommandRejected as rej:
                 outcomes[index] = (command, Code(rej.code), rej.message)
                 continue
+            decision = traces.stamp(decision, command, msg)
             outcomes[index] = (command, decision.code, decision.text)
             if decision.change is not None:
                 current[key] = decision.change.row

@@ -1396,6 +1396,9 @@ def run_bucket(
         payload_type=parent.payload_type,
         callback=parent.callback,
         misfire_tolerance_s=tolerance_s,
+        # Every run carries the context of the command that last set the schedule.
+        traceparent=parent.traceparent,
+        tracestate=parent.tracestate,
     )
 
 

@@ -68,6 +68,13 @@ CONSUMER_HANDOVERS = Counter(
     ["path"],
 )
 OWNED_PARTITIONS = Gauge("tocsin_owned_partitions", "Commands partitions this worker fires")
+# A traceparent that is not W3C-valid is dropped (tracing never fails a schedule), and
+# counted here by where it came in: a command's Kafka header, an API request's header.
+TRACEPARENT_DROPPED = Counter(
+    "tocsin_traceparent_dropped_total",
+    "Invalid W3C traceparent values dropped at the edge, by edge",
+    ["edge"],
+)
 DELIVERIES = Counter("tocsin_deliveries_recorded_total", "Delivery outcomes recorded", ["outcome"])
 FIRES_THROTTLED = Counter(
     "tocsin_fires_throttled_total",

@@ -111,6 +111,10 @@ class ScheduleRow:
     materialized_until_ms: int | None = None
     run_count: int | None = None
     materialize_key: int | None = None
+    # The W3C trace context of the command that made the schedule (migration 011), so a
+    # trigger emitted days later carries it (topics.tracecontext).
+    traceparent: str | None = None
+    tracestate: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +140,9 @@ class BucketRow(BucketKey):
     payload_type: str | None = None
     callback: str | None = None
     misfire_tolerance_s: int | None = None
+    # The schedule's trace context (ScheduleRow.traceparent), so firing needs no other read.
+    traceparent: str | None = None
+    tracestate: str | None = None
     # A backfilled run (migration 010): the due time its trigger carries and its trigger id
     # is made from, the run's own (nominal plus jitter), while ``due_ms`` is when it fires
     # now. None: the row fires at the due time it carries.
@@ -173,6 +180,8 @@ class BucketRow(BucketKey):
             payload_type=row.payload_type,
             callback=row.callback,
             misfire_tolerance_s=row.misfire_tolerance_s,
+            traceparent=row.traceparent,
+            tracestate=row.tracestate,
         )
 
 
@@ -285,6 +294,8 @@ def trigger_for(
         payload=row.payload or b"",
         payload_type=PayloadType(row.payload_type or "bytes"),
         callback=_parse_callback(row.callback),
+        traceparent=row.traceparent,
+        tracestate=row.tracestate,
     )
 
 

@@ -57,6 +57,7 @@ from streams.pacing import FirePacer
 from streams.ports import TenantPolicies, TickerStore
 from streams.tenants import TenantConfig
 from streams.timeline import Entry, Timeline
+from streams.tracing import emit_span
 from topics.codec import encode_trigger, trigger_headers
 
 log = logging.getLogger("tocsin.ticker")
@@ -682,6 +683,7 @@ class PartitionTicker:
             return None
         try:
             trigger = trigger_for(row, emitted_ms=now, trigger_id=trig_id)
+            trigger = emit_span(trigger, row.partition)  # itself unless tracing is on
             ack = self.sink.send(
                 self.config.fire_topic,
                 key=trigger.order_key.encode(),

@@ -371,4 +371,15 @@ def trigger_headers(trigger: Trigger) -> list[tuple[str, bytes]]:
         (HEADER_SCHEDULE_ID, trigger.schedule_id.encode("utf-8")),
         (HEADER_TENANT, trigger.tenant.encode("utf-8")),
         (HEADER_DUE_MS, str(trigger.due_ms).encode("ascii")),
+        # W3C names, as OpenTelemetry's Kafka instrumentations read them.
+        *_trace_headers(trigger),
     ]
+
+
+def _trace_headers(trigger: Trigger) -> list[tuple[str, bytes]]:
+    if trigger.traceparent is None:
+        return []
+    out = [("traceparent", trigger.traceparent.encode("ascii"))]
+    if trigger.tracestate:
+        out.append(("tracestate", trigger.tracestate.encode("ascii")))
+    return out

@@ -344,3 +344,7 @@ class Trigger:
     payload: bytes
     payload_type: PayloadType
     callback: Callback
+    # W3C trace context carried from the command that made the schedule; travels as the
+    # fires record's ``traceparent``/``tracestate`` headers, never in its JSON value.
+    traceparent: str | None = None
+    tracestate: str | None = None

@@ -396,7 +396,11 @@ def tenant_envelopes(state: SharedState, n: int, tenant: str = "A") -> list[Enve
         )
         prepare_generic(e, url="http://127.0.0.1:9/", timeout_s=1.0)
         e.trigger = SimpleNamespace(  # type: ignore[assignment]
-            tenant=tenant, trigger_id=f"t{i}", schedule_id=f"s{i}"
+            tenant=tenant,
+            trigger_id=f"t{i}",
+            schedule_id=f"s{i}",
+            traceparent=None,
+            tracestate=None,
         )
         envs.append(e)
     state.push(envs)
