@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
+from base import tracing
 from base.settings import Settings
 from tocsin.output import SubParsers
 
@@ -14,6 +15,7 @@ def cmd_api(args: argparse.Namespace, settings: Settings) -> int:
 
     if args.port is not None:
         settings = replace(settings, api=replace(settings.api, port=args.port))
+    tracing.configure("tocsin-api")  # the service name unless OTEL_SERVICE_NAME says
     run(settings)
     return 0
 

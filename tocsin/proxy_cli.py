@@ -12,6 +12,7 @@ from pathlib import Path
 
 import orjson
 
+from base import tracing
 from base.settings import Settings
 from proxy.callback_signing import (
     MAX_SECRETS_PER_TENANT,
@@ -30,6 +31,7 @@ def cmd_proxy(args: argparse.Namespace, settings: Settings) -> int:
     from proxy.app import run  # loads aiokafka and aiohttp, which only the proxy needs
 
     # The process edge hands the environment to the settings readers, like Settings.from_env.
+    tracing.configure("tocsin-proxy")  # the service name unless OTEL_SERVICE_NAME says
     run(settings, ProxySettings.from_env(os.environ))
     return 0
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
+from base import tracing
 from base.clock import now_ms
 from base.errors import KafkaError
 from base.settings import Settings
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 def cmd_worker(args: argparse.Namespace, settings: Settings) -> int:
     from streams.app import run_worker  # loads Faust, which only the worker needs
 
+    tracing.configure("tocsin-worker")  # the service name unless OTEL_SERVICE_NAME says
     run_worker(settings)
     return 0
 

@@ -288,3 +288,27 @@ def test_tracing_on_a_span_continues_the_trace_with_its_own_parent_id() -> None:
     finally:
         tracing.configure("unit", {})
     assert not tracing.enabled()
+
+
+@pytest.mark.parametrize(
+    ("env", "exporter", "url"),
+    [
+        ({}, None, None),  # off by default
+        ({"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318/"}, "otlp", "http://c:4318/v1/traces"),
+        ({"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c/t"}, "otlp", "http://c/t"),
+        ({"OTEL_TRACES_EXPORTER": "console"}, "console", None),
+        ({"OTEL_TRACES_EXPORTER": "zipkin,otlp"}, "otlp", None),
+        ({"OTEL_TRACES_EXPORTER": "zipkin"}, None, None),
+        ({"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, None, None),
+        ({"OTEL_SDK_DISABLED": "TRUE", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://c"}, None, None),
+    ],
+)
+def test_tracing_is_on_only_when_an_exporter_is_configured(
+    env: dict[str, str], exporter: str | None, url: str | None
+) -> None:
+    from base.tracing import TracingConfig
+
+    config = TracingConfig.from_env(env)
+    assert config.exporter == exporter
+    if exporter is not None:
+        assert config.traces_url == url
