@@ -36,8 +36,9 @@ async def trace_requests(request: web.Request, handler: Handler) -> web.StreamRe
     context = found.context
     span: Spanned | None = None
     if tracing.enabled() and request.path.startswith("/v1/"):
+        # The route's template, never the raw path: span names must not grow with input.
         route = request.match_info.route.resource
-        name = route.canonical if route is not None else request.path
+        name = route.canonical if route is not None else "(no route)"
         span = tracing.start(
             f"{request.method} {name}",
             kind=SpanKind.SERVER,

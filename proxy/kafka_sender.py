@@ -101,6 +101,11 @@ class KafkaSender:
             ("tocsin-tenant", trig.tenant),
             ("tocsin-due-ms", str(trig.due_ms)),
         ]
+        if trig.traceparent is not None:
+            # The schedule's trace context goes on with the record, as on the fires topic.
+            headers.append(("traceparent", trig.traceparent))
+            if trig.tracestate:
+                headers.append(("tracestate", trig.tracestate))
         key = None if target.key is None else target.key.encode()
         try:
             self._producer.produce(target.topic, key, trig.payload, headers, ack)

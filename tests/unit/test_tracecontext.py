@@ -312,3 +312,36 @@ def test_tracing_is_on_only_when_an_exporter_is_configured(
     assert config.exporter == exporter
     if exporter is not None:
         assert config.traces_url == url
+
+
+async def test_a_kafka_callback_record_carries_the_triggers_context() -> None:
+    from proxy.kafka_sender import KafkaSender
+    from tests.unit.test_proxy_kafka_sender import FakeProducer
+
+    producer = FakeProducer()
+    env = Envelope(
+        topic="fires",
+        partition=0,
+        offset=0,
+        key=b"s1",
+        value=orjson.dumps(
+            {
+                "trigger_id": "t1",
+                "schedule_id": "s1",
+                "tenant": "acme",
+                "due_ms": 5,
+                "emitted_ms": 6,
+                "attempt": 1,
+                "order_key": "s1",
+                "payload": {"n": 1},
+                "callback": {"type": "kafka", "topic": "sink"},
+            }
+        ),
+        headers=[("traceparent", TP.encode()), ("tracestate", b"a=1")],
+        timestamp_ms=None,
+        read_s=0.0,
+    )
+    prepare_fire(env, decode_trigger)
+    await KafkaSender(producer, own_topics=frozenset(), ack_timeout_s=5).send(env)  # type: ignore[arg-type]
+    (record,) = producer.produced
+    assert ("traceparent", TP) in record.headers and ("tracestate", "a=1") in record.headers
