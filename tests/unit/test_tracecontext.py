@@ -4,6 +4,7 @@ letter. Tracing off, nothing imports OpenTelemetry."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 
@@ -345,3 +346,19 @@ async def test_a_kafka_callback_record_carries_the_triggers_context() -> None:
     await KafkaSender(producer, own_topics=frozenset(), ack_timeout_s=5).send(env)  # type: ignore[arg-type]
     (record,) = producer.produced
     assert ("traceparent", TP) in record.headers and ("tracestate", "a=1") in record.headers
+
+
+def test_a_recurring_schedules_runs_carry_its_context() -> None:
+    from streams.decisions import run_bucket
+
+    parent = create_decision("r").change.row  # type: ignore[union-attr]
+    traced = run_bucket(
+        dataclasses.replace(parent, traceparent=TP, tracestate="a=1"),
+        1_900_000_000_000,
+        1_900_000_000_000,
+        60,
+        4,
+    )
+    assert (traced.traceparent, traced.tracestate) == (TP, "a=1")
+    assert trigger_for(traced, emitted_ms=1).traceparent == TP
+    assert run_bucket(parent, 1_900_000_000_000, 1_900_000_000_000, 60, 4).traceparent is None
