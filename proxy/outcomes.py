@@ -12,11 +12,12 @@ import logging
 from typing import Protocol
 
 from base.clock import now_ms
+from proxy.attempts import Held, attempt_record, attempt_sampled, hold_sampled
 from proxy.deadletter import dead_letter_record, delivery_outcome, failure_times_ms
 from proxy.envelope import Envelope
 from proxy.metrics import ProxyMetrics
 from proxy.outbox import OutRecord, RecordSink
-from proxy.retry import DeadLetter, Done
+from proxy.retry import DeadLetter, Done, Retry
 from topics.models import DeliveryOutcome
 
 log = logging.getLogger("tocsin.proxy")
@@ -82,6 +83,60 @@ class OutcomePublisher:
         else:
             self._offsets.offset_done(env)
 
+    def attempt_failed(self, env: Envelope, decision: Retry, status_class: str) -> None:
+        """Report a failed attempt that will be retried (sampled: ``proxy.attempts``). The
+        record does not hold the message's offset: only the final outcome does."""
+        st = env.attempt_state
+        if not attempt_sampled(st.attempts):
+            return
+        self._attempt_record(
+            env,
+            status_code=st.last_status,
+            status_class=status_class,
+            result=decision.reason,
+            backoff_s=decision.after_s,
+            held=None,
+        )
+
+    def held(self, env: Envelope, held: Held, wait_s: float, now_s: float, reason: str) -> None:
+        """Report a wait its host imposed on ``env`` (sampled: ``proxy.attempts``); a rate
+        limit's pacing only for a message that has failed before (pacing alone is normal)."""
+        first = env.attempt_state.first_failure_s
+        if first is None or not hold_sampled(now_s - first, wait_s):
+            return
+        self._attempt_record(
+            env,
+            status_code=None,
+            status_class="held",
+            result=reason,
+            backoff_s=wait_s,
+            held=held,
+        )
+
+    def _attempt_record(
+        self,
+        env: Envelope,
+        *,
+        status_code: int | None,
+        status_class: str,
+        result: str,
+        backoff_s: float,
+        held: Held | None,
+    ) -> None:
+        if self._deliveries_topic is None:
+            return
+        rec = attempt_record(
+            env,
+            status_code=status_code,
+            status_class=status_class,
+            result=result,
+            backoff_s=backoff_s,
+            held=held,
+            now_ms=now_ms(),
+        )
+        if rec is not None:
+            self._outbox.send_all([OutRecord(self._deliveries_topic, rec[0], rec[1])], _nothing)
+
     def _dead_letter(
         self, env: Envelope, decision: DeadLetter, now_s: float, wall_ms: int
     ) -> OutRecord:
@@ -118,3 +173,7 @@ class OutcomePublisher:
             dead_letter(coordinates_only=False),
             fallback=OutRecord(self._dlq_topic, env.key, dead_letter(coordinates_only=True)),
         )
+
+
+def _nothing() -> None:
+    """An attempt record's acknowledgement waits for nothing."""

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from proxy.attempts import Held
 from proxy.breaker import BreakerState
 from proxy.envelope import Envelope, TopicPartition
 from proxy.hostlimits import Hold as GateHold
@@ -503,6 +504,7 @@ class Writer:
     def _retry(self, env: Envelope, decision: Retry, sclass: str, now: float) -> None:
         """Wait for the next attempt in memory, or park it in the retry topic."""
         self._metrics.retries.labels(sclass).inc()
+        self._outcomes.attempt_failed(env, decision, sclass)
         if not self._dispatching or self._revoked(env):
             self._abandon(env)
             return
@@ -596,6 +598,8 @@ class Writer:
             if isinstance(decision, DeadLetter):
                 self._carry_out(env, decision, CIRCUIT_OPEN, now)
                 return False
+        if count:
+            self._report_hold(env, hold, wait_s, now)
         parker = self._parker
         if parker is None:
             return True
@@ -604,6 +608,14 @@ class Writer:
         if parker.crowding(env):
             return not parker.park(env, ParkReason.TENANT_SHARE, now + wait_s)
         return True
+
+    def _report_hold(self, env: Envelope, hold: GateHold, wait_s: float, now: float) -> None:
+        """An attempt record for the hold (``proxy.attempts``)."""
+        if hold.reason is HoldReason.OPEN:
+            held, why = Held.CIRCUIT_OPEN, f"circuit breaker open for {env.host}"
+        else:
+            held, why = Held.RATE_LIMIT, f"rate limit of {env.host}"
+        self._outcomes.held(env, held, wait_s, now, why)
 
     def _arm(self, key: HostKey, line: _HostLine, now: float) -> None:
         loop = asyncio.get_running_loop()

@@ -1,4 +1,8 @@
-"""The proxy's final delivery outcomes, recorded into each schedule's status and history.
+"""The proxy's final delivery outcomes, recorded into each schedule's status and history,
+and its attempt records (``"kind": "attempt"``: a failed attempt, or a wait its host imposed)
+recorded into the history as ``attempt_failed`` / ``attempt_held`` events, at most
+``MAX_ATTEMPTS_PER_TRIGGER`` per emission of a trigger (the proxy samples them already; this
+bounds what a misbehaving or replayed producer can add).
 
 An outcome the store cannot take *now* (Cassandra unavailable, a timeout) is retried with
 backoff before the agent moves on, so the deliveries topic's offset never passes an
@@ -11,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 
@@ -26,14 +31,72 @@ log = logging.getLogger("tocsin.deliveries")
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 5.0
 
+ATTEMPT = "attempt"  # the attempt record's kind
+ATTEMPT_FAILED = "attempt_failed"
+ATTEMPT_HELD = "attempt_held"
+MAX_ATTEMPTS_PER_TRIGGER = 20
+# Emissions whose attempt count is kept; least recently seen forgotten first.
+MAX_TRACKED_TRIGGERS = 10_000
+
+
+class AttemptStore(DeliveryStore, Protocol):
+    """What recording outcomes and attempt records calls."""
+
+    async def record_event(
+        self,
+        tenant: str,
+        schedule_id: str,
+        event: str,
+        *,
+        at_ms: int,
+        detail: str | None = None,
+        trigger_id: str | None = None,
+        due_ms: int | None = None,
+        retention_s: int | None = None,
+    ) -> None: ...
+
+
+class AttemptBook:
+    """How many attempt records each emission of a trigger has had recorded (bounded LRU):
+    past ``per_trigger`` the rest are counted, not recorded."""
+
+    def __init__(
+        self, per_trigger: int = MAX_ATTEMPTS_PER_TRIGGER, max_triggers: int = MAX_TRACKED_TRIGGERS
+    ) -> None:
+        self.per_trigger = per_trigger
+        self.max_triggers = max_triggers
+        self._kept: OrderedDict[tuple[str, str, int], int] = OrderedDict()
+        self.dropped = 0
+
+    def admit(self, key: tuple[str, str, int]) -> bool:
+        """True: record this one (and count it); False: over the bound, dropped."""
+        kept = self._kept.pop(key, 0)
+        self._kept[key] = kept
+        while len(self._kept) > self.max_triggers:
+            self._kept.popitem(last=False)
+        if kept >= self.per_trigger:
+            self.dropped += 1
+            return False
+        self._kept[key] = kept + 1
+        return True
+
+
+ATTEMPTS = AttemptBook()
+
 
 def parse_outcome(raw: bytes | None) -> dict[str, Any] | None:
-    """A proxy delivery outcome (docs/proxy.md), or None when it is not one."""
+    """A proxy delivery outcome or attempt record (docs/proxy.md), or None when it is
+    neither."""
     try:
         value = orjson.loads(raw or b"")
     except orjson.JSONDecodeError:
         return None
-    if not isinstance(value, dict) or value.get("outcome") not in tuple(DeliveryOutcome):
+    if not isinstance(value, dict):
+        return None
+    if value.get("kind") == ATTEMPT:
+        if not isinstance(value.get("attempt"), int) or value.get("outcome") is not None:
+            return None
+    elif value.get("outcome") not in tuple(DeliveryOutcome):
         return None
     if not isinstance(value.get("tenant"), str) or not isinstance(value.get("schedule_id"), str):
         return None
@@ -64,15 +127,96 @@ def delivery_detail(outcome: dict[str, Any]) -> str | None:
     return f"{head}; {failures} failed{over}{tail}"
 
 
+def attempt_detail(record: dict[str, Any]) -> str:
+    """An attempt record in words for the schedule's history."""
+    attempt = record.get("attempt")
+    backoff_ms = record.get("backoff_ms")
+    wait = f"{backoff_ms / 1000:g} s" if isinstance(backoff_ms, int) else "?"
+    result = str(record.get("result") or record.get("status_class") or "?")
+    held = record.get("held")
+    if held == "circuit_open":
+        return f"held by its host's open circuit breaker after {attempt} attempt(s): {wait}"
+    if held:
+        return f"held by its host's rate limit after {attempt} attempt(s): {wait}"
+    return f"attempt {attempt} failed: {result}; next attempt in {wait}"
+
+
+async def record_attempt(
+    store: AttemptStore,
+    tenants: TenantPolicies,
+    record: dict[str, Any],
+    *,
+    book: AttemptBook = ATTEMPTS,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> bool:
+    """Record one attempt record as a history event; False when dropped (over the bound of
+    its emission, unusable, or refused for good). A retriable store failure is waited out."""
+    try:
+        key = (str(record["tenant"]), str(record["trigger_id"]), int(record["emit_attempt"]))
+        at_ms = int(record["at_ms"])
+    except (KeyError, TypeError, ValueError):
+        metrics.DELIVERIES.labels("unusable").inc()
+        return False
+    if not book.admit(key):
+        metrics.DELIVERIES.labels("attempt_over_bound").inc()
+        return False
+    event = ATTEMPT_HELD if record.get("held") else ATTEMPT_FAILED
+    due = record.get("due_ms")
+
+    async def write() -> None:
+        config = await tenants.config(record["tenant"])
+        await store.record_event(
+            record["tenant"],
+            record["schedule_id"],
+            event,
+            at_ms=at_ms,
+            detail=attempt_detail(record),
+            trigger_id=key[1],
+            due_ms=due if isinstance(due, int) else None,
+            retention_s=config.retention_s,
+        )
+
+    if await _stored(write, record, sleep):
+        metrics.DELIVERIES.labels(event).inc()
+        return True
+    return False
+
+
+async def _stored(
+    write: Callable[[], Awaitable[None]],
+    record: dict[str, Any],
+    sleep: Callable[[float], Awaitable[None]],
+) -> bool:
+    """``write`` done, waiting out retriable store failures; False: refused for good."""
+    delay = RETRY_FIRST_S
+    while True:
+        try:
+            await write()
+            return True
+        except StoreError as exc:
+            if not exc.retriable:
+                log.error(
+                    "attempt record refused by the store",
+                    extra={"error": str(exc), "schedule_id": record.get("schedule_id")},
+                )
+                metrics.DELIVERIES.labels("refused").inc()
+                return False
+            await sleep(delay)
+            delay = min(delay * 2, RETRY_MAX_S)
+
+
 async def record_outcome(
-    store: DeliveryStore,
+    store: AttemptStore,
     tenants: TenantPolicies,
     outcome: dict[str, Any],
     *,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> bool:
-    """Record one outcome; True when recorded, False when it was dropped for good (logged
-    and counted). Returns only then: a retriable store failure is waited out."""
+    """Record one outcome (or attempt record: ``record_attempt``); True when recorded, False
+    when it was dropped for good (logged and counted). Returns only then: a retriable store
+    failure is waited out."""
+    if outcome.get("kind") == ATTEMPT:
+        return await record_attempt(store, tenants, outcome, sleep=sleep)
     delay = RETRY_FIRST_S
     while True:
         try:

@@ -33,6 +33,20 @@ Row = Mapping[str, Any]
 PAUSED = "paused"
 RESUMED = "resumed"
 SKIPPED_PAUSED = "skipped_paused"
+# Recorded from the proxy's attempt records (streams.deliveries) and refused commands
+# (streams.refusals).
+ATTEMPT_FAILED = "attempt_failed"
+ATTEMPT_HELD = "attempt_held"
+COMMAND_REFUSED = "command_refused"
+# How the proxy samples attempt records and the worker bounds them (proxy.attempts,
+# streams.deliveries): said when a trigger failed more often than its history shows.
+ATTEMPTS_SAMPLING = (
+    "the proxy reports failed attempts 1-8, then attempts 16, 32, 64, ..., and a host's "
+    "hold when its wait crosses a power of two seconds since the first failure; at most 20 "
+    "are kept per emission"
+)
+BREAKER_METRIC = "tocsin_proxy_breaker_open{tenant,host,state}"
+_FAILED_COUNT = re.compile(r"; (\d+) failed")
 _EMISSIONS = frozenset({ScheduleEvent.FIRED, ScheduleEvent.REFIRED})
 # A scheduled trigger this far past its due time has been waiting for a worker, not just in
 # flight (as streams.status.OVERDUE_AFTER_MS).
@@ -41,10 +55,15 @@ OVERDUE_AFTER_MS = 10_000
 QUOTA_SUSPECT_MS = 1_000
 
 NOT_RECORDED = (
-    "commands refused for this schedule: they are answered on the results topic only; "
-    "the history holds the commands that were applied",
-    "each delivery attempt's own status code and backoff wait: the proxy reports the final "
-    "outcome of a trigger (attempts, failed attempts, the last failure, how long it failed)",
+    "commands refused before their tenant was proven (unknown tenant, bad signature, "
+    "undecodable) or for a schedule that does not exist: they are answered on the results "
+    "topic only; refusals of an existing schedule are recorded, at most 5 a minute each",
+    "every failed delivery attempt one by one once a trigger has failed often: "
+    + ATTEMPTS_SAMPLING
+    + "; the final outcome still counts them all",
+    "the live state of the endpoint host's circuit breaker: it lives in the delivery "
+    f"proxy's memory, published as {BREAKER_METRIC} on the proxy's metrics; the history "
+    "shows only waits a breaker imposed and dead letters of kind circuit_open",
     "whether the tenant's fire quota deferred a trigger: deferrals are counted per tenant "
     "(tocsin_fires_throttled_total), not recorded per trigger; such waits do not count "
     "against the misfire tolerance",
@@ -157,6 +176,7 @@ def explain(facts: Facts) -> Explanation:
             notes.append(f"only the newest {facts.runs_limit} runs are shown")
     else:
         reason = _one_shot_reason(facts, notes)
+    notes += _attempt_notes(entries)
     cut = [sid] if facts.older_events else []
     cut += [run.run_id for run in facts.runs if run.older_events]
     if cut:
@@ -251,6 +271,8 @@ def describe(
         return "runs skipped" + (f": {detail}" if detail else "")
     if name == SKIPPED_PAUSED:
         return "runs skipped while paused" + (f": {detail}" if detail else "")
+    if name in (ATTEMPT_FAILED, ATTEMPT_HELD, COMMAND_REFUSED):
+        return detail or name.replace("_", " ")
     words = name.replace("_", " ")
     return words + (f": {detail}" if detail else "")
 
@@ -390,6 +412,48 @@ def _recurring_reason(facts: Facts) -> str:
     )
     tally = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
     return f"{head}; newest {len(facts.runs)} run(s): {tally}; newest run {newest.run_id}: {latest}"
+
+
+# -- delivery attempts and the host's breaker ------------------------------------------------
+
+
+def _attempt_notes(entries: Sequence[Entry]) -> list[str]:
+    """What the attempt entries leave out (a trigger's failed attempts beyond those shown)
+    and what they say of the endpoint host's circuit breaker."""
+    shown: dict[str, int] = {}
+    failed: dict[str, int] = {}
+    breaker: list[Entry] = []
+    for e in entries:
+        tid = e.trigger_id or e.schedule_id
+        if e.event == ATTEMPT_FAILED:
+            shown[tid] = shown.get(tid, 0) + 1
+        elif e.event in (ScheduleEvent.DELIVERED, ScheduleEvent.DEAD_LETTERED) and e.detail:
+            found = _FAILED_COUNT.search(e.detail)
+            if found:
+                failed[tid] = int(found.group(1))
+        if _by_breaker(e):
+            breaker.append(e)
+    notes = [
+        f"trigger {tid}: {n} failed attempt(s), {shown.get(tid, 0)} shown one by one "
+        f"({ATTEMPTS_SAMPLING})"
+        for tid, n in failed.items()
+        if n > shown.get(tid, 0)
+    ]
+    if breaker:
+        last = breaker[-1]
+        notes.append(
+            f"its endpoint host's circuit breaker was open {len(breaker)} time(s) in this "
+            f"history, last at {_iso(last.at_ms)} ({last.event}); the live state is in the "
+            f"proxy's metrics, {BREAKER_METRIC}"
+        )
+    return notes
+
+
+def _by_breaker(e: Entry) -> bool:
+    detail = e.detail or ""
+    if e.event == ATTEMPT_HELD:
+        return "circuit breaker" in detail
+    return e.event == ScheduleEvent.DEAD_LETTERED and "circuit breaker open" in detail
 
 
 # -- helpers -------------------------------------------------------------------------------
