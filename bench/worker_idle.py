@@ -18,7 +18,8 @@ with no worker running, for comparison.
 
 Beside them it prints the worker's wake-ups: voluntary context switches per second summed
 over its threads (/proc/<pid>/task/*/status), each one a thread that went to sleep and
-was woken again, and the deltas of a few worker metrics (bucket queries and loads).
+was woken again, and the deltas of a few worker metrics (bucket queries and loads, fetch
+rounds).
 
 CPU time is charged to a process only while it runs, so it is much less sensitive to other
 load on this shared machine than wall-clock figures, though not immune (cache and
@@ -52,7 +53,11 @@ from bench.api import free_port
 from bench.scheduler import Worker, cleanup, metric, server_pids
 
 # Worker metrics whose change over the window says what the worker did while idle.
-WATCHED = ("tocsin_bucket_queries_total", "tocsin_bucket_loads_total")
+WATCHED = (
+    "tocsin_bucket_queries_total",
+    "tocsin_bucket_loads_total",
+    "tocsin_consumer_fetch_rounds_total",  # (0 on code without streams.fetch_wait)
+)
 
 
 def proc_cpu_s(pid: int) -> float:
@@ -224,6 +229,7 @@ def main() -> int:
             print(
                 f"[idle {i + 1}] {args.seconds:.0f} s: CPU {shown} s/s; worker wake-ups "
                 f"{got['wakeups']:.0f}/s; bucket queries {got[WATCHED[0]]:.2f}/s; "
+                f"fetches {got[WATCHED[2]]:.1f}/s; "
                 f"load average {load}",
                 flush=True,
             )
