@@ -124,14 +124,16 @@ class ScheduleStore(EventStore):
         return {row["schedule_id"]: row for rows in parts for row in rows}
 
     def schedule_ttl_s(self, row: ScheduleRow, now_ms: int, retention_s: int | None = None) -> int:
-        """A scheduled row lives until due + retention; a finished one retention from now;
-        a paused one until it is resumed or cancelled (0: no TTL), however long that is.
+        """A scheduled row lives until due + retention (past due, as a late resume or a
+        create within its misfire tolerance leaves it: retention from now, so the row
+        outlives its fire); a finished one retention from now; a paused one until it is
+        resumed or cancelled (0: no TTL), however long that is.
         ``retention_s``: the tenant's retention (None: the global one)."""
         keep = self.keep_s(retention_s)
         if row.state == ScheduleState.PAUSED:
             return 0
         if row.state == ScheduleState.SCHEDULED:
-            return ttl_s(row.due_ms, now_ms, keep)
+            return ttl_s(max(row.due_ms, now_ms), now_ms, keep)
         return keep
 
     async def put_schedule(

@@ -577,3 +577,20 @@ async def test_a_resume_counts_the_runs_it_skipped_and_a_miss_it_records() -> No
     await send(ResumeCommand(tenant="acme", schedule_id="counted-once"), 3, once.partition)
     assert count("tocsin_runs_skipped_by_tenant_total", skipped) - before == 10
     assert count("tocsin_triggers_missed_by_tenant_total", missed) - missed_before == 1
+
+
+def test_a_one_shot_resumed_later_than_its_retention_keeps_its_row_while_it_fires() -> None:
+    """A pause may outlast the retention; a resume within a long misfire tolerance fires
+    it late, and its row must outlive that fire by the retention (TTL 1 s would drop the
+    payload and callback before the fire is recorded, leaving a row with its state only)."""
+    from base.settings import CassandraSettings
+    from streams.store import Store
+
+    store = Store(CassandraSettings(), retention_s=1000)
+    paused = apply(pause(), one_shot(tolerance_s=10 * 86_400), 2).change
+    assert paused is not None
+    assert store.schedule_ttl_s(paused.row, NOW) == 0  # paused: no TTL
+    later = NOW + 60_000 + 5 * 86_400_000  # five days late, retention 1000 s
+    d = apply(resume(), paused.row, 3, now_ms=later)
+    assert d.change is not None and d.change.row.state == ScheduleState.SCHEDULED
+    assert store.schedule_ttl_s(d.change.row, later) >= 1000
