@@ -77,12 +77,19 @@ def url(path: str, **query: object) -> str:
     return f"{path}?{urlencode(q)}" if q else path
 
 
+def segment(value: object) -> str:
+    """``value`` as one path segment: a tenant chooses its ids, and a '/' or '..' left as
+    is would let one point the admin's button at another route (the browser removes dot
+    segments before it posts); the routes decode %2F back into the id."""
+    return quote(str(value), safe="")
+
+
 def schedule_path(schedule_id: object) -> str:
-    return f"/console/schedules/{quote(str(schedule_id), safe='/')}"
+    return f"/console/schedules/{segment(schedule_id)}"
 
 
 def action_path(action: str, schedule_id: str) -> str:
-    return f"/console/actions/{action}/{quote(schedule_id, safe='/')}"
+    return f"/console/actions/{action}/{segment(schedule_id)}"
 
 
 def _scope(viewer: Viewer, tenant: str) -> str | None:
@@ -543,7 +550,7 @@ def _letter_row(viewer: Viewer, tenant: str, d: Mapping[str, Any]) -> Safe:
         if isinstance(red, Mapping)
         else post_button(
             viewer,
-            url(f"/console/dead-letters/{tid}/redrive", tenant=_scope(viewer, tenant)),
+            url(f"/console/dead-letters/{segment(tid)}/redrive", tenant=_scope(viewer, tenant)),
             "Redrive",
             names=f"Redrive {d.get('schedule_id')} (trigger {tid})",
         )
@@ -826,7 +833,7 @@ def _tenant_section(
         ),
         tag("button", "Save", type="submit", aria_label=f"Save {name}"),
         method="post",
-        action=f"/console/tenants/{name}",
+        action=f"/console/tenants/{segment(name)}",
         class_="search",
         aria_label=f"Quotas and hosts of {name}",
     )
@@ -842,7 +849,7 @@ def _tenant_section(
                 if k.get("revoked")
                 else post_button(
                     viewer,
-                    f"/console/tenants/{name}/keys/{k.get('key_id')}/revoke",
+                    f"/console/tenants/{segment(name)}/keys/{segment(k.get('key_id'))}/revoke",
                     "Revoke",
                     style="danger",
                     names=f"Revoke key {k.get('key_id')} of {name}",
@@ -866,7 +873,7 @@ def _tenant_section(
             "div",
             post_button(
                 viewer,
-                f"/console/tenants/{name}/keys",
+                f"/console/tenants/{segment(name)}/keys",
                 "Issue a new key",
                 names=f"Issue a new key for {name}",
             ),

@@ -44,7 +44,7 @@ def test_a_schedule_page_offers_the_actions_its_state_allows() -> None:
     both = Actions(pause=True, trigger=True)
     html = pages.schedule_page(TENANT, "acme", doc, explained, both)
     assert "Resume" in html and ">Pause<" not in html and "Trigger now" in html
-    assert 'action="/console/actions/resume/a/b"' in html
+    assert 'action="/console/actions/resume/a%2Fb"' in html
     assert 'name="csrf" value="t0ken"' in html
     fired = pages.schedule_page(TENANT, "acme", {**doc, "status": "fired"}, explained, both)
     assert "Cancel schedule" not in fired and ">Pause<" not in fired
@@ -219,3 +219,48 @@ async def test_the_scraper_reads_each_url_and_keeps_a_failing_ones_error() -> No
     assert ok.error is None and [s.emitted for s in ok.ring] == [3.0, 3.0]
     assert failing.error == "HTTP 500" and not failing.ring
     assert scraper.summary().sources == 1
+
+
+def _form_targets(html: str, page_url: str) -> list[str]:
+    """The paths the page's forms post to, as a browser resolves them (dot segments
+    removed)."""
+    from html import unescape
+    from urllib.parse import urljoin, urlsplit
+
+    actions = [chunk.split('"', 1)[0] for chunk in html.split(' action="')[1:]]
+    return [urlsplit(urljoin(page_url, unescape(a))).path for a in actions]
+
+
+def test_an_id_cannot_point_a_button_at_another_route() -> None:
+    """A tenant chooses its schedule ids; with '/' and '..' in one, the admin's Redrive or
+    Cancel button must still post to that dead letter or schedule, not to a route such as
+    another tenant's key revocation."""
+    from urllib.parse import unquote
+
+    sid = "../../tenants/alice/keys/k1/revoke?"
+    letter = {
+        "trigger_id": f"{sid}@1700000000000",
+        "schedule_id": sid,
+        "endpoint": "https://x.example/",
+        "reason": "r",
+        "attempts": 1,
+    }
+    html = pages.dead_letters_page(ADMIN, "mallory", ["mallory"], [letter], window="w")
+    own = ("/console/logout", "/console/dead-letters")
+    targets = [t for t in _form_targets(html, "http://c/console/dead-letters") if t not in own]
+    assert len(targets) == 1, targets
+    for t in targets:
+        assert t.startswith("/console/dead-letters/") and t.endswith("/redrive"), t
+        assert (
+            unquote(t.removeprefix("/console/dead-letters/").removesuffix("/redrive"))
+            == (letter["trigger_id"])
+        )
+    doc = {"schedule_id": sid, "status": "scheduled", "callback": None}
+    explained = {"reason": "r", "timeline": [], "notes": [], "not_recorded": []}
+    page = pages.schedule_page(ADMIN, "mallory", doc, explained, Actions(True, True))
+    for t in _form_targets(page, "http://c/console/schedules/x"):
+        if t == "/console/logout":
+            continue
+        assert t.startswith("/console/actions/"), t
+        kind, _, rest = t.removeprefix("/console/actions/").partition("/")
+        assert kind in ("pause", "trigger", "cancel") and unquote(rest) == sid, t
