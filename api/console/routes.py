@@ -180,9 +180,21 @@ async def login(request: web.Request) -> web.StreamResponse:
         return html(pages.login_page(LOGIN_ERRORS.get(exc.code, exc.message)), exc.status)
     resp = web.Response(status=303, headers={"Location": f"{PREFIX}/schedules"})
     resp.set_cookie(
-        COOKIE, key, path=PREFIX, httponly=True, samesite="Strict", secure=request.secure
+        COOKIE, key, path=PREFIX, httponly=True, samesite="Strict", secure=over_tls(request)
     )
     return resp
+
+
+def over_tls(request: web.Request) -> bool:
+    """Whether the browser reached us over TLS: directly, or through a TLS-terminating
+    proxy that says so. A forged header can only make the caller's own cookie Secure."""
+    if request.secure:
+        return True
+    proto = request.headers.get("X-Forwarded-Proto", "").split(",")[0].strip().lower()
+    if proto == "https":
+        return True
+    forwarded = request.headers.get("Forwarded", "").split(",")[0].lower()
+    return any(p.strip() == "proto=https" for p in forwarded.split(";"))
 
 
 async def logout(request: web.Request) -> web.StreamResponse:

@@ -264,3 +264,44 @@ def test_an_id_cannot_point_a_button_at_another_route() -> None:
         assert t.startswith("/console/actions/"), t
         kind, _, rest = t.removeprefix("/console/actions/").partition("/")
         assert kind in ("pause", "trigger", "cancel") and unquote(rest) == sid, t
+
+
+@pytest.mark.parametrize(
+    ("headers", "secure"),
+    [
+        ({}, False),
+        ({"X-Forwarded-Proto": "https"}, True),
+        ({"Forwarded": "for=1.2.3.4;proto=https"}, True),
+        ({"X-Forwarded-Proto": "http"}, False),
+    ],
+)
+async def test_the_key_cookie_is_secure_when_the_browser_came_over_tls(
+    headers: dict[str, str], secure: bool
+) -> None:
+    """The API serves plain HTTP behind a TLS-terminating ingress: the cookie holding the
+    key must still be Secure then, or the browser sends it over any plain-HTTP visit."""
+    from http.cookies import SimpleCookie
+
+    from aiohttp import web
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from api.console import routes
+
+    class Keys:
+        async def authenticate(self, key: str) -> object:
+            return object()
+
+    app = web.Application()
+    app[routes.SERVICE] = Keys()  # type: ignore[assignment]
+    app.router.add_post("/console/login", routes.login)
+    async with TestClient(TestServer(app)) as client:
+        resp = await client.post(
+            "/console/login",
+            data={"key": "k"},
+            headers={"Origin": str(client.make_url("")).rstrip("/"), **headers},
+            allow_redirects=False,
+        )
+        assert resp.status == 303
+        cookie = SimpleCookie(resp.headers["Set-Cookie"])[routes.COOKIE]
+    assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/console"
+    assert bool(cookie["secure"]) is secure
