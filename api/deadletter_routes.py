@@ -86,13 +86,14 @@ def add_routes(app: web.Application, key: web.AppKey[Service]) -> None:
     async def redrive_many(request: web.Request) -> web.Response:
         tenant, service = await tenant_of(request)
         body = await read_json(service, request)
-        unknown = sorted(set(body) - {"trigger_ids", "from", "to", "force"})
+        unknown = sorted(set(body) - {"trigger_ids", "from", "to", "force", "cursor"})
         if unknown:
             raise ApiError(400, "invalid_field", f"unknown field {unknown[0]!r}")
         ids = body.get("trigger_ids")
         dls = dead_letters(service)
         if ids is not None:
-            if "from" in body or "to" in body or not isinstance(ids, list) or not ids:
+            window = "from" in body or "to" in body or "cursor" in body
+            if window or not isinstance(ids, list) or not ids:
                 raise ApiError(
                     400,
                     "invalid_field",
@@ -102,8 +103,12 @@ def add_routes(app: web.Application, key: web.AppKey[Service]) -> None:
             return json_response(await dls.redrive_many(tenant, checked, force=_force(body)))
         if "force" in body:
             raise ApiError(400, "invalid_field", "force applies to trigger_ids only")
-        lo, hi = parse_window({k: str(v) for k, v in body.items()})
-        return json_response(await dls.redrive_window(tenant, from_ms=lo, to_ms=hi))
+        cursor = body.get("cursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise ApiError(400, "invalid_field", "cursor is a previous answer's next_cursor")
+        lo, hi = parse_window({k: str(v) for k, v in body.items() if k in ("from", "to")})
+        answer = await dls.redrive_window(tenant, from_ms=lo, to_ms=hi, cursor=cursor)
+        return json_response(answer)
 
     r = app.router
     r.add_get("/v1/dead-letters", list_letters)

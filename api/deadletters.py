@@ -36,7 +36,7 @@ from dataclasses import replace
 from typing import Protocol
 
 from api.service import row_failure
-from api.views import ApiError
+from api.views import ApiError, decode_cursor, encode_cursor
 from base.clock import now_ms
 from base.errors import CommandRejected
 from streams.deadletter_store import (
@@ -53,8 +53,7 @@ from topics.ids import format_iso_ms
 from topics.models import DeliveryOutcome, Trigger
 
 # At most this many dead letters are redriven by one request (trigger ids or a window); a
-# window with more answers ``truncated`` and the same request sends the next ones (the
-# redriven ones are marked, so they are not sent twice).
+# window with more answers ``truncated`` and a ``next_cursor`` to go on from.
 MAX_REDRIVE = 500
 # A window redrive reads at most this many dead letters looking for ones not redriven yet.
 MAX_SCAN = 10_000
@@ -322,30 +321,39 @@ class DeadLetters:
         results = await _each(ids, lambda tid: self.redrive(tenant, tid, force=force))
         return bulk_answer(ids, results, truncated=False)
 
-    async def redrive_window(self, tenant: str, *, from_ms: int, to_ms: int) -> dict[str, object]:
+    async def redrive_window(
+        self, tenant: str, *, from_ms: int, to_ms: int, cursor: str | None = None
+    ) -> dict[str, object]:
         """Redrive the dead letters of [from_ms, to_ms) not redriven yet, newest first, at
-        most ``MAX_REDRIVE`` (``truncated`` when more are left)."""
+        most ``MAX_REDRIVE``, from ``cursor`` (a previous answer's ``next_cursor``). When
+        more are left, ``truncated`` and ``next_cursor`` say where to go on: repeating the
+        request without it would pick again the ones refused for good (cancelled, gone),
+        which stay unclaimed."""
         check_window(from_ms, to_ms)
         picked: list[DeadLetterEntry] = []
         seen: list[DeadLetterEntry] = []
-        cursor: tuple[int, str] | None = None
+        before = decode_cursor(cursor)
         truncated = False
         while True:
-            page, cursor = await self.letters.list_window(
-                tenant, from_ms=from_ms, to_ms=to_ms, limit=_PAGE, before=cursor
+            page, before = await self.letters.list_window(
+                tenant, from_ms=from_ms, to_ms=to_ms, limit=_PAGE, before=before
             )
             seen.extend(page)
             picked = latest_unclaimed(seen)
-            if cursor is None:
+            if before is None:
                 break
             if len(picked) > MAX_REDRIVE or len(seen) >= MAX_SCAN:
                 truncated = True
                 break
         if len(picked) > MAX_REDRIVE:
+            # Everything newer than the last one sent was sent or passed over.
             picked, truncated = picked[:MAX_REDRIVE], True
+            before = picked[-1].position
         ids = [e.trigger_id for e in picked]
         results = await _each(ids, lambda tid: self.redrive(tenant, tid))
-        return bulk_answer(ids, results, truncated=truncated)
+        answer = bulk_answer(ids, results, truncated=truncated)
+        answer["next_cursor"] = encode_cursor(*before) if truncated and before else None
+        return answer
 
 
 def check_window(from_ms: int, to_ms: int) -> None:

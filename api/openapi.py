@@ -820,6 +820,10 @@ def _dead_letter_paths() -> dict[str, Schema]:
             "failed": {"type": "array", "items": {"type": "object"}},
             "truncated": {"type": "boolean", "description": "more are left: send it again"},
             "limit": {"type": "integer", "description": "at most this many per request (500)"},
+            "next_cursor": {
+                **_nullable("string"),
+                "description": "a truncated window redrive: send it again with this cursor",
+            },
         },
     }
     window = {"name": "from", "in": "query", "schema": _ref("Time")}
@@ -839,6 +843,7 @@ def _dead_letter_paths() -> dict[str, Schema]:
             "trigger_ids": {"type": "array", "items": _string(), "maxItems": 500},
             "from": _ref("Time"),
             "to": _ref("Time"),
+            "cursor": {**_string(), "description": "with a window: a previous next_cursor"},
             **force,
         },
     }

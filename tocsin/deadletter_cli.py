@@ -4,7 +4,7 @@ straight on the deployment's Cassandra and Kafka like ``tocsin schedule``.
     tocsin deadletter list TENANT [--from T] [--to T] [--limit N] [--json]
     tocsin deadletter get TENANT TRIGGER_ID [--json]
     tocsin deadletter redrive TENANT TRIGGER_ID... [--force] [--json]
-    tocsin deadletter redrive TENANT --from T --to T [--json]
+    tocsin deadletter redrive TENANT --from T --to T [--cursor C] [--json]
 """
 
 from __future__ import annotations
@@ -131,8 +131,8 @@ def _get(args: argparse.Namespace, settings: Settings) -> int:
 
 
 def _redrive(args: argparse.Namespace, settings: Settings) -> int:
-    if args.trigger_ids and (args.from_ or args.to):
-        print("give trigger ids or --from/--to, not both", file=sys.stderr)
+    if args.trigger_ids and (args.from_ or args.to or args.cursor):
+        print("give trigger ids or --from/--to (--cursor), not both", file=sys.stderr)
         return EXIT_USAGE
     if args.trigger_ids:
         ids = list(args.trigger_ids)
@@ -142,7 +142,10 @@ def _redrive(args: argparse.Namespace, settings: Settings) -> int:
             print("--force applies to trigger ids only", file=sys.stderr)
             return EXIT_USAGE
         lo, hi = _window(args, required=True)
-        answer = _run(settings, lambda d: d.redrive_window(args.tenant, from_ms=lo, to_ms=hi))
+        answer = _run(
+            settings,
+            lambda d: d.redrive_window(args.tenant, from_ms=lo, to_ms=hi, cursor=args.cursor),
+        )
     if getattr(args, "json", False):
         print(orjson.dumps(answer, option=orjson.OPT_INDENT_2).decode())
     else:
@@ -152,7 +155,10 @@ def _redrive(args: argparse.Namespace, settings: Settings) -> int:
         rows += [{**f, "result": f["code"], "attempt": ""} for f in failed]
         emit(args, rows, _REDRIVE_COLUMNS)
         if answer["truncated"]:
-            print(f"more are left (at most {answer['limit']} per run): run it again")
+            print(
+                f"more are left (at most {answer['limit']} per run): run it again with "
+                f"--cursor {answer['next_cursor']}"
+            )
     return EXIT_FAIL if answer["failed"] else EXIT_OK
 
 
@@ -172,6 +178,7 @@ def register(sub: SubParsers) -> None:
     dl.add_argument("--to", help="window end, exclusive (ISO-8601 or epoch ms)")
     dl.add_argument("--limit", type=int, default=100, help="list: at most this many")
     dl.add_argument("--force", action="store_true", help="redrive even if redriven/delivered")
+    dl.add_argument("--cursor", help="window redrive: go on from a truncated run's next_cursor")
     dl.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )

@@ -406,3 +406,30 @@ def test_an_extra_run_keeps_its_own_trigger_id_and_is_sent_with_its_schedules_ca
         dl.schedule_id,
         dl.due_ms,
     )
+
+
+def test_a_window_redrive_goes_on_past_dead_letters_it_cannot_redrive(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The newest dead letters of the window are refused for good (their schedules are
+    gone) and stay unclaimed: repeating the same request picks them again each time, so
+    the answer's next_cursor is what reaches the older one."""
+    import api.deadletters as module
+
+    monkeypatch.setattr(module, "MAX_REDRIVE", 2)
+    dls, dl, _store, fires, letters = setup()
+    for i in (1, 2, 3):
+        gone = entry(schedule_id=f"gone{i}", dead_lettered_ms=T0 + i)
+        letters.rows[("acme", gone.trigger_id)] = gone
+    window = {"from_ms": T0 - 1, "to_ms": T0 + 10}
+    first = asyncio.run(dls.redrive_window("acme", **window))  # type: ignore[arg-type]
+    assert first["truncated"] is True and first["redriven"] == []
+    assert [f["code"] for f in first["failed"]] == ["schedule_gone"] * 2  # type: ignore[union-attr]
+    again = asyncio.run(dls.redrive_window("acme", **window))  # type: ignore[arg-type]
+    assert again["failed"] == first["failed"] and fires.sent == []  # no progress by repeating
+    cursor = first["next_cursor"]
+    assert isinstance(cursor, str)
+    rest = asyncio.run(dls.redrive_window("acme", **window, cursor=cursor))  # type: ignore[arg-type]
+    assert [r["trigger_id"] for r in rest["redriven"]] == [dl.trigger_id]  # type: ignore[union-attr]
+    assert [f["code"] for f in rest["failed"]] == ["schedule_gone"]  # type: ignore[union-attr]
+    assert rest["truncated"] is False and rest["next_cursor"] is None and len(fires.sent) == 1
