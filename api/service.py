@@ -481,8 +481,8 @@ async def toggle_targets(
     """The tenant's schedules in ``state`` (scheduled: to pause; paused: to resume) whose
     id starts with ``id_prefix``: one-shots due in [from_ms, to_ms) from the listing
     index, in due order, then recurring schedules whatever their times. At most
-    ``limit`` (True when there were more). Shared by the API's bulk routes and
-    ``tocsin schedule pause|resume --all``."""
+    ``limit`` (True when there were more), each as its schedule id only. Shared by the
+    API's bulk routes and ``tocsin schedule pause|resume --all``."""
     out: list[CqlRow] = []
     after: tuple[int, str] | None = None
     while True:
@@ -499,7 +499,7 @@ async def toggle_targets(
                 continue
             if len(out) >= limit:
                 return out, True
-            out.append(row)
+            out.append({"schedule_id": sid})  # not the row: up to ``limit`` payloads
     ids = [i for i in await store.list_recurring(tenant) if i.startswith(id_prefix)]
     for start in range(0, len(ids), 100):
         rows = await store.get_schedules(tenant, ids[start : start + 100])
@@ -509,7 +509,7 @@ async def toggle_targets(
                 continue
             if len(out) >= limit:
                 return out, True
-            out.append(row)
+            out.append({"schedule_id": sid})
     return out, False
 
 

@@ -93,3 +93,13 @@ def test_bulk_scope_defaults_and_refusals() -> None:
         with pytest.raises(ApiError) as caught:
             parse_bulk_scope(bad, now_ms=now, default_span_ms=year)
         assert caught.value.status == 400
+
+
+def test_bulk_selection_keeps_only_the_ids_it_sends_commands_for() -> None:
+    """Up to 10,000 rows are selected per request: holding each row whole would hold up
+    to 10,000 payloads (64 KiB each by default) for the whole request."""
+    store = with_recurring(ScheduleState.SCHEDULED)
+    scope: dict[str, object] = {"from_ms": DUE_MS, "to_ms": DUE_MS + 10}
+    rows, _ = asyncio.run(toggle_targets(store, TENANT, ScheduleState.SCHEDULED, **scope))  # type: ignore[arg-type]
+    assert len(rows) == 4
+    assert all(set(r) == {"schedule_id"} for r in rows)
