@@ -35,6 +35,9 @@ MINUTE_MS = 60_000
 MAX_TENANTS = 200
 # The shortest scrape interval taken, whatever the setting says.
 MIN_SCRAPE_S = 1.0
+# One exposition read at most: a worker's with 200 tenants is well under 1 MiB, and a URL
+# that answers with more (a wrong URL, a runaway label) must not take the API's memory.
+MAX_EXPOSITION_BYTES = 16 * 1024 * 1024
 
 Histogram = tuple[tuple[float, float], ...]  # (upper bound, cumulative count), ascending
 
@@ -227,6 +230,16 @@ def summarize(rings: Iterable[deque[Sample]], *, now: int) -> Summary:
     )
 
 
+async def _bounded_text(resp: aiohttp.ClientResponse) -> str:
+    """The body as UTF-8 text; ValueError past ``MAX_EXPOSITION_BYTES``."""
+    body = bytearray()
+    async for chunk in resp.content.iter_chunked(64 * 1024):
+        body += chunk
+        if len(body) > MAX_EXPOSITION_BYTES:
+            raise ValueError(f"the answer is larger than {MAX_EXPOSITION_BYTES} bytes")
+    return body.decode("utf-8")
+
+
 @dataclass
 class Source:
     """One scraped URL: its ring of samples and its last error (None when it answered)."""
@@ -256,7 +269,7 @@ class Scraper:
             async with session.get(source.url, timeout=timeout) as resp:
                 if resp.status != 200:
                     raise ValueError(f"HTTP {resp.status}")
-                text = await resp.text()
+                text = await _bounded_text(resp)
             source.ring.append(parse_sample(text, now_ms()))
             source.error = None
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:

@@ -305,3 +305,32 @@ async def test_the_key_cookie_is_secure_when_the_browser_came_over_tls(
         cookie = SimpleCookie(resp.headers["Set-Cookie"])[routes.COOKIE]
     assert cookie["httponly"] and cookie["samesite"] == "Strict" and cookie["path"] == "/console"
     assert bool(cookie["secure"]) is secure
+
+
+async def test_the_scraper_refuses_an_answer_past_its_size_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from aiohttp import ClientSession, web
+    from aiohttp.test_utils import TestServer
+
+    from api.console import health
+
+    monkeypatch.setattr(health, "MAX_EXPOSITION_BYTES", 100_000)
+
+    async def huge(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        line = b"tocsin_triggers_emitted_total 1\n"
+        for _ in range(10_000):  # 320 KB
+            await resp.write(line)
+        return resp
+
+    app = web.Application()
+    app.router.add_get("/metrics", huge)
+    async with TestServer(app) as server:
+        scraper = Scraper([str(server.make_url("/metrics"))], interval_s=1)
+        async with ClientSession() as session:
+            await scraper.scrape_once(session)
+    (source,) = scraper.sources
+    assert source.error is not None and "larger than 100000 bytes" in source.error
+    assert not source.ring
