@@ -594,3 +594,41 @@ def test_a_one_shot_resumed_later_than_its_retention_keeps_its_row_while_it_fire
     d = apply(resume(), paused.row, 3, now_ms=later)
     assert d.change is not None and d.change.row.state == ScheduleState.SCHEDULED
     assert store.schedule_ttl_s(d.change.row, later) >= 1000
+
+
+class EmittingOne(TickerHolding):
+    """The ticker holds the runs from ``earliest`` on, but the one due at ``emitting`` is
+    out already (handed to Kafka, not yet recorded as fired)."""
+
+    def __init__(self, earliest: int, emitting: int) -> None:
+        super().__init__(earliest)
+        self.emitting = emitting
+
+    def may_emit(self, tenant: str, schedule_id: str, due_ms: int) -> bool:
+        return due_ms != self.emitting and super().may_emit(tenant, schedule_id, due_ms)
+
+
+def test_a_run_already_emitted_is_neither_withdrawn_nor_uncounted_by_a_pause() -> None:
+    now = NOW + 25_000
+    holding = EmittingOne(NOW + 20_000, emitting=NOW + 20_000)
+    d = apply(pause("r"), parent(), 2, now_ms=now, unemitted=holding)
+    assert d.change is not None
+    withdrawn = {sid for _, sid, _ in d.withdraw_runs}
+    assert run_id("r", NOW + 20_000) not in withdrawn and run_id("r", NOW + 30_000) in withdrawn
+    assert len(withdrawn) == 57 and d.change.row.run_count == 3  # it counts towards max_runs
+    assert d.change.row.materialized_until_ms == NOW + 30_000  # skipped runs count from here
+
+
+async def test_a_run_deferred_by_its_tenants_fire_quota_is_still_to_be_emitted() -> None:
+    # Loaded and out of the timeline, but waiting in the fair queue for its tenant's fire
+    # quota: a pause must withdraw it, as it withdraws one still in the timeline.
+    from streams.timeline import Entry
+
+    now = [NOW_WALL]
+    ticker, _ = lagging_ticker(0, now)
+    row = BucketRow.for_schedule(replace(one_shot(), due_ms=NOW_WALL - 1_000), shards=1)
+    ticker.pacer.push(Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row), now[0])
+    assert ticker.timeline.get(row.tenant, row.schedule_id) is None
+    assert ticker.may_emit(row.tenant, row.schedule_id, row.due_ms)
+    ticker.pacer.remove(row.tenant, row.schedule_id)
+    assert not ticker.may_emit(row.tenant, row.schedule_id, row.due_ms)  # emitted, settled
