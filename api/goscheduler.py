@@ -114,6 +114,7 @@ class Facade:
         r.add_post("/goscheduler/apps/{appId}/activate", self.activate)
         r.add_post("/goscheduler/apps/{appId}/deactivate", self.deactivate)
         r.add_get("/goscheduler/apps/{appId}/schedules", self.app_schedules)
+        r.add_post("/goscheduler/apps/{appId}/bulk-action/{action}", self.bulk_action)
         r.add_post("/goscheduler/schedules", self.create)
         r.add_get("/goscheduler/schedules/{scheduleId}", self.get)
         r.add_delete("/goscheduler/schedules/{scheduleId}", self.delete)
@@ -269,6 +270,26 @@ class Facade:
             "continuationStartTime": lo // 1000,
         }
         return _ok(page, count=len(rows))
+
+    async def bulk_action(self, request: web.Request) -> web.Response:
+        """go-scheduler's ``POST /goscheduler/apps/{appId}/bulk-action/{action}?status=
+        &start_time=&end_time=``: ``reconcile`` re-fires the app's one-time schedules due in
+        the window and of that status (``Service.bulk_refire``: same trigger id, next
+        attempt), ``delete`` cancels the ones still to fire (``Service.bulk_cancel``)."""
+        svc, tenant = await self._tenant(request)
+        app_id = request.match_info["appId"]
+        if app_id != tenant:
+            raise ApiError(403, "wrong_app", f"the API key belongs to app {tenant!r}")
+        action = gv.bulk_action(request.match_info["action"])
+        q = request.query
+        status = q.get("status", "")
+        window = gv.bulk_window(q.get("start_time"), q.get("end_time"), now_ms())
+        if action is gv.BulkAction.RECONCILE:
+            done = await svc.bulk_refire(tenant, *window, gv.reconcile_statuses(status))
+        else:
+            gv.check_delete_status(status)
+            done = await svc.bulk_cancel(tenant, *window)
+        return json_response(gv.bulk_body(action, app_id, window, status, done))
 
     async def cron_schedules(self, request: web.Request) -> web.Response:
         """go-scheduler's ``GET /goscheduler/crons/schedules?app_id=&status=``: the app's

@@ -17,11 +17,15 @@ from api.views import ApiError
 from streams.decisions import Run
 from streams.model import ScheduleEvent, ScheduleState
 from streams.ports import CqlRow
+from topics.ids import format_iso_ms
 from topics.models import Ambiguous, DayMatch, DeliveryOutcome
 
+MINUTE_MS = 60_000
 HOUR_MS = 3_600_000
 # The longest window go-scheduler lists the schedules of an app in.
 MAX_LIST_WINDOW_MS = 30 * 24 * HOUR_MS
+# The longest window of one go-scheduler bulk action (its MaxBulkActionPeriodInDays).
+MAX_BULK_WINDOW_MS = 7 * 24 * HOUR_MS
 CREATE_FIELDS = frozenset({"appId", "payload", "scheduleTime", "callback", "cronExpression"})
 
 
@@ -33,6 +37,13 @@ class GoStatus(StrEnum):
     FAILURE = "FAILURE"
     MISS = "MISS"
     DELETED = "DELETED"
+
+
+class BulkAction(StrEnum):
+    """The actions of go-scheduler's ``POST /goscheduler/apps/{appId}/bulk-action/{action}``."""
+
+    RECONCILE = "reconcile"
+    DELETE = "delete"
 
 
 class When(StrEnum):
@@ -66,6 +77,16 @@ NATIVE_STATUSES: dict[str, frozenset[str]] = {
     GoStatus.FAILURE: frozenset({DeliveryOutcome.DEAD_LETTERED}),
     GoStatus.MISS: frozenset({ScheduleState.MISSED}),
     GoStatus.DELETED: frozenset({ScheduleState.CANCELLED}),
+}
+# What a reconcile re-fires (``Service.bulk_refire``'s native statuses) for the go-scheduler
+# status it names; no status is every fired or missed schedule, as go-scheduler re-fires
+# every status then. SCHEDULED has no entry: the ticker fires those itself (or records them
+# missed), so nothing is left to reconcile; DELETED neither: a cancel is never overridden.
+RECONCILE_STATUSES: dict[str, frozenset[str]] = {
+    "": frozenset({ScheduleState.FIRED, ScheduleState.MISSED}),
+    GoStatus.SUCCESS: frozenset({DeliveryOutcome.DELIVERED}),
+    GoStatus.FAILURE: frozenset({DeliveryOutcome.DEAD_LETTERED}),
+    GoStatus.MISS: frozenset({ScheduleState.MISSED}),
 }
 _STATUS_MESSAGE = {200: "Success", 201: "Success", 202: "Accepted"}
 
@@ -239,9 +260,11 @@ def go_time_ms(value: str, name: str) -> int:
         return views.parse_time(value, name)
 
 
-def list_window(start: str | None, end: str | None, now_ms: int) -> tuple[int, int]:
+def list_window(
+    start: str | None, end: str | None, now_ms: int, *, max_ms: int = MAX_LIST_WINDOW_MS
+) -> tuple[int, int]:
     """``[lo, hi]`` of a listing: both given, or an hour from the one given, or the last
-    hour; at most 30 days."""
+    hour; at most ``max_ms`` (30 days)."""
     lo = go_time_ms(start, "start_time") if start else None
     hi = go_time_ms(end, "end_time") if end else None
     if lo is None:
@@ -251,9 +274,82 @@ def list_window(start: str | None, end: str | None, now_ms: int) -> tuple[int, i
         hi = lo + HOUR_MS
     if hi < lo:
         raise ApiError(400, "invalid_parameter", "end_time cannot be before start_time")
-    if hi - lo > MAX_LIST_WINDOW_MS:
-        raise ApiError(400, "invalid_parameter", "Time range of more than 30 days is not allowed")
+    if hi - lo > max_ms:
+        days = max_ms // (24 * HOUR_MS)
+        raise ApiError(
+            400, "invalid_parameter", f"Time range of more than {days} days is not allowed"
+        )
     return lo, hi
+
+
+def bulk_action(value: str) -> BulkAction:
+    try:
+        return BulkAction(value)
+    except ValueError:
+        # go-scheduler answers 500 (its code 4005) here; a bad path is the client's error.
+        raise ApiError(
+            400, "invalid_parameter", f"action type {value} is invalid (reconcile or delete)"
+        ) from None
+
+
+def bulk_window(start: str | None, end: str | None, now_ms: int) -> tuple[int, int]:
+    """``[lo, hi)`` of a bulk action: the listing's defaults, at most 7 days, both ends
+    floored to the minute, as go-scheduler walks the minutes from start up to end."""
+    lo, hi = list_window(start, end, now_ms, max_ms=MAX_BULK_WINDOW_MS)
+    return lo - lo % MINUTE_MS, hi - hi % MINUTE_MS
+
+
+def reconcile_statuses(status: str) -> frozenset[str]:
+    """The native statuses a reconcile of go-scheduler's ``status`` re-fires."""
+    found = RECONCILE_STATUSES.get(status)
+    if found is not None:
+        return found
+    if status in (GoStatus.SCHEDULED, GoStatus.DELETED):
+        why = (
+            "Tocsin fires scheduled ones itself (or records them MISS: reconcile status=MISS)"
+            if status == GoStatus.SCHEDULED
+            else "a deleted schedule is never fired again"
+        )
+        raise ApiError(400, "invalid_parameter", f"reconcile of status {status}: {why}")
+    raise ApiError(400, "invalid_parameter", f"unknown status {status!r}")
+
+
+def check_delete_status(status: str) -> None:
+    """A bulk delete cancels the schedules still to fire (``Service.bulk_cancel``); the fired
+    ones are kept for their retention, not deleted on request."""
+    if status not in ("", GoStatus.SCHEDULED):
+        raise ApiError(
+            400,
+            "invalid_parameter",
+            f"delete of status {status}: only schedules still to fire (SCHEDULED) are cancelled",
+        )
+
+
+def bulk_body(
+    action: BulkAction,
+    app_id: str,
+    window: tuple[int, int],
+    status: str,
+    done: Mapping[str, object],
+) -> dict[str, object]:
+    """go-scheduler's bulk-action answer (``{"status", "remarks"}``) of ``done``, the answer of
+    ``Service.bulk_refire`` or ``bulk_cancel``, which ``data`` holds too. It is given once the
+    action is done here, where go-scheduler answers once it queued it."""
+    lo, hi = window
+    key, rest = (
+        ("refired", "reconcile narrower windows for the rest (again re-fires them all)")
+        if action is BulkAction.RECONCILE
+        else ("cancelled", "send it again for the rest")
+    )
+    failed = done.get("failed")
+    remarks = (
+        f"{action} done for app: {app_id}, timeRange: [{format_iso_ms(lo)}, "
+        f"{format_iso_ms(hi)}), status: {status or 'any'}: {done.get(key)} of "
+        f"{done.get('matched')} matched, {len(failed) if isinstance(failed, list) else 0} failed"
+        + (f", truncated: {rest}" if done.get("truncated") else "")
+    )
+    body = ok_body(dict(done), 200, int(str(done.get("matched", 0))))
+    return {"status": body["status"], "remarks": remarks, "data": body["data"]}
 
 
 def list_statuses(status: str | None) -> frozenset[str] | None:

@@ -93,6 +93,20 @@ def test_goscheduler_round_trip(api_server: Any) -> None:
     st, body = api_server.call("GET", f"/goscheduler/schedules/{fired_id}/runs", key=key)
     assert st == 200 and len(body["data"]["schedules"]) == 1
 
+    # Reconcile (any status) re-fires it under the same trigger id: a second run.
+    fired_at = schedule["scheduleTime"]
+    st, body = api_server.call(
+        "POST",
+        f"/goscheduler/apps/{app_id}/bulk-action/reconcile"
+        f"?start_time={fired_at - 60}&end_time={fired_at + 120}",
+        key=key,
+    )
+    assert st == 200 and body["status"]["totalCount"] == 1, body
+    assert body["data"]["refired"] == 1 and "reconcile done" in body["remarks"]
+    st, body = api_server.call("GET", f"/goscheduler/schedules/{fired_id}/runs", key=key)
+    runs = body["data"]["schedules"]
+    assert st == 200 and len(runs) == 2 and runs[0]["runId"] == runs[1]["runId"], runs
+
     st, body = api_server.call("POST", f"/goscheduler/apps/{app_id}/deactivate", key=admin)
     assert st == 200 and body["data"]["Active"] is False
     st, body = api_server.call("POST", f"/goscheduler/apps/{app_id}/deactivate", key=admin)
