@@ -69,8 +69,10 @@ _WRITTEN = _COLUMNS[: _COLUMNS.index("redrive_claim")]  # what an outcome sets
 STATEMENTS = {
     "dl_put": f"INSERT INTO {{keyspace}}.dead_letters (day_ms, {', '.join(_WRITTEN)}) "
     f"VALUES (?, {', '.join('?' for _ in _WRITTEN)}) USING TTL ?",
+    # Written at the dead letter's own time (microseconds): whatever order two outcomes of
+    # one trigger are written in (a replay, or both of one batch at once), the newer wins.
     "dl_put_latest": "INSERT INTO {keyspace}.dead_letters_by_trigger "
-    "(tenant, trigger_id, dead_lettered_ms) VALUES (?, ?, ?) USING TTL ?",
+    "(tenant, trigger_id, dead_lettered_ms) VALUES (?, ?, ?) USING TTL ? AND TIMESTAMP ?",
     "dl_latest": "SELECT dead_lettered_ms FROM {keyspace}.dead_letters_by_trigger "
     "WHERE tenant = ? AND trigger_id = ?",
     "dl_get": f"SELECT {', '.join(_COLUMNS)}, TTL(schedule_id) AS ttl_s "
@@ -200,7 +202,14 @@ class DeadLetterStore:
             [
                 self.store.run("dl_put", [entry.day_ms, *values, keep]),
                 self.store.run(
-                    "dl_put_latest", [entry.tenant, entry.trigger_id, entry.dead_lettered_ms, keep]
+                    "dl_put_latest",
+                    [
+                        entry.tenant,
+                        entry.trigger_id,
+                        entry.dead_lettered_ms,
+                        keep,
+                        entry.dead_lettered_ms * 1000,
+                    ],
                 ),
             ]
         )
