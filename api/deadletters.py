@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import replace
@@ -38,7 +39,7 @@ from typing import Protocol
 from api.service import row_failure
 from api.views import ApiError, decode_cursor, encode_cursor
 from base.clock import now_ms
-from base.errors import CommandRejected
+from base.errors import CommandRejected, StoreError
 from streams.deadletter_store import (
     CqlRunner,
     DeadLetterEntry,
@@ -51,6 +52,8 @@ from streams.ports import CqlRow
 from topics.codec import encode_trigger, trigger_headers
 from topics.ids import format_iso_ms
 from topics.models import DeliveryOutcome, Trigger
+
+log = logging.getLogger("tocsin.api.deadletters")
 
 # At most this many dead letters are redriven by one request (trigger ids or a window); a
 # window with more answers ``truncated`` and a ``next_cursor`` to go on from.
@@ -279,20 +282,31 @@ class DeadLetters:
         ):
             raise _refuse(409, "already_redriven", "redriven by another request just now", dl)
         await self._send(dl, trig, claim, ttl_s)
-        await self.store.record_event(
-            dl.tenant,
-            dl.schedule_id,
-            ScheduleEvent.REFIRED,
-            at_ms=at,
-            trigger_id=trig.trigger_id,
-            due_ms=trig.due_ms,
-            detail=_redrive_detail(dl),
-        )
+        # Sent and claimed: the redrive is done whatever the history write does (an error
+        # answered now would invite a retry that can only be refused already_redriven).
+        recorded = True
+        try:
+            await self.store.record_event(
+                dl.tenant,
+                dl.schedule_id,
+                ScheduleEvent.REFIRED,
+                at_ms=at,
+                trigger_id=trig.trigger_id,
+                due_ms=trig.due_ms,
+                detail=_redrive_detail(dl),
+            )
+        except StoreError as exc:
+            recorded = False
+            log.warning(
+                "redriven, but its history event was not recorded",
+                extra={"trigger_id": trig.trigger_id, "error": str(exc)},
+            )
         return {
             "trigger_id": trig.trigger_id,
             "schedule_id": trig.schedule_id,
             "attempt": attempt,
             "redriven_at": format_iso_ms(at),
+            "history_recorded": recorded,
         }
 
     async def _send(self, dl: DeadLetterEntry, trig: Trigger, claim: str, ttl_s: int) -> None:

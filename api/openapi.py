@@ -810,6 +810,10 @@ def _dead_letter_paths() -> dict[str, Schema]:
             "schedule_id": _string(),
             "attempt": {"type": "integer", "description": "the new emission attempt"},
             "redriven_at": _string(),
+            "history_recorded": {
+                "type": "boolean",
+                "description": "false: sent, but its refired history event was not written",
+            },
         },
     }
     bulk = {

@@ -433,3 +433,18 @@ def test_a_window_redrive_goes_on_past_dead_letters_it_cannot_redrive(
     assert [r["trigger_id"] for r in rest["redriven"]] == [dl.trigger_id]  # type: ignore[union-attr]
     assert [f["code"] for f in rest["failed"]] == ["schedule_gone"]  # type: ignore[union-attr]
     assert rest["truncated"] is False and rest["next_cursor"] is None and len(fires.sent) == 1
+
+
+def test_a_redrive_sent_whose_history_event_fails_is_answered_as_sent() -> None:
+    """Once Kafka has the trigger the redrive is done (its claim holds): a history write
+    failing after it must not answer 'unavailable, try again', whose retry could only be
+    refused already_redriven."""
+    dls, dl, store, fires, letters = setup()
+
+    async def failing(*args: Any, **kw: Any) -> None:
+        raise StoreError("cassandra timed out", retriable=True)
+
+    store.record_event = failing  # type: ignore[method-assign]
+    got = asyncio.run(dls.redrive("acme", dl.trigger_id))
+    assert got["attempt"] == 2 and got["history_recorded"] is False and len(fires.sent) == 1
+    assert letters.rows[("acme", dl.trigger_id)].redrive_claim is not None
