@@ -58,6 +58,7 @@ from streams.model import DEFAULT_RETENTION_S, BucketRow, ScheduleChange, Schedu
 from streams.partitioner import partition_for
 from streams.ports import CommandStore, CqlRow, TenantReader
 from streams.recurring_store import RecurringStore
+from streams.refusals import Refusal, RefusalBook, record_refusals
 from streams.store import load_schedule_rows
 from streams.tenants import QuotaBook, TenantConfig
 from streams.ticker import PartitionTicker, TriggerSink
@@ -191,6 +192,8 @@ class CommandProcessor:
         self.seen_signatures: dict[int, SeenSignatures] = {}
         # Tocsin's own topics: a Kafka callback may never produce into them.
         self.internal_topics = own_topics(results_topic)
+        # Refusals of a proven tenant's existing schedule go to its history, bounded.
+        self.refusals = RefusalBook()
 
     async def process_batch(self, batch: Sequence[RawCommand]) -> list[CommandResult]:
         """Apply a batch and wait until every result is acknowledged by Kafka.
@@ -236,6 +239,7 @@ class CommandProcessor:
             self.store, ((command.tenant, command.schedule_id) for _, command in valid)
         )
         decisions: list[tuple[RawCommand, Decision]] = []
+        refused: list[Refusal] = []
         for index, command in valid:
             msg = batch[index]
             key = (command.tenant, command.schedule_id)
@@ -258,6 +262,7 @@ class CommandProcessor:
                     f"tenant {command.tenant!r} exceeded its create quota of {quota:g} "
                     "commands/s; nothing was applied, retry later",
                 )
+                _note_refusal(refused, command, existing, *outcomes[index][1:], replay)
                 continue
             try:
                 decision = decide(
@@ -273,6 +278,7 @@ class CommandProcessor:
                 )
             except CommandRejected as rej:
                 outcomes[index] = (command, Code(rej.code), rej.message)
+                _note_refusal(refused, command, current.get(key), *outcomes[index][1:], replay)
                 continue
             decision = traces.stamp(decision, command, msg)
             outcomes[index] = (command, decision.code, decision.text)
@@ -281,6 +287,7 @@ class CommandProcessor:
             decisions.append((msg, decision))
 
         await self._persist(decisions, now, policies)
+        await record_refusals(self.store, self.refusals, refused, policies, now)
         results = [
             self._result(msg, *outcome, now, reply_nonce=nonces.get(index))
             for index, (msg, outcome) in enumerate(zip(batch, outcomes, strict=True))
@@ -705,3 +712,25 @@ __all__ = [
     "RawCommand",
     "TenantCache",
 ]
+
+
+def _note_refusal(
+    refused: list[Refusal],
+    command: Command,
+    existing: object,
+    code: Code,
+    text: str,
+    replay: bool,
+) -> None:
+    """A proven tenant's command refused for a schedule it has (``streams.refusals``); a
+    replayed command's refusal was noted when it was first decided."""
+    if existing is not None and not replay:
+        refused.append(
+            Refusal(
+                tenant=command.tenant,
+                schedule_id=command.schedule_id,
+                command=str(command.type),
+                code=str(code),
+                message=text,
+            )
+        )

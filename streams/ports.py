@@ -101,6 +101,19 @@ class MaterializerStore(ScheduleReader, StatementRunner, Protocol):
 class CommandStore(TenantReader, MaterializerStore, Protocol):
     """What the command agent calls (it also builds a recurring store on the same one)."""
 
+    async def record_event(
+        self,
+        tenant: str,
+        schedule_id: str,
+        event: str,
+        *,
+        at_ms: int,
+        detail: str | None = None,
+        trigger_id: str | None = None,
+        due_ms: int | None = None,
+        retention_s: int | None = None,
+    ) -> None: ...
+
     async def write_index(
         self,
         put: Sequence[tuple[str, str, int]],

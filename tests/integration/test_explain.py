@@ -178,8 +178,8 @@ def _run(stack: Stack, receiver: Receiver) -> None:
     ok = explained("ok", "delivered with status 200 after 2 attempt(s)")
     assert ok["reason"].startswith("fired at ") and ok["kind"] == "one_shot"
     events = [e["event"] for e in ok["timeline"]]
-    assert events == ["created", "fired", "delivered"], ok["timeline"]
-    fired, delivered = ok["timeline"][1], ok["timeline"][2]
+    assert events == ["created", "fired", "attempt_failed", "delivered"], ok["timeline"]
+    fired, delivered = ok["timeline"][1], ok["timeline"][3]
     assert fired["emit_attempt"] == 1 and fired["lateness_ms"] >= 3_000
     assert delivered["detail"].startswith("status 200 on attempt 2; 1 failed")
     assert "the last: HTTP 503" in delivered["detail"]
@@ -248,3 +248,84 @@ def _run(stack: Stack, receiver: Receiver) -> None:
         scraped
     )
     assert f'tocsin_dead_lettered_by_tenant_total{{tenant="{name}"}} 1.0' in scraped
+
+
+def test_failed_attempts_and_a_refused_update_are_in_the_timeline(explain_stack: Stack) -> None:
+    """An endpoint answering 503, then 502, then 200: the two failed attempts, with their
+    status codes and the backoff chosen, come before the delivery; an update refused
+    once it fired is in the timeline too."""
+
+    def behave(hit: Hit, n: int) -> int:
+        return {1: 503, 2: 502}.get(n, 200)
+
+    receiver = Receiver(behave=behave).start()
+    proxy = ProxyApp(
+        explain_stack.settings,
+        fast_settings(mode="fires", source_topic="", group_id=f"explain-{uuid.uuid4().hex[:6]}"),
+    )
+    proxy.start()
+    try:
+        api = explain_stack.api
+        alice = _register(api, f"alice-{uuid.uuid4().hex[:6]}")
+        key = alice["api_key"]
+        sid = f"twice-{uuid.uuid4().hex[:6]}"
+        url = f"http://127.0.0.1:{receiver.port}/twice"
+        st, res = api.call(
+            "POST",
+            "/v1/schedules",
+            key=key,
+            body={
+                "schedule_id": sid,
+                "due": now_ms() + 2_000,
+                "payload": {},
+                "callback": {"type": "http", "url": url},
+            },
+        )
+        assert st == 201, res
+
+        def delivered() -> Any:
+            st, doc = _explain(api, key, sid)
+            assert st == 200, doc
+            return doc if "delivered with status 200 after 3 attempt(s)" in doc["reason"] else None
+
+        doc = until(delivered, 90, "delivery on the third attempt")
+        events = [e["event"] for e in doc["timeline"]]
+        assert events == [
+            "created",
+            "fired",
+            "attempt_failed",
+            "attempt_failed",
+            "delivered",
+        ], doc["timeline"]
+        first, second = doc["timeline"][2], doc["timeline"][3]
+        assert first["detail"].startswith(
+            "attempt 1 failed: HTTP 503: answer 503; next attempt in "
+        )
+        assert second["detail"].startswith(
+            "attempt 2 failed: HTTP 502: answer 502; next attempt in "
+        )
+        assert first["at_ms"] <= second["at_ms"] <= doc["timeline"][4]["at_ms"]
+        backoff_s = float(first["detail"].rsplit(" in ", 1)[1].removesuffix(" s"))
+        assert 0 < backoff_s <= 0.2  # the proxy's retry_max_delay_s
+        # A receiver that failed twice: both shown, so no note of attempts left out.
+        assert not [n for n in doc["notes"] if "shown one by one" in n]
+
+        st, res = api.call(
+            "PATCH", f"/v1/schedules/{sid}", key=key, body={"due": now_ms() + 60_000}
+        )
+        assert st == 409 and "already_fired" in json.dumps(res), res
+
+        def refused() -> Any:
+            st, doc = _explain(api, key, sid)
+            assert st == 200, doc
+            return [e for e in doc["timeline"] if e["event"] == "command_refused"]
+
+        (entry,) = until(refused, 60, "the refused update in the timeline")
+        assert entry["text"].startswith("update refused (already_fired): ")
+        text = _cli(explain_stack, "schedule", "explain", alice["tenant"], sid)
+        assert text.returncode == 0, text.stderr.decode()[-2000:]
+        assert b"attempt 2 failed: HTTP 502" in text.stdout
+        assert b"update refused (already_fired)" in text.stdout
+    finally:
+        proxy.stop(timeout_s=5)
+        receiver.stop()
