@@ -50,11 +50,18 @@ from streams.decisions import (
     is_replay,
     own_topics,
     recurring_index_changes,
+    stopped_backfills,
     with_default_retry,
     with_retention,
 )
 from streams.materializer import PartitionMaterializer
-from streams.model import DEFAULT_RETENTION_S, BucketRow, ScheduleChange, ScheduleRow
+from streams.model import (
+    DEFAULT_RETENTION_S,
+    BucketRow,
+    ScheduleChange,
+    ScheduleRow,
+    ScheduleState,
+)
 from streams.partitioner import partition_for
 from streams.ports import CommandStore, CqlRow, TenantReader
 from streams.recurring_store import RecurringStore
@@ -66,6 +73,7 @@ from streams.tracing import NO_TRACES, CommandTraces
 from topics.codec import encode_result
 from topics.codes import ACCEPTED_CODES, Code
 from topics.models import (
+    CancelCommand,
     Command,
     CommandResult,
     CommandType,
@@ -244,9 +252,10 @@ class CommandProcessor:
             msg = batch[index]
             key = (command.tenant, command.schedule_id)
             ticker = self.tickers.get(msg.partition)
-            if isinstance(command, PauseCommand):
-                # A pause is decided on what the ticker may still emit: without the ticker
-                # (a rebalance under way) it waits for one, like a hand-over.
+            if isinstance(command, (PauseCommand, CancelCommand)):
+                # A pause is decided on what the ticker may still emit, and both stop the
+                # backfilled runs it holds (withdraw_backfill): without the ticker (a
+                # rebalance under way) they wait for one, like a hand-over.
                 ticker = self._ticker_of(msg.partition)
             firing = ticker is not None and ticker.is_firing(*key)
             existing = current.get(key)
@@ -434,6 +443,11 @@ class CommandProcessor:
                 ticker.withdraw(d.change.row.tenant, d.change.row.schedule_id, d.withdraw_version)
             for tenant, run, version in d.withdraw_runs:
                 ticker.withdraw(tenant, run, version)
+            stop = stopped_backfills(d.change)
+            if stop is not None and d.change is not None:
+                row = d.change.row
+                cancelled = row.state == ScheduleState.CANCELLED
+                ticker.withdraw_backfill(row.tenant, row.schedule_id, stop, cancelled=cancelled)
 
     async def _write_changes(self, changes: Sequence[ScheduleChange], now: int) -> None:
         """The changes, with the listing indexes and the due-queue entries they need written

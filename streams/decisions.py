@@ -482,8 +482,10 @@ def decide_backfill(
     the rest. Each carries its run id and its own due time (``run_due_ms``), so its trigger
     id is the one its own emission had: a receiver that saw the run drops it. Every run of
     the window is written, fired before or not; a paused schedule may be backfilled (an
-    explicit request, like a trigger command) and stays paused. Recorded as one
-    ``backfilled`` event; the schedule row is left as it is."""
+    explicit request, like a trigger command) and stays paused. Each row carries the
+    parent's version, so a later pause or cancel stops the runs not emitted yet
+    (``stopped_backfills``). Recorded as one ``backfilled`` event; the schedule row is
+    left as it is."""
     if existing is None or not existing.callback:
         raise CommandRejected(Code.NOT_FOUND, f"no schedule {command.schedule_id!r}")
     if existing.state == ScheduleState.CANCELLED:
@@ -530,6 +532,19 @@ def decide_backfill(
         bucket_puts=runs,
     )
     return Decision(Code.OK, text, change=change, hand_over_runs=runs)
+
+
+def stopped_backfills(change: ScheduleChange | None) -> int | None:
+    """The version a pause or cancel of a recurring schedule writes, below which its
+    backfilled runs (bucket rows carrying the version they were written for) are not
+    fired any more; None for any other change. Stored on the row
+    (``backfill_stop_version``), so whichever ticker loads such a row later drops it, and
+    handed to this worker's ticker before persisting (rows it holds already)."""
+    if change is None or not change.write_row:
+        return None
+    row = change.row
+    stop = row.backfill_stop_version
+    return stop if stop is not None and stop == row.version else None
 
 
 def backfill_fire_times(count: int, now_ms: int) -> list[int]:
@@ -1018,6 +1033,7 @@ def _cancel(
         stamped,
         state=ScheduleState.CANCELLED,
         materialize_key=materialize_key(existing.partition, NEVER_MS),
+        backfill_stop_version=stamped.version,
     )
     return RecurringDecision(
         Code.OK,
@@ -1062,6 +1078,8 @@ def _pause(
         materialize_key=materialize_key(existing.partition, NEVER_MS),
         materialized_until_ms=min(until, first),
         run_count=max(0, (existing.run_count or 0) - len(pending)),
+        # Its backfills' runs not emitted yet stop too (``stopped_backfills``).
+        backfill_stop_version=stamped.version,
     )
     change = _change(row, existing, pending, timestamp_ms, shards, ScheduleEvent.PAUSED)
     return RecurringDecision(

@@ -115,6 +115,10 @@ class ScheduleRow:
     # trigger emitted days later carries it (topics.tracecontext).
     traceparent: str | None = None
     tracestate: str | None = None
+    # The version the last pause or cancel of a recurring schedule wrote (migration 012):
+    # its backfilled runs written before it (their bucket rows carry an older version) are
+    # dropped, not fired. None: never paused or cancelled.
+    backfill_stop_version: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,8 +135,22 @@ class CommandStore(TenantReader, MaterializerStore, Protocol):
     ) -> None: ...
 
 
-class TickerStore(Protocol):
-    """What a partition's ticker calls."""
+class TickerStore(ScheduleReader, Protocol):
+    """What a partition's ticker calls (it reads the parents of backfilled runs it loads,
+    and records those a pause or cancel stopped in their history)."""
+
+    async def record_event(
+        self,
+        tenant: str,
+        schedule_id: str,
+        event: str,
+        *,
+        at_ms: int,
+        detail: str | None = None,
+        trigger_id: str | None = None,
+        due_ms: int | None = None,
+        retention_s: int | None = None,
+    ) -> None: ...
 
     async def get_checkpoint(self, partition: int) -> int | None: ...
 

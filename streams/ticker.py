@@ -51,6 +51,14 @@ from base.clock import Clock, now_ms
 from base.errors import KafkaError, StoreError, TocsinError
 from base.supervise import HealthSink, supervise
 from streams import metrics
+from streams.backfill_stops import (
+    BackfillStops,
+    Skipped,
+    Stop,
+    backfilled_run,
+    blocks,
+    stored_stop,
+)
 from streams.buckets import BUCKET_MS, minute_ms
 from streams.model import BucketRow, FiredMark, trigger_for, trigger_id_of
 from streams.pacing import FirePacer
@@ -175,6 +183,8 @@ class PartitionTicker:
         self._rewind_lock = asyncio.Lock()
         self._rewinds_asked = 0
         self._rewinds_written = 0
+        # Backfilled runs a pause or cancel stopped (withdraw_backfill, and loads).
+        self._backfills = BackfillStops()
 
     # -- lifecycle -------------------------------------------------------------------------
 
@@ -234,8 +244,7 @@ class PartitionTicker:
         horizon = max(self.timeline.loaded_until_ms, self.clock_ms()) + self.config.offer_window_ms
         if row.due_ms >= horizon:
             return
-        added = self.timeline.add(Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row))
-        if added:
+        if self._hold(row):
             self._wake.set()
 
     def withdraw(self, tenant: str, schedule_id: str, version: int) -> None:
@@ -243,9 +252,32 @@ class PartitionTicker:
         self.timeline.remove(tenant, schedule_id, version=version, now_ms=self.clock_ms())
         # A trigger deferred by its tenant's fire quota has not fired: it can still go.
         self.pacer.remove(tenant, schedule_id, version=version)
+        self._backfills.release(tenant, schedule_id)
         for key in [k for k in self._awaited if k[:2] == (tenant, schedule_id)]:
             if key not in self._inflight:
                 self._settle_awaited(key)  # nothing of the withdrawn version fires now
+
+    def withdraw_backfill(self, tenant: str, parent: str, version: int, *, cancelled: bool) -> None:
+        """A pause or cancel of ``parent`` (``version``, its new one) stops its backfilled
+        runs not emitted yet: those held here are taken out now (from the timeline with a
+        tombstone, and from the fair queue) and recorded, and rows of an older version a
+        load brings in later are dropped (``BackfillStops``; a later load reads the stop
+        stored with the parent). Called before the change is persisted, with no ``await``
+        since the decision, like ``withdraw``."""
+        now = self.clock_ms()
+        stop = Stop(version, cancelled)
+        self._backfills.stop(tenant, parent, stop, now_ms=now)
+        for run in self._backfills.take_held(tenant, parent):
+            entry = self.timeline.get(tenant, run) or self.pacer.get(tenant, run)
+            if entry is None or backfilled_run(entry.payload) is None:
+                continue  # gone, or a run of the series under the same id (not ours)
+            if entry.version >= version:
+                self._backfills.hold(entry.payload)  # backfilled after the stop: fires
+                continue
+            self.timeline.remove(tenant, run, version=version - 1, now_ms=now)
+            self.pacer.remove(tenant, run, version=version - 1)
+            self._backfills.tally(entry.payload, stop)
+        self._record_skips()
 
     def earliest_unemitted_ms(self, now_ms: int) -> int:
         """No trigger due before this is still to be emitted here: every row below the
@@ -327,7 +359,7 @@ class PartitionTicker:
         in the timeline (so ``checkpoint_candidate`` stays at or below it), and
         ``fired_before_ms`` - which every write takes the maximum with - is lowered to it."""
         assert self.fired_before_ms is not None
-        if self.timeline.add(Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)):
+        if self._hold(row):
             self._wake.set()
         self.fired_before_ms = min(self.fired_before_ms, row.due_ms)
         self._rewinds_asked += 1
@@ -393,19 +425,37 @@ class PartitionTicker:
                 self._settle_awaited(key)
             return done
         queued = self.pacer.get(row.tenant, row.schedule_id)
-        if self.timeline.superseded(row.tenant, row.schedule_id, row.version) or (
-            queued is not None and queued.version > row.version
+        if (
+            self.timeline.superseded(row.tenant, row.schedule_id, row.version)
+            or (queued is not None and queued.version > row.version)
+            or self._backfills.stop_of(row, self.clock_ms()) is not None
         ):
-            # Cancelled or moved by a later command of the same batch: nothing to fire.
+            # Cancelled or moved by a later command of the same batch (or a backfilled run
+            # a pause or cancel of the batch stopped): nothing to fire.
             self._settle_awaited(key)
             return done
         # Queued already (a replay): taken out, so that it is not held by its tenant's
         # fire quota unless an earlier trigger of its order key is.
         self.pacer.remove(row.tenant, row.schedule_id, version=row.version)
         self.timeline.remove(row.tenant, row.schedule_id)
-        self.timeline.add(Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row))
+        self._hold(row)
         self._wake.set()
         return done
+
+    def _hold(self, row: BucketRow) -> bool:
+        """Add ``row`` to the timeline; False if refused: a newer or removed version (see
+        ``Timeline.add``), or a backfilled run a pause or cancel stopped (recorded here if
+        its minute is loaded already: otherwise its load drops and records it)."""
+        stop = self._backfills.stop_of(row, self.clock_ms())
+        if stop is not None:
+            if row.due_ms < self.timeline.loaded_until_ms:
+                self._backfills.tally(row, stop)
+                self._record_skips()
+            return False
+        if not self.timeline.add(Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)):
+            return False
+        self._backfills.hold(row)
+        return True
 
     def _settle_awaited(self, key: TriggerKey) -> None:
         for done in self._awaited.pop(key, ()):
@@ -540,11 +590,17 @@ class PartitionTicker:
             minute = self._next_minute_ms
             rows = await self.store.read_bucket(self.partition, minute, self.config.bucket_shards)
             metrics.BUCKET_LOADS.inc()
+            rows = [row for row in rows if row.due_ms >= self._load_floor_ms]
+            stops = await self._stored_stops(rows)
+            # No await from here on: a stop told meanwhile (withdraw_backfill) is seen.
+            now = self.clock_ms()
             for row in rows:
-                if row.due_ms >= self._load_floor_ms:
-                    self.timeline.add(
-                        Entry(row.due_ms, row.tenant, row.schedule_id, row.version, row)
-                    )
+                stop = self._backfills.stop_of(row, now) or stops.get((row.tenant, row.schedule_id))
+                if stop is not None and blocks(stop, row):
+                    self._backfills.tally(row, stop)
+                else:
+                    self._hold(row)
+            self._record_skips()
             self.timeline.mark_loaded(minute + BUCKET_MS)
             self._next_minute_ms = minute + BUCKET_MS
             if backlog > 1:
@@ -671,6 +727,7 @@ class PartitionTicker:
         key = (row.tenant, row.schedule_id, row.due_ms)
         if key in self._inflight:
             return None
+        self._backfills.release(row.tenant, row.schedule_id)
         trig_id = trigger_id_of(row)
         self._inflight[key] = _InFlight(entry, grace_ms)
         self._firing[key[:2]] = self._firing.get(key[:2], 0) + 1
@@ -857,6 +914,69 @@ class PartitionTicker:
             return
         self._forget(key)
         self._dispatch(record.entry, self.clock_ms(), grace_ms=record.grace_ms)
+
+    # -- stopped backfills -----------------------------------------------------------------
+
+    async def _stored_stops(self, rows: list[BucketRow]) -> dict[tuple[str, str], Stop]:
+        """The stops the parents of the backfilled ``rows`` record, by (tenant, run id): one
+        read of the parents per tenant. Read after the bucket, so a pause answered before
+        the bucket read began is seen; one decided since is ``BackfillStops``'."""
+        parents: dict[str, set[str]] = {}
+        for row in rows:
+            run = backfilled_run(row)
+            if run is not None:
+                parents.setdefault(row.tenant, set()).add(run[0])
+        if not parents:
+            return {}
+        found = await asyncio.gather(
+            *(self.store.get_schedules(tenant, sorted(ids)) for tenant, ids in parents.items())
+        )
+        by_parent = {
+            (tenant, parent): stored_stop(row)
+            for tenant, rows_of in zip(parents, found, strict=True)
+            for parent, row in rows_of.items()
+        }
+        stops: dict[tuple[str, str], Stop] = {}
+        for row in rows:
+            run = backfilled_run(row)
+            stop = by_parent.get((row.tenant, run[0])) if run is not None else None
+            if stop is not None:
+                stops[(row.tenant, row.schedule_id)] = stop
+        return stops
+
+    def _record_skips(self) -> None:
+        """Record the backfilled runs dropped since the last call: one history event per
+        parent (``skipped_paused``, or ``skipped`` for a cancel), in the background."""
+        for skipped in self._backfills.take_skipped():
+            if not skipped.cancelled:
+                metrics.count_skipped(skipped.tenant, metrics.SkipReason.PAUSED, skipped.count)
+            task = asyncio.ensure_future(self._write_skipped(skipped))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _write_skipped(self, skipped: Skipped) -> None:
+        """Retried while the store is unavailable and the ticker runs; else logged: the
+        runs stay dropped either way (only their history event is lost)."""
+        extra = {"partition": self.partition, "schedule_id": skipped.parent}
+        try:
+            retention = await self._retention_of(skipped.tenant)
+            while True:
+                try:
+                    await self.store.record_event(
+                        skipped.tenant,
+                        skipped.parent,
+                        skipped.event,
+                        at_ms=self.clock_ms(),
+                        detail=skipped.detail,
+                        retention_s=retention,
+                    )
+                    return
+                except StoreError as exc:
+                    if not exc.retriable or self._stopping:
+                        raise
+                    await asyncio.sleep(1.0)
+        except Exception:
+            log.exception("stopped backfilled runs not recorded in their history", extra=extra)
 
     # -- checkpoint ------------------------------------------------------------------------
 

@@ -6,11 +6,15 @@ emissions."""
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
 from base.errors import CommandRejected
+from streams.backfill_stops import BackfillStops, Stop
+from streams.buckets import minute_ms
+from streams.commands import CommandProcessor
 from streams.decisions import (
     BACKFILL_LEAD_MS,
     BACKFILL_MAX_RUNS,
@@ -20,10 +24,11 @@ from streams.decisions import (
 from streams.model import ScheduleEvent, ScheduleRow, ScheduleState, trigger_for, trigger_id_of
 from streams.partitioner import partition_for
 from streams.recurring import jitter_ms, past_occurrences, run_id
+from streams.ticker import PartitionTicker
 from tests.unit.test_fault_properties import NOW as NOW_WALL
 from tests.unit.test_fault_properties import PARTITIONS
 from tests.unit.test_fault_properties import FakeStore as AcmeStore
-from tests.unit.test_streams_handover import HeldSinkById, codes, processor, ticker_for
+from tests.unit.test_streams_handover import HeldSinkById, codes, processor, ticker_for, until
 from tests.unit.test_streams_pause import (
     CB,
     NOW,
@@ -40,8 +45,10 @@ from topics.models import (
     BackfillCommand,
     CancelCommand,
     CreateCommand,
+    PauseCommand,
     PayloadType,
     Recurrence,
+    ResumeCommand,
 )
 from topics.validation import Limits, decode_command
 
@@ -287,3 +294,190 @@ async def test_a_backfill_fires_through_the_ticker_paced_with_the_runs_own_ids()
     events = [e for e in store.events if e["schedule_id"] == sid]
     assert events[-1]["event"] == ScheduleEvent.BACKFILLED
     await ticker.stop(timeout_s=0.5)
+
+
+# -- a pause or cancel stops a backfill's runs not emitted yet -----------------------------
+
+SID = "every-minute"
+PART = partition_for(SID.encode(), PARTITIONS)
+
+
+def minutely() -> CreateCommand:
+    return CreateCommand(
+        tenant="acme",
+        schedule_id=SID,
+        payload=b"{}",
+        payload_type=PayloadType.JSON,
+        callback=CB,
+        misfire_tolerance_s=60,
+        recurrence=Recurrence(every_s=60),
+    )
+
+
+def backfilled_ticker(
+    store: AcmeStore, now: list[int], *, loaded: bool = True
+) -> tuple[PartitionTicker, TriggerSink]:
+    """A ticker on ``store`` whose checkpoint is read; ``loaded``: every minute of the
+    next hour counts as read (a hand-over keeps the rows in memory)."""
+    ticker, _ = ticker_for(PART, now, store=store)
+    fires = TriggerSink()
+    ticker.sink = fires
+    ticker.fired_before_ms = now[0] - 1_000
+    ticker._load_floor_ms = now[0] - 1_000
+    ticker._next_minute_ms = minute_ms(now[0])
+    ticker._checkpoint_read.set()
+    if loaded:
+        ticker.timeline.mark_loaded(now[0] + 3_600_000)
+    return ticker, fires
+
+
+def backfilled_ids(fires: TriggerSink) -> list[str]:
+    return [t.schedule_id for t in map(decode_trigger, fires.values) if "@" in t.schedule_id]
+
+
+async def send(proc: CommandProcessor, command: Any, offset: int, at_ms: int) -> None:
+    await asyncio.wait_for(proc.process_batch([command_record(command, offset, PART, at_ms)]), 1)
+
+
+def ten_minutes_back(now_ms: int) -> BackfillCommand:
+    return BackfillCommand(tenant="acme", schedule_id=SID, from_ms=now_ms - 600_000, to_ms=now_ms)
+
+
+@pytest.mark.parametrize(
+    ("stopping", "event", "why"),
+    [
+        (PauseCommand, ScheduleEvent.SKIPPED_PAUSED, "paused"),
+        (CancelCommand, ScheduleEvent.SKIPPED, "cancelled"),
+    ],
+)
+async def test_a_pause_or_cancel_stops_the_backfilled_runs_the_ticker_holds(
+    stopping: Any, event: ScheduleEvent, why: str
+) -> None:
+    # Ten runs handed to the ticker (their minutes are loaded); two fire, then the schedule
+    # is paused (or cancelled): none of the other eight fires once that is answered, and
+    # the eight are recorded in the schedule's history.
+    now = [NOW_WALL]
+    store = AcmeStore()
+    ticker, fires = backfilled_ticker(store, now)
+    proc, results = processor(store, ticker, now)
+    await send(proc, minutely(), 1, now[0])
+    await send(proc, ten_minutes_back(now[0]), 2, now[0])
+    start = now[0]
+    now[0] = start + BACKFILL_LEAD_MS + 1_000 // BACKFILL_RUNS_PER_S
+    await turn(ticker, now[0])
+    assert len(backfilled_ids(fires)) == 2
+    await send(proc, stopping(tenant="acme", schedule_id=SID), 3, now[0])
+    assert codes(results) == ["ok", "ok", "ok"]
+    for step in range(1, 40):
+        now[0] = start + step * 1_000
+        await turn(ticker, now[0])
+    assert len(backfilled_ids(fires)) == 2
+    await until(lambda: any(e["event"] == event for e in store.events))
+    skipped = [e for e in store.events if e["schedule_id"] == SID and e["event"] == event]
+    assert len(skipped) == 1 and skipped[0]["detail"].startswith("8 backfilled runs not fired")
+    assert skipped[0]["detail"].endswith(f"the schedule was {why}")
+    assert store.schedules[("acme", SID)].backfill_stop_version == 2  # the stop's version
+    await ticker.stop(timeout_s=0.5)
+
+
+async def test_a_successor_drops_the_rows_of_a_paused_backfill_also_after_a_resume() -> None:
+    # The rows are stored; the worker that paused the schedule is gone (a crash or a
+    # rebalance) and its successor reads their minutes from the store: it drops them, and
+    # so does one reading them after a resume (the stopped runs do not come back).
+    now = [NOW_WALL]
+    store = AcmeStore()
+    first, fires = backfilled_ticker(store, now)
+    proc, _ = processor(store, first, now)
+    await send(proc, minutely(), 1, now[0])
+    await send(proc, ten_minutes_back(now[0]), 2, now[0])
+    await send(proc, PauseCommand(tenant="acme", schedule_id=SID), 3, now[0])
+    await first.stop(timeout_s=0.5)
+    stored = [r for r in store.bucket_rows.values() if r.run_due_ms is not None]
+    assert len(stored) == 10
+    for resumed in (False, True):
+        if resumed:
+            await send(proc, ResumeCommand(tenant="acme", schedule_id=SID), 4, now[0])
+        successor, fires = backfilled_ticker(store, now, loaded=False)
+        await successor._load_due_buckets()
+        assert successor.timeline.get("acme", stored[0].schedule_id) is None
+        for step in range(1, 20):
+            await turn(successor, now[0] + step * 1_000)
+        assert backfilled_ids(fires) == []
+        await successor.stop(timeout_s=0.5)
+    await until(lambda: any(e["event"] == ScheduleEvent.SKIPPED_PAUSED for e in store.events))
+
+
+async def test_a_backfill_after_the_pause_fires_while_paused_and_after_a_successor_loads_it() -> (
+    None
+):
+    # Backfilled while paused (an explicit request): its rows carry the paused version, not
+    # below the stop, so they fire - also from a successor reading them from the store.
+    now = [NOW_WALL]
+    store = AcmeStore()
+    first, _ = backfilled_ticker(store, now)
+    proc, results = processor(store, first, now)
+    await send(proc, minutely(), 1, now[0])
+    await send(proc, PauseCommand(tenant="acme", schedule_id=SID), 2, now[0])
+    await send(proc, ten_minutes_back(now[0]), 3, now[0])
+    assert codes(results) == ["ok", "ok", "ok"]
+    await first.stop(timeout_s=0.5)
+    successor, fires = backfilled_ticker(store, now, loaded=False)
+    await successor._load_due_buckets()
+    for step in range(1, 20):
+        await turn(successor, now[0] + step * 1_000)
+    assert len(backfilled_ids(fires)) == 10
+    await successor.stop(timeout_s=0.5)
+
+
+async def test_a_backfill_and_a_pause_in_one_batch_fire_nothing() -> None:
+    now = [NOW_WALL]
+    store = AcmeStore()
+    ticker, fires = backfilled_ticker(store, now)
+    proc, results = processor(store, ticker, now)
+    await send(proc, minutely(), 1, now[0])
+    batch = [
+        command_record(ten_minutes_back(now[0]), 2, PART, now[0]),
+        command_record(PauseCommand(tenant="acme", schedule_id=SID), 3, PART, now[0]),
+    ]
+    await asyncio.wait_for(proc.process_batch(batch), 1)
+    assert codes(results) == ["ok", "ok", "ok"]
+    for step in range(1, 20):
+        await turn(ticker, now[0] + step * 1_000)
+    assert backfilled_ids(fires) == []
+    await ticker.stop(timeout_s=0.5)
+
+
+async def test_a_pause_takes_out_backfilled_runs_deferred_by_the_tenants_fire_quota() -> None:
+    # Due and waiting in the fair queue (not emitted): taken out by the pause too.
+    now = [NOW_WALL]
+    store = AcmeStore()
+    ticker, fires = backfilled_ticker(store, now)
+    proc, _ = processor(store, ticker, now)
+    await send(proc, minutely(), 1, now[0])
+    await send(proc, ten_minutes_back(now[0]), 2, now[0])
+    now[0] += 5_000
+    await ticker._admit_due(now[0])  # all ten due: in the fair queue, none emitted yet
+    assert len(ticker.pacer) == 10 and fires.values == []
+    await send(proc, PauseCommand(tenant="acme", schedule_id=SID), 3, now[0])
+    assert len(ticker.pacer) == 0
+    await turn(ticker, now[0] + 1_000)
+    assert backfilled_ids(fires) == []
+    await ticker.stop(timeout_s=0.5)
+
+
+def test_stops_told_are_bounded_by_count_and_age() -> None:
+    stops = BackfillStops(ttl_ms=1_000, max_stops=3)
+    for i in range(5):
+        stops.stop("t", f"p{i}", Stop(2, False), now_ms=NOW)
+    assert len(stops) == 3
+    row = replace(
+        run_bucket(recurring(Recurrence(every_s=60)), NOW - 60_000, NOW + 1_000, 60, 1),
+        schedule_id="p4@1",
+        run_due_ms=NOW - 60_000,
+        version=1,
+    )
+    assert stops.stop_of(row, NOW) == Stop(2, False)
+    assert stops.stop_of(replace(row, version=2), NOW) is None  # backfilled after it
+    assert stops.stop_of(row, NOW + 1_000) is None  # expired: the stored stop rules
+    stops.stop("t", "p5", Stop(2, False), now_ms=NOW + 1_000)
+    assert len(stops) == 1
