@@ -12,6 +12,12 @@ from api.views import STATUSES, Mode
 from streams.model import ScheduleState
 from topics.codes import Code
 from topics.models import Ambiguous, DayMatch, Misfire, Nonexistent, ResultStatus
+from topics.tracecontext import (
+    MAX_TRACEPARENT_CHARS,
+    MAX_TRACESTATE_CHARS,
+    TRACEPARENT,
+    TRACESTATE,
+)
 
 Schema = Mapping[str, object]
 
@@ -54,6 +60,28 @@ _RESULT_ERRORS: dict[str, Schema] = {
 }
 _SID: Schema = {"name": "schedule_id", "in": "path", "required": True, "schema": _string()}
 _TENANT: Schema = {"name": "tenant", "in": "path", "required": True, "schema": _string()}
+# The W3C trace context of a command that stores it with the schedule (create, update,
+# reschedule) or fires at once (trigger); an invalid one is dropped and counted, never refused.
+_TRACE: list[Schema] = [
+    {
+        "name": TRACEPARENT,
+        "in": "header",
+        "schema": {
+            "type": "string",
+            "maxLength": MAX_TRACEPARENT_CHARS,
+            "pattern": "^[0-9a-f]{2}-[0-9a-f]{32}-[0-9a-f]{16}-[0-9a-f]{2}",
+        },
+        "description": "W3C trace context: stored with the schedule and carried by each of "
+        "its triggers to the callback and the dead letter (docs/wire-contract.md); an invalid "
+        "one is dropped, not refused",
+    },
+    {
+        "name": TRACESTATE,
+        "in": "header",
+        "schema": {"type": "string", "maxLength": MAX_TRACESTATE_CHARS},
+        "description": "W3C vendor trace data, kept only with a valid traceparent",
+    },
+]
 _MODE: list[Schema] = [
     {
         "name": "mode",
@@ -344,6 +372,10 @@ def _schedule_schema() -> Schema:
             "recurring_run": {"type": "boolean"},
             "parent_schedule_id": _string(),
             "nominal_ms": {"type": "integer"},
+            "traceparent": {
+                "type": "string",
+                "description": "the trace context stored with it (only when it has one)",
+            },
             "history": {"type": "array", "items": {"type": "object"}},
         },
     }
@@ -466,7 +498,7 @@ def _schedules_path() -> Schema:
             "create a schedule",
             {"201": created, **_SCHEDULE_OK, **_RESULT_ERRORS},
             body=_ref("CreateSchedule"),
-            params=_MODE,
+            params=[*_MODE, *_TRACE],
         ),
         "get": _op(
             "list the tenant's schedules in a due-time window (recurring ones once each, at "
@@ -489,7 +521,7 @@ def _schedule_path() -> Schema:
             "update due (one-shot) or recurrence (recurring), payload or callback",
             changed,
             body=_ref("UpdateSchedule"),
-            params=[_SID, *_MODE],
+            params=[_SID, *_MODE, *_TRACE],
         ),
         "delete": _op("cancel", changed, params=[_SID, *_MODE]),
     }
@@ -519,7 +551,7 @@ def _schedule_paths() -> dict[str, Schema]:
                 "move the due time",
                 {**_SCHEDULE_OK, **_RESULT_ERRORS},
                 body=due,
-                params=[_SID, *_MODE],
+                params=[_SID, *_MODE, *_TRACE],
             )
         },
         **_control_paths(),
@@ -567,7 +599,11 @@ def _control_paths() -> dict[str, Schema]:
     }
     return {
         f"/v1/schedules/{{schedule_id}}/{kind}": {
-            "post": _op(summary, {**_SCHEDULE_OK, **_RESULT_ERRORS}, params=[_SID, *_MODE])
+            "post": _op(
+                summary,
+                {**_SCHEDULE_OK, **_RESULT_ERRORS},
+                params=[_SID, *_MODE, *(_TRACE if kind == "trigger" else [])],
+            )
         }
         for kind, summary in summaries.items()
     }

@@ -349,14 +349,20 @@ def delivery_view(row: CqlRow) -> dict[str, object] | None:
 
 def settings_view(row: CqlRow) -> dict[str, object]:
     """What a schedule's full JSON shows of its row's version, times, order key and misfire
-    tolerance (one-shot and recurring alike)."""
-    return {
+    tolerance (one-shot and recurring alike), and its traceparent when it has one.
+
+    The tracestate is not shown: it is vendors' opaque data for the receiver, of no use to
+    find the trace, which the traceparent's trace id names."""
+    view: dict[str, object] = {
         "version": row.get("version"),
         "created_ms": row.get("created_ms"),
         "updated_ms": row.get("updated_ms"),
         "order_key": row.get("order_key"),
         "misfire_tolerance_s": row.get("misfire_tolerance_s"),
     }
+    if row.get("traceparent"):
+        view["traceparent"] = row["traceparent"]
+    return view
 
 
 def callback_view(row: CqlRow) -> object:
