@@ -39,6 +39,7 @@ from tests.unit.test_streams_pause import (
     pause,
     turn,
 )
+from tests.unit.test_streams_ticker import settle
 from topics.codec import decode_result, decode_trigger, encode_command
 from topics.ids import trigger_id
 from topics.models import (
@@ -481,3 +482,28 @@ def test_stops_told_are_bounded_by_count_and_age() -> None:
     assert stops.stop_of(row, NOW + 1_000) is None  # expired: the stored stop rules
     stops.stop("t", "p5", Stop(2, False), now_ms=NOW + 1_000)
     assert len(stops) == 1
+
+
+async def test_runs_taken_out_ahead_of_their_minute_are_recorded_once_when_it_is_read() -> None:
+    # Handed over ahead of their minute's read (held in memory), taken out by the pause,
+    # then read with their minute: dropped again, but recorded once.
+    minute = minute_ms(NOW_WALL) + 60_000
+    now = [minute - 500]
+    store = AcmeStore()
+    ticker, fires = backfilled_ticker(store, now, loaded=False)
+    ticker.timeline.mark_loaded(minute)
+    proc, _ = processor(store, ticker, now)
+    await send(proc, minutely(), 1, now[0])
+    await send(proc, ten_minutes_back(now[0]), 2, now[0])
+    assert len(ticker.timeline) == 10
+    await send(proc, PauseCommand(tenant="acme", schedule_id=SID), 3, now[0])
+    assert len(ticker.timeline) == 0
+    ticker._next_minute_ms = minute
+    await ticker._load_due_buckets()
+    await turn(ticker, minute + 5_000)
+    assert backfilled_ids(fires) == []
+    await until(lambda: any(e["event"] == ScheduleEvent.SKIPPED_PAUSED for e in store.events))
+    await settle()
+    details = [e["detail"] for e in store.events if e["event"] == ScheduleEvent.SKIPPED_PAUSED]
+    assert sum(int(d.split()[0]) for d in details if "backfilled" in d) == 10
+    await ticker.stop(timeout_s=0.5)
