@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -36,6 +37,18 @@ if TYPE_CHECKING:
     from streams.store import Store
 
 T = TypeVar("T")
+
+# Controls, line/paragraph separators, bidi overrides and lone surrogates: a terminal acts
+# on them (or shows other text than was recorded) instead of printing them.
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
+
+
+def _shown(value: object) -> str:
+    """``value`` for a terminal, what it would act on escaped: a dead letter's reason, body
+    excerpt and endpoint hold what the callback's receiver answered or was given."""
+    text = "" if value is None else str(value)
+    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+
 
 _LIST_COLUMNS = ["trigger_id", "schedule_id", "dead_lettered_at", "status", "reason", "redriven"]
 _REDRIVE_COLUMNS = ["trigger_id", "schedule_id", "result", "attempt", "message"]
@@ -102,14 +115,13 @@ def _list(args: argparse.Namespace, settings: Settings) -> int:
     for v in views:
         response = v["response"]
         redriven = v["redriven"]
-        rows.append(
-            {
-                **v,
-                "status": response["status_code"] if isinstance(response, dict) else "",
-                "reason": str(v["reason"] or "")[:60],
-                "redriven": redriven["at"] if isinstance(redriven, dict) else "",
-            }
-        )
+        row: dict[str, object] = {
+            **v,
+            "status": response["status_code"] if isinstance(response, dict) else "",
+            "reason": str(v["reason"] or "")[:60],
+            "redriven": redriven["at"] if isinstance(redriven, dict) else "",
+        }
+        rows.append({k: _shown(x) for k, x in row.items()})
     emit(args, rows, _LIST_COLUMNS)
     return EXIT_OK
 
@@ -126,7 +138,7 @@ def _get(args: argparse.Namespace, settings: Settings) -> int:
         print(orjson.dumps(view, option=orjson.OPT_INDENT_2).decode())
     else:
         for k, v in view.items():
-            print(f"{k:18s} {'' if v is None else v}")
+            print(f"{k:18s} {_shown(v)}")
     return EXIT_OK
 
 

@@ -448,3 +448,32 @@ def test_a_redrive_sent_whose_history_event_fails_is_answered_as_sent() -> None:
     got = asyncio.run(dls.redrive("acme", dl.trigger_id))
     assert got["attempt"] == 2 and got["history_recorded"] is False and len(fires.sent) == 1
     assert letters.rows[("acme", dl.trigger_id)].redrive_claim is not None
+
+
+def test_the_command_line_prints_a_receivers_answer_escaped(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A dead letter's reason and body excerpt are the start of the receiver's answer, which
+    whoever runs the endpoint chooses: a terminal must not act on them (an OSC title, a
+    screen clear, reversed text). --json keeps them as recorded."""
+    import argparse
+
+    import tocsin.deadletter_cli as cli
+    from base.settings import Settings
+
+    hostile = "HTTP 700: \x1b]0;pwned\x07\x1b[2J\u202eoops"
+    dl = replace(entry(), reason=hostile, body_excerpt=hostile[10:], endpoint="https://r/\x1b[31m")
+    answers = {"get": (dl, 60), "list": ([dl], None)}
+    monkeypatch.setattr(cli, "_run", lambda _s, work: answers[action])
+    for action in ("get", "list"):
+        args = argparse.Namespace(
+            action=action, tenant="acme", trigger_ids=[dl.trigger_id], from_=None, to=None,
+            limit=100, force=False, cursor=None,
+        )  # fmt: skip
+        assert cli.cmd_deadletter(args, Settings()) == 0
+        out = capsys.readouterr().out
+        assert "\x1b" not in out and "\u202e" not in out and "\x07" not in out
+        assert "\\x1b" in out
+    args.json = True
+    assert cli.cmd_deadletter(args, Settings()) == 0
+    assert orjson.loads(capsys.readouterr().out)[0]["reason"] == hostile
