@@ -90,6 +90,23 @@ class _HostLine:
     timer: asyncio.TimerHandle | None = None
 
 
+def _place_in_line(envs: deque[Envelope], env: Envelope) -> int:
+    """Where ``env`` joins its host's line: a message that already failed goes before
+    those never attempted (after the others that failed). It has waited longest, and it
+    makes the honest probe: a fresh message at the head may fail for reasons of its own
+    (a receiver refusing what it sees first), and each such failed probe would double the
+    open period while the host is in fact answering. Keys are not reordered: a key has
+    one message in flight at most."""
+    if env.attempt_state.failures == 0:
+        return len(envs)
+    place = 0
+    for waiting in envs:
+        if waiting.attempt_state.failures == 0:
+            break
+        place += 1
+    return place
+
+
 def _detail(result: AttemptResult) -> str:
     """A failed attempt in a few words, for the breaker's last failure."""
     if isinstance(result, HttpResult):
@@ -568,8 +585,9 @@ class Writer:
         line = self._host_lines.get(key)
         if line is not None:
             hold = GateHold(line.reason, max(0.0, line.due_s - now), line.spacing_s)
-            if self._stays_held(env, hold, now, position=len(line.envs), count=True):
-                line.envs.append(env)
+            place = _place_in_line(line.envs, env)
+            if self._stays_held(env, hold, now, position=place, count=True):
+                line.envs.insert(place, env)
             return
         assert answer is not None
         if self._stays_held(env, answer, now, position=0, count=True):

@@ -295,3 +295,36 @@ def test_a_long_wait_for_the_host_parks_the_message_and_its_offset_commits() -> 
     assert (
         metrics.registry.get_sample_value("tocsin_proxy_parked_total", {"reason": "host_wait"}) == 2
     )
+
+
+def test_a_failed_message_probes_before_fresh_ones_so_a_host_up_again_is_seen() -> None:
+    """Every message fails its first attempt and is delivered on its second (a receiver
+    that refuses what it sees first): after the breaker opens, the probe must be a message
+    that already failed (it goes first in its host's line, having waited longest), which
+    is delivered and closes the breaker. Fresh ones at the head would each fail as the
+    probe, doubling the open period every time while the host is in fact answering."""
+    gate = HostGate(BreakerPolicy(failures=3, open_s=0.1, open_max_s=0.8))
+    seen: set[int] = set()
+    lock = threading.Lock()
+
+    def answer(env: Envelope) -> AttemptResult:
+        with lock:
+            first = env.offset not in seen
+            seen.add(env.offset)
+        return HttpResult(status=503 if first else 200)
+
+    sender = HostSender(answer)
+    writer, state, metrics = make(sender, gate, per_host_concurrency=4, max_retry_age_s=0)
+    try:
+        start(writer, state, [fire(i, "a", f"{H}/x") for i in range(12)])
+        wait_until(lambda: state.to_commit() == {("t", 0): 12}, timeout_s=60)
+    finally:
+        writer.drain(1)
+    transitions = {
+        s: metrics.registry.get_sample_value("tocsin_proxy_breaker_transitions_total", {"state": s})
+        or 0
+        for s in ("open", "closed")
+    }
+    assert transitions["open"] >= 1
+    # Every opening ended with its first probe delivered: no probe failed.
+    assert transitions["open"] == transitions["closed"], transitions
