@@ -256,7 +256,7 @@ class CommandProcessor:
                 # A pause is decided on what the ticker may still emit, and both stop the
                 # backfilled runs it holds (withdraw_backfill): without the ticker (a
                 # rebalance under way) they wait for one, like a hand-over.
-                ticker = self._ticker_of(msg.partition)
+                ticker = self._stopping_view(command, msg.partition)
             firing = ticker is not None and ticker.is_firing(*key)
             existing = current.get(key)
             replay = is_replay(existing, msg.offset)
@@ -677,6 +677,19 @@ class CommandProcessor:
             # gone (its commands left to the new owner: _still_assigned).
             raise KafkaError(
                 f"partition {partition} has no running ticker here (being rebalanced)",
+                retriable=True,
+            )
+        return ticker
+
+    def _stopping_view(self, command: Command, partition: int) -> PartitionTicker | None:
+        """The ticker a pause or cancel is decided on. Until it has read its checkpoint it
+        can only say that anything an hour back may still come, and a pause decided on that
+        would withdraw the runs a previous owner fired (deleting their history, taking them
+        off ``run_count``): the batch is retried until it is read, like a hand-over."""
+        ticker = self._ticker_of(partition)
+        if isinstance(command, PauseCommand) and ticker and ticker.fired_before_ms is None:
+            raise KafkaError(
+                f"partition {partition}: its ticker has not read its checkpoint yet",
                 retriable=True,
             )
         return ticker

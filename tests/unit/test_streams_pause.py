@@ -632,3 +632,35 @@ async def test_a_run_deferred_by_its_tenants_fire_quota_is_still_to_be_emitted()
     assert ticker.may_emit(row.tenant, row.schedule_id, row.due_ms)
     ticker.pacer.remove(row.tenant, row.schedule_id)
     assert not ticker.may_emit(row.tenant, row.schedule_id, row.due_ms)  # emitted, settled
+
+
+async def test_a_pause_waits_until_its_tickers_checkpoint_is_read() -> None:
+    # A ticker just handed the partition has not read its checkpoint: it can only say
+    # "anything an hour back may still come", so a pause decided now would withdraw the
+    # runs the previous owner fired in that hour (deleting their history, taking them off
+    # run_count, and reporting them skipped at the resume). It is retried until it knows.
+    sid = "every-10s-new-owner"
+    partition = partition_for(sid.encode(), PARTITIONS)
+    now = [NOW_WALL]
+    ticker, _ = ticker_for(partition, now)
+    assert ticker.fired_before_ms is None
+    store = AcmeStore()
+    proc, results = processor(store, ticker, now)
+    create = CreateCommand(
+        tenant="acme",
+        schedule_id=sid,
+        payload=b"{}",
+        payload_type=PayloadType.JSON,
+        callback=CB,
+        misfire_tolerance_s=60,
+        recurrence=Recurrence(every_s=10, start_ms=NOW_WALL - 3_000_000),
+    )
+    await asyncio.wait_for(proc.process_batch([command_record(create, 1, partition, now[0])]), 1)
+    pausing = command_record(PauseCommand(tenant="acme", schedule_id=sid), 2, partition, now[0])
+    with pytest.raises(KafkaError) as caught:
+        await proc.process_batch([pausing])
+    assert caught.value.retriable and codes(results) == ["ok"]
+    ticker.fired_before_ms = now[0] - 1_000
+    ticker._checkpoint_read.set()
+    await asyncio.wait_for(proc.process_batch([pausing]), 1)
+    assert codes(results) == ["ok", "ok"]
