@@ -664,3 +664,25 @@ async def test_a_pause_waits_until_its_tickers_checkpoint_is_read() -> None:
     ticker._checkpoint_read.set()
     await asyncio.wait_for(proc.process_batch([pausing]), 1)
     assert codes(results) == ["ok", "ok"]
+
+
+async def test_a_trigger_command_read_late_still_fires() -> None:
+    # Its run is due when the broker appended the command; read a minute later (a lagging
+    # consumer, a restart) it was still asked for explicitly: fired, never recorded missed.
+    create = record("manual-late", 1)
+    now = [create.timestamp_ms]
+    ticker, fires = ticker_for(create.partition, now, StoredCheckpoint(now[0] - 1_000))
+    await running(ticker)
+    proc, results = processor(AcmeStore(), ticker, now)
+    await asyncio.wait_for(proc.process_batch([create]), 1)
+    fire = command_record(
+        TriggerCommand(tenant="acme", schedule_id="manual-late"), 2, create.partition, now[0]
+    )
+    now[0] += 60_000
+    batch = asyncio.create_task(proc.process_batch([fire]))
+    await until(lambda: len(fires.sent) == 1)
+    fires.sent[0][1].set_result((0, 0))
+    await asyncio.wait_for(batch, 1)
+    assert str(decode_result(results.sent[-1][2]).code) == "ok"
+    assert ticker.missed == 0
+    await ticker.stop(timeout_s=0.5)
