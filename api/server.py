@@ -349,10 +349,16 @@ async def _bulk_toggle(request: web.Request, kind: str) -> web.Response:
     who = await principal(request)
     tenant = who.require_tenant()
     body = await _body(request) if request.can_read_body else {}
+    cursor = body.get("cursor")
+    if cursor is not None and not isinstance(cursor, str):
+        raise ApiError(400, "invalid_field", "cursor is a previous answer's next_cursor")
     lo, hi, prefix = views.parse_bulk_scope(
-        body, now_ms=now_ms(), default_span_ms=BULK_DEFAULT_SPAN_MS
+        {k: v for k, v in body.items() if k != "cursor"},
+        now_ms=now_ms(),
+        default_span_ms=BULK_DEFAULT_SPAN_MS,
     )
-    return json_response(await request.app[SERVICE].bulk_toggle(tenant, kind, lo, hi, prefix))
+    answer = await request.app[SERVICE].bulk_toggle(tenant, kind, lo, hi, prefix, cursor)
+    return json_response(answer)
 
 
 # A bulk pause or resume without ``to``: one-shots due up to a year ahead.

@@ -19,7 +19,9 @@ from api.views import (
     BULK_TOGGLES,
     ApiError,
     cancel_command,
+    decode_cursor,
     effective_state,
+    encode_cursor,
     http_status,
     matches,
     simple_command,
@@ -43,6 +45,14 @@ from topics.validation import Limits, decode_command
 log = logging.getLogger("tocsin.api")
 
 MAX_BULK = 10_000
+# A bulk pause/resume reads at most this many index rows (listing-index entries plus
+# recurring ids) per request, whatever it selects: a window of mostly other states or
+# other prefixes would otherwise be read whole before the limit applies. Past it the
+# answer is ``truncated`` with a ``next_cursor`` to go on from.
+MAX_BULK_SCAN_ROWS = 50_000
+_SCAN_PAGE = 500
+# The cursor of a scan that reached the recurring schedules: (this, last id examined).
+_RECURRING = -1
 # Rows of one bulk request in flight at once.
 BULK_CONCURRENCY = 200
 
@@ -372,16 +382,32 @@ class Service:
         return res["code"]
 
     async def bulk_toggle(
-        self, tenant: str, kind: str, from_ms: int, to_ms: int, id_prefix: str = ""
+        self,
+        tenant: str,
+        kind: str,
+        from_ms: int,
+        to_ms: int,
+        id_prefix: str = "",
+        cursor: str | None = None,
     ) -> dict[str, object]:
         """Pause (``kind`` "pause") every scheduled schedule of the tenant, or resume every
-        paused one, as ``toggle_targets`` selects them (at most MAX_BULK per request,
-        ``truncated``: call again, the ones done no longer match). Each is its own command,
+        paused one, as ``toggle_targets`` selects them from ``cursor`` (a previous
+        answer's ``next_cursor``). At most MAX_BULK selected and MAX_BULK_SCAN_ROWS index
+        rows read per request; when it stopped before the end, ``truncated`` and
+        ``next_cursor`` say where to go on: repeating the request without it would read
+        again the rows it passed over (other states, other prefixes, ones that failed) and
+        could never get past them. Each is its own command,
         answered on its own: one that fails is listed in ``failed`` and the others
         proceed."""
         state, done = BULK_TOGGLES[kind]
-        rows, truncated = await toggle_targets(
-            self.store, tenant, state, from_ms=from_ms, to_ms=to_ms, id_prefix=id_prefix
+        rows, stopped_at = await toggle_targets(
+            self.store,
+            tenant,
+            state,
+            from_ms=from_ms,
+            to_ms=to_ms,
+            id_prefix=id_prefix,
+            cursor=decode_cursor(cursor),
         )
         results = await each_row(
             rows, lambda row: self._simple(kind, tenant, str(row["schedule_id"]))
@@ -402,7 +428,8 @@ class Service:
             "codes": codes,
             "no_result": missing,
             "failed": failed,
-            "truncated": truncated,
+            "truncated": stopped_at is not None,
+            "next_cursor": encode_cursor(*stopped_at) if stopped_at is not None else None,
         }
 
     async def _simple(self, kind: str, tenant: str, schedule_id: str) -> str:
@@ -468,6 +495,22 @@ class Service:
         )
 
 
+@dataclass
+class _Scan:
+    """One bulk selection in progress: what it picked, the rows it may still read, and
+    the position after the last row it examined."""
+
+    state: str
+    id_prefix: str
+    limit: int
+    budget_rows: int
+    out: list[CqlRow]
+    at: tuple[int, str] | None = None
+
+    def full(self) -> bool:
+        return len(self.out) >= self.limit
+
+
 async def toggle_targets(
     store: Store,
     tenant: str,
@@ -477,40 +520,79 @@ async def toggle_targets(
     to_ms: int,
     id_prefix: str = "",
     limit: int = MAX_BULK,
-) -> tuple[list[CqlRow], bool]:
+    cursor: tuple[int, str] | None = None,
+) -> tuple[list[CqlRow], tuple[int, str] | None]:
     """The tenant's schedules in ``state`` (scheduled: to pause; paused: to resume) whose
     id starts with ``id_prefix``: one-shots due in [from_ms, to_ms) from the listing
-    index, in due order, then recurring schedules whatever their times. At most
-    ``limit`` (True when there were more), each as its schedule id only. Shared by the
-    API's bulk routes and ``tocsin schedule pause|resume --all``."""
-    out: list[CqlRow] = []
-    after: tuple[int, str] | None = None
+    index, in due order, then recurring schedules whatever their times, each as its
+    schedule id only. Starts after ``cursor`` (a previous call's position) and stops at
+    ``limit`` selected or ``MAX_BULK_SCAN_ROWS`` rows read, answering then the position to
+    go on from (None: nothing is left). Shared by the API's bulk routes and ``tocsin
+    schedule pause|resume --all``."""
+    scan = _Scan(state, id_prefix, limit, MAX_BULK_SCAN_ROWS, [])
+    if cursor is None or cursor[0] != _RECURRING:
+        if not await _scan_index(store, tenant, scan, from_ms, to_ms, cursor):
+            return scan.out, scan.at
+        cursor = (_RECURRING, "")
+    if not await _scan_recurring(store, tenant, scan, cursor[1]):
+        return scan.out, scan.at
+    return scan.out, None
+
+
+async def _scan_index(
+    store: Store,
+    tenant: str,
+    scan: _Scan,
+    from_ms: int,
+    to_ms: int,
+    after: tuple[int, str] | None,
+) -> bool:
+    """Select from the listing index after ``after``; True when it was read to its end."""
     while True:
-        page = await store.read_index(tenant, from_ms=from_ms, to_ms=to_ms, after=after, limit=500)
-        if not page:
-            break
-        after = page[-1]
-        wanted = [sid for _, sid in page if sid.startswith(id_prefix)]
+        if scan.budget_rows <= 0:
+            scan.at = after if after is not None else (from_ms, "")
+            return False
+        want = min(_SCAN_PAGE, scan.budget_rows)
+        page = await store.read_index(tenant, from_ms=from_ms, to_ms=to_ms, after=after, limit=want)
+        scan.budget_rows -= len(page)
+        wanted = [sid for _, sid in page if sid.startswith(scan.id_prefix)]
         rows = await store.get_schedules(tenant, wanted) if wanted else {}
         for due, sid in page:
+            after = (due, sid)
             row = rows.get(sid)
             # A row whose due moved elsewhere is listed there (a reschedule's old entry).
-            if row is None or int(row["due_ms"]) != due or effective_state(row) != state:
+            if row is None or int(row["due_ms"]) != due or effective_state(row) != scan.state:
                 continue
-            if len(out) >= limit:
-                return out, True
-            out.append({"schedule_id": sid})  # not the row: up to ``limit`` payloads
-    ids = [i for i in await store.list_recurring(tenant) if i.startswith(id_prefix)]
-    for start in range(0, len(ids), 100):
-        rows = await store.get_schedules(tenant, ids[start : start + 100])
-        for sid in ids[start : start + 100]:
+            scan.out.append({"schedule_id": sid})  # not the row: up to ``limit`` payloads
+            if scan.full():
+                scan.at = after
+                return False
+        if len(page) < want:
+            return True
+
+
+async def _scan_recurring(store: Store, tenant: str, scan: _Scan, after: str) -> bool:
+    """Select from the recurring schedules after id ``after``; True when read to the end."""
+    while True:
+        if scan.budget_rows <= 0:
+            scan.at = (_RECURRING, after)
+            return False
+        want = min(_SCAN_PAGE, scan.budget_rows)
+        ids = await store.list_recurring_page(tenant, after=after, limit=want)
+        scan.budget_rows -= len(ids)
+        wanted = [i for i in ids if i.startswith(scan.id_prefix)]
+        rows = await store.get_schedules(tenant, wanted) if wanted else {}
+        for sid in ids:
+            after = sid
             row = rows.get(sid)
-            if row is None or not row.get("recurrence") or row.get("state") != state:
+            if row is None or not row.get("recurrence") or row.get("state") != scan.state:
                 continue
-            if len(out) >= limit:
-                return out, True
-            out.append({"schedule_id": sid})
-    return out, False
+            scan.out.append({"schedule_id": sid})
+            if scan.full():
+                scan.at = (_RECURRING, after)
+                return False
+        if len(ids) < want:
+            return True
 
 
 async def each_row(

@@ -31,6 +31,8 @@ class ListingIndexStore(CqlExecutor):
             "recurring_by_tenant", ("tenant", "schedule_id", "created_ms"), ttl=True
         ),
         "list_recurring": "SELECT schedule_id FROM {keyspace}.recurring_by_tenant WHERE tenant = ?",
+        "list_recurring_after": "SELECT schedule_id FROM {keyspace}.recurring_by_tenant "
+        "WHERE tenant = ? AND schedule_id > ? LIMIT ?",
     }
 
     async def write_index(
@@ -113,4 +115,13 @@ class ListingIndexStore(CqlExecutor):
     async def list_recurring(self, tenant: str) -> list[str]:
         """Ids of the tenant's recurring schedules (their rows may have expired), by id."""
         rows = await self.run("list_recurring", (tenant,))
+        return [r["schedule_id"] for r in rows]
+
+    async def list_recurring_page(self, tenant: str, *, after: str, limit: int) -> list[str]:
+        """At most ``limit`` ids of the tenant's recurring schedules strictly after
+        ``after`` ("" for the first), by id: a bounded read of a partition that may be
+        large."""
+        rows = await self.run(
+            "list_recurring_after", (tenant, after, limit), fetch_size=min(limit, self.fetch_size)
+        )
         return [r["schedule_id"] for r in rows]

@@ -592,6 +592,10 @@ class FakeStore:
         await self._enter("list_recurring", tenant)
         return sorted(self.recurring_index.get(tenant, {}))
 
+    async def list_recurring_page(self, tenant: str, *, after: str, limit: int) -> list[str]:
+        await self._enter("list_recurring_page", tenant, after=after, limit=limit)
+        return [i for i in sorted(self.recurring_index.get(tenant, {})) if i > after][:limit]
+
     # -- the recurring store's calls (what the materialiser asks of it) --------------------
 
     async def keyed_parents(self, partition: int) -> list[ScheduleRow]:

@@ -14,6 +14,8 @@ import orjson
 from api.views import (
     BULK_TOGGLES,
     ApiError,
+    decode_cursor,
+    encode_cursor,
     matches,
     parse_bulk_scope,
     parse_statuses,
@@ -177,17 +179,18 @@ def _schedule_control(args: argparse.Namespace, settings: Settings) -> int:
         lo, hi, prefix = parse_bulk_scope(
             _bulk_body(args), now_ms=now_ms(), default_span_ms=365 * 86_400_000
         )
+        cursor = decode_cursor(getattr(args, "cursor", None))
     except ApiError as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return EXIT_USAGE
     from api.service import toggle_targets  # loads the Cassandra driver
 
     state, done = BULK_TOGGLES[args.action]
-    rows, truncated = asyncio.run(
+    rows, stopped_at = asyncio.run(
         with_store(
             settings,
             lambda store: toggle_targets(
-                store, args.tenant, state, from_ms=lo, to_ms=hi, id_prefix=prefix
+                store, args.tenant, state, from_ms=lo, to_ms=hi, id_prefix=prefix, cursor=cursor
             ),
         )
     )
@@ -205,13 +208,16 @@ def _schedule_control(args: argparse.Namespace, settings: Settings) -> int:
         "codes": dict(codes),
         "no_result": len(ids) - len(results),
         "failed": failed,
-        "truncated": truncated,
+        "truncated": stopped_at is not None,
+        "next_cursor": encode_cursor(*stopped_at) if stopped_at is not None else None,
     }
     if getattr(args, "json", False):
         print(orjson.dumps(summary, option=orjson.OPT_INDENT_2).decode())
     else:
         for key, value in summary.items():
             print(f"{key:10s} {value}")
+        if stopped_at is not None:
+            print(f"more may be left: run it again with --cursor {summary['next_cursor']}")
     return EXIT_OK if not failed and len(results) == len(ids) else EXIT_REJECTED
 
 
@@ -508,6 +514,9 @@ def register(sub: SubParsers) -> None:
         action="store_true",
         help="pause/resume: every schedule of the tenant it applies to (one-shots due in "
         "--from/--to, default a day ago to a year ahead; recurring ones all), at most 10,000",
+    )
+    schedule.add_argument(
+        "--cursor", help="pause/resume --all: go on from a truncated run's next_cursor"
     )
     schedule.add_argument("--id-prefix", help="pause/resume --all: only ids with this prefix")
     schedule.add_argument("--status", help="list: comma-separated statuses")
