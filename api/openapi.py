@@ -619,13 +619,15 @@ def _bulk_paths() -> dict[str, Schema]:
             "from": _ref("Time"),
             "to": _ref("Time"),
             "id_prefix": {"type": "string", "maxLength": 256},
+            "cursor": {**_string(), "description": "a previous answer's next_cursor"},
         },
     }
     toggled_counts = {
         "type": "object",
         "description": "matched; paused or resumed (answered ok); codes (count per result "
         "code); no_result (sent, unanswered in time); failed (one entry per schedule whose "
-        "command failed); truncated (more matched: call again)",
+        "command failed); truncated (it stopped at 10,000 selected or 50,000 index rows "
+        "read: send it again with next_cursor as cursor)",
         "properties": {
             "matched": {"type": "integer"},
             "paused": {"type": "integer"},
@@ -634,6 +636,10 @@ def _bulk_paths() -> dict[str, Schema]:
             "no_result": {"type": "integer"},
             "failed": {"type": "array", "items": {"type": "object"}},
             "truncated": {"type": "boolean"},
+            "next_cursor": {
+                **_nullable("string"),
+                "description": "a truncated request: send it again with this cursor",
+            },
         },
     }
     toggled = {"200": _json(toggled_counts, "counts"), **_ERRORS}
@@ -652,7 +658,7 @@ def _bulk_paths() -> dict[str, Schema]:
             "post": _op(
                 "pause every scheduled schedule of the tenant (one-shots due in the window, "
                 "recurring ones whatever their times), optionally only ids with a prefix; at "
-                "most 10,000 per request",
+                "most 10,000 selected and 50,000 index rows read per request",
                 toggled,
                 body=scope,
             )
