@@ -76,7 +76,7 @@ class ProxySettings:
     # A host's circuit breaker opens after this many consecutive failures (0: never), or
     # when breaker_failure_ratio of its last breaker_window attempts failed; it stays open
     # breaker_open_s, doubled after each failed probe up to breaker_open_max_s.
-    breaker_failures: int = 0
+    breaker_failures: int = 5
     breaker_failure_ratio: float = 0.5
     breaker_window: int = 20
     breaker_open_s: float = 1.0

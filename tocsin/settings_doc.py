@@ -438,9 +438,9 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc(
         "PROXY_BREAKER_FAILURES",
         P,
-        "0",
+        "5",
         "consecutive failures (5xx, 429, timeout, connect) that open a (tenant, host)'s "
-        "circuit breaker (0: no breaker; 5 is a good start)",
+        "circuit breaker (0: no breaker)",
     ),
     SettingDoc(
         "PROXY_BREAKER_FAILURE_RATIO",

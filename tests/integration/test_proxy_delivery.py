@@ -219,6 +219,11 @@ def fast_settings(**kw: Any) -> ProxySettings:
         per_host_concurrency=16,
         retry_base_delay_s=0.02,
         retry_max_delay_s=0.2,
+        # The breaker scaled down like the retry delays: a test whose in-flight messages
+        # all fail at once (every key blocked on its failing message) looks like a failing
+        # host, and the default 1 s doubling to 60 s would take minutes to let them through.
+        breaker_open_s=0.02,
+        breaker_open_max_s=0.2,
         commit_interval_s=0.3,
         shutdown_timeout_s=5,
         revoke_timeout_s=3,
