@@ -84,6 +84,7 @@ def test_bulk_pause_and_resume_by_id_prefix(api_server: Any, acct: dict[str, Any
     status, res = api_server.call("POST", "/v1/bulk/pause", key=key, body={"id_prefix": prefix})
     assert status == 200, res
     assert (res["matched"], res["paused"], res["failed"], res["truncated"]) == (4, 4, [], False)
+    assert res["next_cursor"] is None
     for sid in [*one_shots, recurring]:
         assert _status(api_server, key, sid) == "paused", sid
     assert _status(api_server, key, other) == "scheduled"
@@ -102,6 +103,10 @@ def test_bulk_pause_and_resume_by_id_prefix(api_server: Any, acct: dict[str, Any
         "POST", "/v1/bulk/resume", key=key, body={"id_prefix": prefix, "bogus": 1}
     )
     assert (status, res["error"]["code"]) == (400, "invalid_field"), res
+    status, res = api_server.call(
+        "POST", "/v1/bulk/resume", key=key, body={"id_prefix": prefix, "cursor": "nonsense"}
+    )
+    assert (status, res["error"]["code"]) == (400, "invalid_parameter"), res
 
 
 def _tocsin(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
