@@ -248,7 +248,8 @@ def test_a_failing_tenant_neither_pauses_another_nor_pins_the_commit_position(
             with receiver._lock:
                 return {h.headers["Tocsin-Schedule-Id"] for h in receiver.hits if h.path == path}
 
-        # The reader takes in a whole batch before it pauses, so B comes once A is read.
+        # Every trigger of A is attempted, its failing ones parked onto the retries topic,
+        # before B's are produced: B's must still be read while A keeps failing.
         wait_for(lambda: attempted("/a") == set(a_ids), 90, "every trigger of A attempted")
         produce(
             stack,
