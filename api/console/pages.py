@@ -588,7 +588,9 @@ def dead_letters_page(
     window: str,
     flash: str | None = None,
     error: str | None = None,
+    truncated: bool = False,
 ) -> Safe:
+    """``truncated``: the window holds more dead letters than the ``letters`` listed."""
     parts: list[object] = []
     if viewer.admin:
         parts.append(
@@ -603,6 +605,15 @@ def dead_letters_page(
         )
     grouped = failures_by_host(letters)
     parts.append(tag("h2", f"Recent failures by endpoint host and status code ({window})"))
+    if truncated:
+        parts.append(
+            tag(
+                "p",
+                f"The window may hold more: only the newest {len(letters)} are listed and counted "
+                "(GET /v1/dead-letters pages through them all).",
+                role="status",
+            )
+        )
     if grouped:
         head = tag(
             "tr", [tag("th", h, scope="col") for h in ("Host", "Status code", "Dead letters")]

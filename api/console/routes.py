@@ -384,8 +384,9 @@ async def letters(request: web.Request) -> web.Response:
     found: list[dict[str, object]] = []
     hi = now_ms() + 1
     lo = hi - LETTERS_WINDOW_MS
+    more = None
     if tenant:
-        page_letters, _ = await dead_letters(s.service).list(
+        page_letters, more = await dead_letters(s.service).list(
             tenant, from_ms=lo, to_ms=hi, limit=MAX_LETTERS, before=None
         )
         found = [dead_letter_view(e) for e in page_letters]
@@ -398,6 +399,7 @@ async def letters(request: web.Request) -> web.Response:
         window="the last 24 hours",
         flash=flash,
         error=error,
+        truncated=more is not None,
     )
     return html(body)
 

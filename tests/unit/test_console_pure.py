@@ -334,3 +334,19 @@ async def test_the_scraper_refuses_an_answer_past_its_size_bound(
     (source,) = scraper.sources
     assert source.error is not None and "larger than 100000 bytes" in source.error
     assert not source.ring
+
+
+def test_a_dead_letter_page_says_when_it_shows_only_the_newest() -> None:
+    """The grouping counts the listed dead letters only: past the page's bound the page
+    must say so, or the counts read as the window's."""
+    letter = {
+        "trigger_id": "t@1",
+        "schedule_id": "s",
+        "endpoint": "https://x.example/",
+        "reason": "r",
+        "attempts": 1,
+    }
+    full = pages.dead_letters_page(TENANT, "acme", [], [letter], window="w", truncated=True)
+    assert "only the newest 1 are listed and counted" in full
+    whole = pages.dead_letters_page(TENANT, "acme", [], [letter], window="w", truncated=False)
+    assert "only the newest" not in whole
