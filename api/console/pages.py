@@ -42,6 +42,8 @@ dl.facts dd{margin:0}.grid{display:grid;grid-template-columns:repeat(auto-fit,mi
 gap:16px}figure{margin:0;background:#fff;border:1px solid #dde1e6;padding:8px}
 figcaption{font-weight:600}code{font-size:.9em}.state{font-weight:600}
 pre{white-space:pre-wrap;background:#fff;border:1px solid #dde1e6;padding:8px;margin:0}
+.sr{position:absolute;width:1px;height:1px;padding:0;margin:-1px;overflow:hidden;
+clip:rect(0,0,0,0);white-space:nowrap;border:0}
 """
 
 
@@ -267,7 +269,7 @@ def search_form(viewer: Viewer, s: Search, tenants: Sequence[str]) -> Safe:
         tenant_picker(viewer, tenants, s.tenant),
         _input("Id prefix", "id_prefix", s.id_prefix),
         _select("State", "status", s.status, STATUS_CHOICES, "(any)"),
-        _input("Due from", "from", s.from_, hint="2026-01-01T00:00:00Z or epoch ms"),
+        _input("Due from", "from", s.from_, hint="RFC 3339 or epoch ms"),
         _input("Due before", "to", s.to, hint="default: 30 days after"),
         _input("Order key", "order_key", s.order_key),
         tag("button", "Search", type="submit"),
@@ -571,7 +573,7 @@ def _letter_row(viewer: Viewer, tenant: str, d: Mapping[str, Any]) -> Safe:
         tag(
             "td",
             d.get("reason"),
-            tag("br") if excerpt else "",
+            Safe("<br>") if excerpt else "",
             tag("code", excerpt) if excerpt else "",
         ),
         tag("td", d.get("attempts"), class_="num"),

@@ -17,6 +17,7 @@ import hashlib
 import hmac
 import logging
 import re
+import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -140,13 +141,36 @@ def page(handler: Handler) -> Handler:
         try:
             return await handler(request)
         except ApiError as exc:
-            return html(pages.error_page("Error", exc.message), exc.status)
+            if exc.status == 404:
+                # One page for a missing object and another tenant's: the message names it.
+                return html(pages.error_page("Not found", "Not found."), 404)
+            if exc.status < 500:
+                # The caller's own mistake, in the API's words (they name only what it sent).
+                return html(pages.error_page("Error", exc.message), exc.status)
+            return backend_failure(request, exc, exc.status)
         except TocsinError as exc:
-            log.warning("console backend unavailable", extra={"error": str(exc)})
-            msg = f"The backend is unavailable ({exc}); try again."
-            return html(pages.error_page("Unavailable", msg), 503)
+            return backend_failure(request, exc, 503)
 
     return wrapped
+
+
+def backend_failure(request: web.Request, exc: TocsinError, status: int) -> web.Response:
+    """A backend failure as a fixed page with a reference the log line carries too: the
+    exception's text names hosts, tables and queries, which are not the browser's to read."""
+    ref = secrets.token_hex(4)
+    log.warning(
+        "console backend failure",
+        extra={
+            "ref": ref,
+            "path": request.path,
+            "status": status,
+            "error_type": type(exc).__name__,
+            "error": str(exc),
+            "retriable": exc.retriable,
+        },
+    )
+    msg = f"The backend could not answer; try again. Reference: {ref}"
+    return html(pages.error_page("Unavailable", msg), status)
 
 
 async def _tenant_names(s: Session) -> list[str]:

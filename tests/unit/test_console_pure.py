@@ -3,9 +3,12 @@ the same-origin check (the browser tests are tests/integration/test_console.py).
 
 from __future__ import annotations
 
+import logging
+import re
 from collections import deque
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import make_mocked_request
 
 from api.console import pages
@@ -22,6 +25,8 @@ from api.console.health import (
 from api.console.html import Safe, esc, tag, void
 from api.console.pages import Actions, Search, Viewer
 from api.console.routes import _outcome, csrf_token, same_origin
+from api.views import ApiError
+from base.errors import StoreError, TocsinError
 
 TENANT = Viewer(tenant="acme", admin=False, csrf="t0ken")
 ADMIN = Viewer(tenant=None, admin=True, csrf="t0ken")
@@ -350,3 +355,85 @@ def test_a_dead_letter_page_says_when_it_shows_only_the_newest() -> None:
     assert "only the newest 1 are listed and counted" in full
     whole = pages.dead_letters_page(TENANT, "acme", [], [letter], window="w", truncated=False)
     assert "only the newest" not in whole
+
+
+def test_a_dead_letters_reason_and_excerpt_are_split_by_one_line_break() -> None:
+    """``<br></br>`` is read by browsers as two line breaks."""
+    letter = {
+        "trigger_id": "t@1",
+        "schedule_id": "s",
+        "endpoint": "https://x.example/",
+        "reason": "r",
+        "attempts": 1,
+        "response": {"status_code": 500, "body_excerpt": "boom"},
+    }
+    html = pages.dead_letters_page(TENANT, "acme", [], [letter], window="w")
+    assert "</br>" not in html
+    assert "r<br><code>boom</code>" in html
+
+
+def test_the_screen_reader_only_class_is_styled_hidden() -> None:
+    html = pages.schedules_page(TENANT, Search(), [], [], window="w", more=None)
+    assert 'class="sr"' in html
+    rule = pages.STYLE.split(".sr{", 1)[1].split("}", 1)[0]
+    assert "position:absolute" in rule and "clip:rect(0,0,0,0)" in rule
+    assert "overflow:hidden" in rule and "width:1px" in rule
+
+
+def test_the_due_from_hint_fits_its_input() -> None:
+    """A placeholder never wraps: past the input's width (20 characters at 1366x768) it is
+    cut off."""
+    html = pages.schedules_page(TENANT, Search(), [], [], window="w", more=None)
+    hints = re.findall(r'placeholder="([^"]*)"', html)
+    assert hints and all(len(h) <= 22 for h in hints), hints
+
+
+async def _wrapped_answer(exc: Exception) -> tuple[int, str]:
+    from api.console import routes
+
+    async def failing(request: web.Request) -> web.StreamResponse:
+        raise exc
+
+    resp = await routes.page(failing)(make_mocked_request("GET", "/console/schedules"))
+    assert isinstance(resp, web.Response) and isinstance(resp.text, str)
+    return resp.status, resp.text
+
+
+@pytest.mark.parametrize(
+    "exc",
+    [
+        StoreError("Unavailable: cassandra-0.internal:9042 SELECT * FROM tocsin.schedules"),
+        ApiError(503, "unavailable", "cassandra-0.internal:9042 timed out"),
+    ],
+)
+async def test_a_backend_failure_page_shows_a_reference_not_the_exception(
+    exc: TocsinError, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The exception names hosts and queries: the page says fixed words and a reference,
+    and the operator finds the exception in the log under the same reference."""
+    with caplog.at_level(logging.WARNING, logger="tocsin.api.console"):
+        status, html = await _wrapped_answer(exc)
+    assert status == 503
+    assert "cassandra-0" not in html and "9042" not in html
+    found = re.search(r"Reference: ([0-9a-f]{8})", html)
+    assert found, html
+    records = [r for r in caplog.records if getattr(r, "ref", None) == found.group(1)]
+    assert len(records) == 1
+    assert records[0].levelno == logging.WARNING
+    assert "cassandra-0.internal" in str(getattr(records[0], "error", ""))
+    assert getattr(records[0], "path", None) == "/console/schedules"
+
+
+async def test_a_not_found_page_is_one_page_for_a_missing_and_a_foreign_object() -> None:
+    missing = await _wrapped_answer(ApiError(404, "not_found", "no tenant 'ghost'"))
+    foreign = await _wrapped_answer(ApiError(404, "not_found", "no schedule 'theirs'"))
+    assert missing == foreign
+    assert missing[0] == 404 and "Not found" in missing[1]
+    assert "ghost" not in missing[1] and "Reference" not in missing[1]
+
+
+async def test_the_callers_own_mistake_is_answered_in_the_apis_words() -> None:
+    status, html = await _wrapped_answer(
+        ApiError(400, "tenant_required", "choose a tenant on the schedules page first")
+    )
+    assert status == 400 and "choose a tenant on the schedules page first" in html
