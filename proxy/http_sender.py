@@ -2,7 +2,8 @@
 
 Connections are pooled and kept alive by one ``aiohttp.ClientSession``, opened on the
 writer's event loop (``async with HttpSender(...)``) and capped at ``concurrency`` in all
-and ``per_host_concurrency`` per receiver. The answer is reported as it came: an HTTP
+and ``per_host_concurrency`` per receiver (generic mode; in fires mode the writer's slots
+cap each tenant and receiver). The answer is reported as it came: an HTTP
 status with its Retry-After and the start of its body, a read timeout, a connect failure,
 or undeliverable (an invalid request, or a target the SSRF guard refuses).
 
@@ -66,13 +67,20 @@ class HttpSender:
     async def __aenter__(self) -> HttpSender:
         connector = aiohttp.TCPConnector(
             limit=self._s.concurrency,
-            limit_per_host=self._s.per_host_concurrency,
+            limit_per_host=self.pool_limit_per_host(),
             ttl_dns_cache=300,
             keepalive_timeout=30,
             resolver=GuardedResolver() if self._guard else None,
         )
         self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self
+
+    def pool_limit_per_host(self) -> int:
+        """The connection pool's cap per host (0: none). In fires mode the writer's slots
+        cap each (tenant, host) (proxy.slots); a pool cap per host alone would make one
+        tenant's slow calls hold the connections another tenant needs on the same host, so
+        there only ``concurrency`` bounds the pool."""
+        return 0 if self._s.mode == "fires" else self._s.per_host_concurrency
 
     async def __aexit__(
         self,

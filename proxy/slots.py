@@ -6,6 +6,14 @@ one tenant's burst cannot either. A message over its tenant's or its host's cap 
 that tenant's or host's line, holding no slot; when a slot of its host or tenant frees, the
 longest-waiting goes first.
 
+The host cap counts per (tenant, host) in fires mode, never per host alone: two tenants may
+name the same host, and one tenant's slow-but-answering calls must not hold the slots the
+other needs there. A fixed cap per (tenant, host) is chosen over a fair share of one host
+cap because a share would shift whenever a tenant starts or stops calling the host (slots
+already held cannot be taken back), while the fixed cap needs no more bookkeeping than the
+host alone did. What one host then gets in all stays bounded by ``concurrency`` and each
+tenant's ``per_tenant``. In generic mode there is no tenant: the key is (None, host).
+
 Pure bookkeeping: no clock, no I/O, no locks (the writer's loop is its only user).
 """
 
@@ -14,6 +22,8 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 from typing import Generic, Protocol, TypeVar
+
+HostKey = tuple[str | None, str]  # (tenant, host): what the per-host cap counts
 
 
 class Holder(Protocol):
@@ -37,9 +47,9 @@ class Slots(Generic[M]):
         self.active = 0
         # Counts and lines are keyed by receivers and tenants (outside input): an entry
         # leaves as soon as it reaches zero, so they hold only what is running or waiting.
-        self._host_active: dict[str, int] = {}
+        self._host_active: dict[HostKey, int] = {}
         self._tenant_active: dict[str, int] = {}
-        self._host_waiting: dict[str, deque[M]] = {}
+        self._host_waiting: dict[HostKey, deque[M]] = {}
         self._tenant_waiting: dict[str, deque[M]] = {}
 
     def has_room(self) -> bool:
@@ -57,11 +67,12 @@ class Slots(Generic[M]):
         if tenant is not None and self.tenant_full(tenant):
             self._tenant_waiting.setdefault(tenant, deque()).append(msg)
             return False
-        if self._host_active.get(msg.host, 0) >= self.per_host:
-            self._host_waiting.setdefault(msg.host, deque()).append(msg)
+        host = (tenant, msg.host)
+        if self._host_active.get(host, 0) >= self.per_host:
+            self._host_waiting.setdefault(host, deque()).append(msg)
             return False
         self.active += 1
-        self._host_active[msg.host] = self._host_active.get(msg.host, 0) + 1
+        self._host_active[host] = self._host_active.get(host, 0) + 1
         if tenant is not None:
             self._tenant_active[tenant] = self._tenant_active.get(tenant, 0) + 1
         return True
@@ -69,7 +80,7 @@ class Slots(Generic[M]):
     def free(self, msg: M) -> None:
         """``msg``'s attempt ended: its slot is free."""
         self.active -= 1
-        _decrement(self._host_active, msg.host)
+        _decrement(self._host_active, (msg.tenant, msg.host))
         if msg.tenant is not None:
             _decrement(self._tenant_active, msg.tenant)
 
@@ -78,7 +89,7 @@ class Slots(Generic[M]):
         holds it), the longest-waiting of ``freed``'s host first, then of its tenant's.
         A waiting message ``skip`` picks (revoked meanwhile) leaves its line unstarted."""
         started: list[M] = []
-        host = freed.host
+        host = (freed.tenant, freed.host)
         waiting = self._host_waiting.get(host)
         while waiting:
             msg = waiting.popleft()
@@ -106,15 +117,8 @@ class Slots(Generic[M]):
     def drop_waiting(self, drop: Callable[[M], bool]) -> list[M]:
         """Take the waiting messages ``drop`` picks out of their lines; returns them."""
         dropped: list[M] = []
-        for lines in (self._host_waiting, self._tenant_waiting):
-            for name, waiting in list(lines.items()):
-                kept: deque[M] = deque()
-                for msg in waiting:
-                    (dropped if drop(msg) else kept).append(msg)
-                if kept:
-                    lines[name] = kept
-                else:
-                    del lines[name]
+        _drop_from(self._host_waiting, drop, dropped)
+        _drop_from(self._tenant_waiting, drop, dropped)
         return dropped
 
     def waiting(self) -> int:
@@ -123,7 +127,21 @@ class Slots(Generic[M]):
         return sum(len(w) for w in lines)
 
 
-def _decrement(counts: dict[str, int], name: str) -> None:
+K = TypeVar("K")
+
+
+def _drop_from(lines: dict[K, deque[M]], drop: Callable[[M], bool], dropped: list[M]) -> None:
+    for name, waiting in list(lines.items()):
+        kept: deque[M] = deque()
+        for msg in waiting:
+            (dropped if drop(msg) else kept).append(msg)
+        if kept:
+            lines[name] = kept
+        else:
+            del lines[name]
+
+
+def _decrement(counts: dict[K, int], name: K) -> None:
     left = counts.get(name, 1) - 1
     if left > 0:
         counts[name] = left

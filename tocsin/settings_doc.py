@@ -346,7 +346,12 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "reading resumes when held count and bytes fall under this fraction",
     ),
     SettingDoc("PROXY_CONCURRENCY", P, "100", "requests in flight at once"),
-    SettingDoc("PROXY_PER_HOST_CONCURRENCY", P, "100", "requests in flight to one host"),
+    SettingDoc(
+        "PROXY_PER_HOST_CONCURRENCY",
+        P,
+        "100",
+        "requests in flight to one host (fires: to one host for one tenant)",
+    ),
     SettingDoc(
         "PROXY_TENANT_SHARE", P, "0.5", "fires: fraction of `CONCURRENCY` one tenant may hold"
     ),

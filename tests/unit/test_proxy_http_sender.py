@@ -160,3 +160,16 @@ async def test_no_sender_map_grows_with_the_tenants_timeout_values(server: str) 
 async def test_a_sender_that_is_not_open_raises() -> None:
     with pytest.raises(RuntimeError):
         await sender().send(envelope("http://127.0.0.1:1/x"))
+
+
+async def test_the_pool_does_not_cap_a_host_across_tenants_in_fires_mode() -> None:
+    fires = HttpSender(
+        replace(SETTINGS, mode="fires", per_host_concurrency=3), ProxyMetrics(), guard=False
+    )
+    async with fires, sender() as generic:
+        # The writer's slots cap each (tenant, host) in fires mode; a pool cap per host
+        # would let one tenant's slow calls take the connections of another's.
+        assert fires._session is not None and fires._session.connector is not None
+        assert fires._session.connector.limit_per_host == 0
+        assert generic._session is not None and generic._session.connector is not None
+        assert generic._session.connector.limit_per_host == SETTINGS.per_host_concurrency
