@@ -15,9 +15,14 @@ else the process default (``TOCSIN_PROXY_HOST_RPS``); 0 means no limit. A bucket
 most one second of its rate (at least one token), so a quiet host may take that burst.
 A host name in the limits matches the URL's host name, or its ``host:port``.
 
-Every map here is keyed by outside input, so it is bounded: at most ``MAX_HOST_ENTRIES``
-(tenant, host) entries, least recently used forgotten first (a forgotten entry starts
-again with a full bucket and a closed breaker).
+Every map here is keyed by outside input, so it is bounded, per tenant first: a tenant
+keeps at most ``MAX_HOST_ENTRIES_PER_TENANT`` hosts, and past ``MAX_HOST_ENTRIES`` in all
+the tenant holding the most gives one up. So one tenant naming ever new hosts forgets only
+its own entries, never another tenant's open breaker or spent bucket (a forgotten entry
+starts again with a full bucket and a closed breaker). Within a tenant its least recently
+used closed entry goes first; an entry whose breaker is not closed goes only when the
+tenant has no closed one, as forgetting it would let a failing host's traffic through at
+once. Generic mode has one tenant (None), bounded by ``MAX_HOST_ENTRIES`` alone.
 
 Pure: no clock (callers pass ``now_s``), no I/O. The gate's lock is the only state the
 writers' threads share; each call holds it for a few dictionary operations.
@@ -36,6 +41,7 @@ from proxy.breaker import Breaker, BreakerPolicy, BreakerState, BreakerView, hos
 from proxy.retry import AttemptResult
 
 MAX_HOST_ENTRIES = 10_000
+MAX_HOST_ENTRIES_PER_TENANT = 1_000
 # Hosts (and tenants) one limits file may name; it is an operator's file, but a bound keeps
 # a generated one from taking the process's memory.
 MAX_LIMIT_ENTRIES = 100_000
@@ -210,12 +216,20 @@ class HostGate:
         limits: HostLimits | None = None,
         *,
         max_entries: int = MAX_HOST_ENTRIES,
+        max_entries_per_tenant: int = MAX_HOST_ENTRIES_PER_TENANT,
     ) -> None:
         self.policy = policy
         self._limits = limits or HostLimits()
         self._version = 0
-        self._max_entries = max_entries
-        self._entries: OrderedDict[HostKey, _Entry] = OrderedDict()
+        self._max_entries = max(1, max_entries)
+        self._max_per_tenant = max(1, max_entries_per_tenant)
+        # Per tenant, its hosts least recently used first.
+        self._tenants: dict[str | None, OrderedDict[str, _Entry]] = {}
+        self._size = 0
+        # Tenants by how many entries each holds, and the most any holds: the tenant to
+        # give up an entry at the global bound is found without a scan of all tenants.
+        self._by_count: dict[int, set[str | None]] = {}
+        self._most = 0
         self._lock = threading.Lock()
 
     @property
@@ -228,20 +242,62 @@ class HostGate:
             self._limits = limits
             self._version += 1
 
+    def _find(self, tenant: str | None, host: str) -> _Entry | None:
+        held = self._tenants.get(tenant)
+        return None if held is None else held.get(host)
+
     def _entry(self, key: HostKey, now_s: float) -> _Entry:
-        entry = self._entries.get(key)
+        tenant, host = key
+        entry = self._find(tenant, host)
         if entry is None:
             rps = self._limits.rps_for(*key)
             entry = _Entry(TokenBucket(rps, now_s), Breaker(self.policy), self._version)
-            self._entries[key] = entry
-            while len(self._entries) > self._max_entries:
-                self._entries.popitem(last=False)
+            self._make_room(tenant)
+            held = self._tenants.setdefault(tenant, OrderedDict())
+            held[host] = entry
+            self._size += 1
+            self._recount(tenant, len(held) - 1, len(held))
         else:
-            self._entries.move_to_end(key)
+            self._tenants[tenant].move_to_end(host)
             if entry.version != self._version:
                 entry.bucket.set_rate(self._limits.rps_for(*key), now_s)
                 entry.version = self._version
         return entry
+
+    def _make_room(self, tenant: str | None) -> None:
+        """Before ``tenant`` adds an entry: forget one of its own at its bound, else one of
+        the tenant holding the most at the global bound."""
+        held = self._tenants.get(tenant)
+        cap = self._max_entries if tenant is None else self._max_per_tenant
+        if held is not None and len(held) >= cap:
+            self._forget_one(tenant)
+        elif self._size >= self._max_entries:
+            self._forget_one(next(iter(self._by_count[self._most])))
+
+    def _forget_one(self, tenant: str | None) -> None:
+        held = self._tenants[tenant]
+        victim = next(
+            (h for h, e in held.items() if e.breaker.state is BreakerState.CLOSED),
+            next(iter(held)),
+        )
+        del held[victim]
+        if not held:
+            del self._tenants[tenant]
+        self._size -= 1
+        self._recount(tenant, len(held) + 1, len(held))
+
+    def _recount(self, tenant: str | None, before: int, after: int) -> None:
+        if before:
+            tenants = self._by_count[before]
+            tenants.discard(tenant)
+            if not tenants:
+                del self._by_count[before]
+        if after:
+            self._by_count.setdefault(after, set()).add(tenant)
+        if after > self._most:
+            self._most = after
+        elif before == self._most and before not in self._by_count:
+            self._most = after  # counts move by one: nobody holds more than it now
 
     def check(self, tenant: str | None, host: str, now_s: float) -> GateAnswer:
         """May one attempt to ``host`` for ``tenant`` go now? A ``Pass`` took its token; a
@@ -268,7 +324,7 @@ class HostGate:
         a writer) when its host's breaker has opened since; None: it may go. Takes no token
         and changes nothing."""
         with self._lock:
-            entry = self._entries.get((tenant, host))
+            entry = self._find(tenant, host)
             if entry is None or entry.breaker.state is BreakerState.CLOSED:
                 return None
             if entry.breaker.state is BreakerState.OPEN:
@@ -299,7 +355,7 @@ class HostGate:
 
     def probe_dropped(self, tenant: str | None, host: str) -> None:
         with self._lock:
-            entry = self._entries.get((tenant, host))
+            entry = self._find(tenant, host)
             if entry is not None:
                 entry.breaker.probe_dropped()
 
@@ -307,7 +363,7 @@ class HostGate:
         """What the proxy knows of (tenant, host) now; a host it has no entry for is shown
         as it would start: closed, with its configured rate."""
         with self._lock:
-            entry = self._entries.get((tenant, host))
+            entry = self._find(tenant, host)
             if entry is None:
                 return HostView(
                     tenant=tenant,
@@ -330,7 +386,8 @@ class HostGate:
         counts = dict.fromkeys(BreakerState, 0)
         troubled: list[HostView] = []
         with self._lock:
-            for (tenant, host), entry in self._entries.items():
+            entries = ((t, h, e) for t, held in self._tenants.items() for h, e in held.items())
+            for tenant, host, entry in entries:
                 state = entry.breaker.state
                 counts[state] += 1
                 if state is not BreakerState.CLOSED:
@@ -348,7 +405,7 @@ class HostGate:
         return counts, troubled[:limit]
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return self._size
 
 
 def describe(view: HostView) -> str:

@@ -159,6 +159,58 @@ def test_the_gate_is_bounded_least_recently_used_first() -> None:
     assert counts[BreakerState.OPEN] == 1 and sum(counts.values()) == 3
 
 
+def open_breaker(g: HostGate, tenant: str, host: str) -> None:
+    g.check(tenant, host, 0.0)
+    g.record(tenant, host, BAD, 0.0, probe=False)
+    assert g.explain(tenant, host, 0.0).breaker.state is BreakerState.OPEN
+
+
+def test_one_tenants_host_churn_never_forgets_another_tenants_open_breaker() -> None:
+    g = HostGate(BreakerPolicy(failures=1, open_s=30.0), max_entries=10)
+    open_breaker(g, "a", H)
+    for i in range(100):
+        g.check("noisy", f"https://h{i}.example", 1.0)
+    assert len(g) == 10
+    assert g.check("a", H, 1.0) == Hold(HoldReason.OPEN, 29.0, 0.0)
+
+
+def test_at_the_global_bound_the_tenant_holding_the_most_gives_one_up() -> None:
+    g = HostGate(BreakerPolicy(failures=1, open_s=30.0), max_entries=5, max_entries_per_tenant=5)
+    kept = [("a", H), ("b", "https://b0"), ("b", "https://b1"), ("b", "https://b2")]
+    kept += [("c", "https://c0"), ("c", "https://c1")]
+    for tenant, host in kept:  # every breaker open: only the bounds decide who goes
+        open_breaker(g, tenant, host)
+    # At c1 the gate was full: b, holding the most, gave up its oldest (b0), not a.
+    assert len(g) == 5
+    states = {(t, h): g.explain(t, h, 0.0).breaker.state for t, h in kept}
+    forgotten = [k for k, state in states.items() if state is BreakerState.CLOSED]
+    assert forgotten == [("b", "https://b0")]
+
+
+def test_a_tenant_keeps_at_most_its_bound_and_forgets_only_its_own() -> None:
+    g = HostGate(BreakerPolicy(failures=1, open_s=30.0), max_entries=100, max_entries_per_tenant=3)
+    open_breaker(g, "b", H)
+    for i in range(10):
+        g.check("a", f"https://h{i}", 0.0)
+    assert len(g) == 4  # a's three newest, and b's
+    assert g.check("b", H, 0.0) == Hold(HoldReason.OPEN, 30.0, 0.0)
+
+
+def test_a_tenants_closed_entries_are_forgotten_before_its_open_ones() -> None:
+    g = HostGate(BreakerPolicy(failures=1, open_s=30.0), max_entries=3)
+    open_breaker(g, "a", "https://h0")  # the least recently used, but open
+    g.check("a", "https://h1", 0.0)
+    g.check("a", "https://h2", 0.0)
+    g.check("a", "https://h3", 0.0)  # h1 (closed) goes, not h0
+    assert g.check("a", "https://h0", 0.0) == Hold(HoldReason.OPEN, 30.0, 0.0)
+    for i in range(4, 8):
+        g.check("a", f"https://h{i}", 0.0)
+    assert g.check("a", "https://h0", 0.0) == Hold(HoldReason.OPEN, 30.0, 0.0)
+    for i in range(8, 11):  # every entry open: the least recently used open one goes
+        open_breaker(g, "a", f"https://h{i}")
+    assert len(g) == 3 and g.explain("a", "https://h0", 0.0).breaker.state is BreakerState.CLOSED
+
+
 def test_new_limits_reach_existing_entries() -> None:
     g = gate(rps=100.0)
     g.check("a", H, 0.0)
