@@ -69,7 +69,8 @@ def test_installs_with_the_constraints_file_and_only_runtime_dependencies() -> N
 
 def test_copies_every_package_and_nothing_ignored() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = set(project["tool"]["setuptools"]["packages"])
+    # A subpackage (api.console) travels inside its top-level package's folder.
+    packages = {name.split(".")[0] for name in project["tool"]["setuptools"]["packages"]}
     sources: list[str] = []
     for op, args in instructions():
         if op == "COPY" and not args.startswith("--from"):
