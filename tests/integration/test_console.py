@@ -206,10 +206,15 @@ def _ready(base: str) -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports, all bound at once: ports asked for one at a time can repeat
+    (a port released is free again), and one given to a process still starting is not yet
+    taken, so the API could be handed the worker's metrics port."""
+    with contextlib.ExitStack() as held:
+        socks = [held.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def _behave(hit: Hit, n: int) -> int:
@@ -265,8 +270,8 @@ def _start(
     Ports are free ones: another test run on the machine may hold the numbered ones."""
     from prometheus_client import start_http_server
 
-    metrics_port, proxy_metrics_port = _free_port(), _free_port()
-    env = _env_for(settings, metrics_port, _free_port())
+    metrics_port, proxy_metrics_port, web_port, api_metrics_port, port = _free_ports(5)
+    env = _env_for(settings, metrics_port, web_port)
     env["TOCSIN_TENANT_CACHE_TTL_S"] = "1"
     worker = WorkerProcess(settings, env, tmp / "worker.log").start()
     done.callback(worker.stop)
@@ -281,10 +286,10 @@ def _start(
     )
     done.callback(server.server_close)
     done.callback(server.shutdown)
-    port, admin = _free_port(), "admin-" + os.urandom(8).hex()
+    admin = "admin-" + os.urandom(8).hex()
     env_api = dict(
         env,
-        TOCSIN_METRICS_PORT=str(_free_port()),
+        TOCSIN_METRICS_PORT=str(api_metrics_port),
         TOCSIN_API_METRICS_URLS=f"http://127.0.0.1:{metrics_port}/metrics,"
         f"http://127.0.0.1:{proxy_metrics_port}/metrics",
         TOCSIN_API_METRICS_SCRAPE_S="1",
