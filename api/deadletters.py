@@ -20,7 +20,9 @@ What a redrive refuses, each with its own code:
   since; cancelling says no more callbacks, so a redrive never overrides it;
 * ``superseded`` (409): the schedule was changed since and its current version has
   another trigger (or is still to fire): that one is the one that counts;
-* ``schedule_gone`` (410): the schedule's rows have expired (retention).
+* ``schedule_gone`` (410): the schedule's rows have expired (retention);
+* ``fire_not_recorded`` (503, retriable): the worker has not yet recorded the fire the dead
+  letter came from (a 7xx dead letter can arrive first); the same request soon succeeds.
 
 A pause does not refuse a redrive: it holds the fires a schedule would make by itself, not
 one an operator asks for.
@@ -141,6 +143,19 @@ def owner_id(dl: DeadLetterEntry, row: CqlRow | None) -> str | None:
     return parent if sep and parent else None
 
 
+def fire_not_recorded(dl: DeadLetterEntry, row: CqlRow) -> bool:
+    """True while the worker has not yet recorded the fire this dead letter came from: the
+    proxy can dead-letter a trigger (a 7xx answer at once) before the ticker's fired record
+    lands, and the row then still reads scheduled, for the same due time, with no trigger
+    id. Refusing that as superseded would be final for what a retry soon gets through."""
+    return (
+        row.get("state") == ScheduleState.SCHEDULED
+        and row.get("trigger_id") is None
+        and dl.due_ms is not None
+        and row.get("due_ms") == dl.due_ms
+    )
+
+
 def redrive_source(
     dl: DeadLetterEntry, row: CqlRow | None, parent: CqlRow | None, *, force: bool
 ) -> ScheduleRow:
@@ -158,6 +173,14 @@ def redrive_source(
         raise _refuse(410, "schedule_gone", "the schedule's rows have expired", dl)
     if owner.get("state") == ScheduleState.CANCELLED:
         raise _refuse(409, "schedule_cancelled", "the schedule was cancelled since", dl)
+    if fire_not_recorded(dl, row):
+        raise _refuse(
+            503,
+            "fire_not_recorded",
+            "the schedule's fire is not recorded yet (the dead letter can arrive first); "
+            "retry in a few seconds",
+            dl,
+        )
     if row.get("trigger_id") != dl.trigger_id or row.get("state") == ScheduleState.SCHEDULED:
         raise _refuse(
             409, "superseded", "the schedule was changed since; its current version counts", dl

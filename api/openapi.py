@@ -930,7 +930,8 @@ def _dead_letter_paths() -> dict[str, Schema]:
         "/v1/dead-letters/{trigger_id}/redrive": {
             "post": _op(
                 "send this dead-lettered trigger again; 409 already_redriven, "
-                "already_delivered, schedule_cancelled, superseded; 410 schedule_gone",
+                "already_delivered, schedule_cancelled, superseded; 410 schedule_gone; 503 "
+                "unavailable, fire_not_recorded (send it again)",
                 {"200": _json(redriven, "sent"), **refusals},
                 body={"type": "object", "properties": force},
                 params=[tid],

@@ -233,6 +233,23 @@ def test_redrive_refusals_each_have_their_own_code() -> None:
     assert refused(claimed, schedule(dl, state="cancelled"), force=True) == "409 schedule_cancelled"
 
 
+def test_a_dead_letter_that_beat_its_fire_record_is_retriable_not_superseded() -> None:
+    # A 7xx answer dead-letters a trigger at once, and the worker's fired record can land
+    # after it: the row still reads scheduled, same due, no trigger id, for a second or two.
+    dl = entry()
+    pending = schedule(dl, state="scheduled", trigger_id=None, delivery_outcome=None)
+    with pytest.raises(ApiError) as err:
+        redrive_source(dl, pending, None, force=False)
+    assert (err.value.status, err.value.code, err.value.retriable) == (
+        503,
+        "fire_not_recorded",
+        True,
+    )
+    assert dl.due_ms is not None
+    moved = schedule(dl, state="scheduled", trigger_id=None, due_ms=dl.due_ms + 60_000)
+    assert refused(dl, moved) == "409 superseded"
+
+
 def test_a_run_of_a_recurring_schedule_is_rebuilt_from_its_schedule_unless_cancelled() -> None:
     dl = entry(schedule_id=f"cron1@{T0 - 60_000}", due_ms=T0 - 59_000)
     run_row = {"tenant": "acme", "schedule_id": dl.schedule_id, "state": "fired",
