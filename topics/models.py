@@ -211,26 +211,26 @@ class UpdateCommand:
 
 
 @dataclass(frozen=True, kw_only=True)
-class CancelCommand:
+class OnSchedule:
+    """What every command that names one schedule and carries nothing else holds."""
+
     tenant: str
     schedule_id: str
     request_id: str | None = None
     reply_nonce: str | None = None
 
+
+@dataclass(frozen=True, kw_only=True)
+class CancelCommand(OnSchedule):
     @property
     def type(self) -> CommandType:
         return CommandType.CANCEL
 
 
 @dataclass(frozen=True, kw_only=True)
-class PauseCommand:
+class PauseCommand(OnSchedule):
     """Stop the schedule from firing until a resume; triggers already emitted are not
     recalled."""
-
-    tenant: str
-    schedule_id: str
-    request_id: str | None = None
-    reply_nonce: str | None = None
 
     @property
     def type(self) -> CommandType:
@@ -238,14 +238,9 @@ class PauseCommand:
 
 
 @dataclass(frozen=True, kw_only=True)
-class ResumeCommand:
+class ResumeCommand(OnSchedule):
     """Let a paused schedule fire again: a one-shot whose due time passed meanwhile follows
     its misfire tolerance, a recurring one goes on with its next run."""
-
-    tenant: str
-    schedule_id: str
-    request_id: str | None = None
-    reply_nonce: str | None = None
 
     @property
     def type(self) -> CommandType:
@@ -253,13 +248,8 @@ class ResumeCommand:
 
 
 @dataclass(frozen=True, kw_only=True)
-class TriggerCommand:
+class TriggerCommand(OnSchedule):
     """Fire the schedule once now, besides its own runs (paused or not)."""
-
-    tenant: str
-    schedule_id: str
-    request_id: str | None = None
-    reply_nonce: str | None = None
 
     @property
     def type(self) -> CommandType:
