@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from base.text import printable
 from streams.model import ScheduleEvent, ScheduleState
 from topics.ids import format_iso_ms
 from topics.models import DeliveryOutcome
@@ -498,17 +499,6 @@ def _span(ms: int) -> str:
     return f"{round(s / 3600, 1):g} h"
 
 
-# Controls, line/paragraph separators, bidi overrides and lone surrogates: a terminal acts
-# on them (or shows text other than what was recorded) instead of printing them.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-
-
-def _shown(text: str) -> str:
-    """``text`` with what a terminal would act on escaped: details hold the start of a
-    receiver's answer, which whoever runs the callback's endpoint chooses."""
-    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
-
-
 def render(ex: Explanation) -> str:
     """The explanation for a terminal: the reason, then the timeline."""
     out = [
@@ -527,4 +517,4 @@ def render(ex: Explanation) -> str:
     out.append("")
     out.append("not recorded, so not shown:")
     out += [f"  - {n}" for n in NOT_RECORDED]
-    return "\n".join(_shown(line) for line in out) + "\n"
+    return "\n".join(printable(line) for line in out) + "\n"

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import re
 import sys
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, TypeVar
@@ -21,6 +20,7 @@ import orjson
 from api.views import ApiError, parse_time
 from base.clock import now_ms
 from base.settings import Settings
+from base.text import printable
 from tocsin.output import (
     EXIT_FAIL,
     EXIT_NOT_FOUND,
@@ -38,16 +38,11 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-# Controls, line/paragraph separators, bidi overrides and lone surrogates: a terminal acts
-# on them (or shows other text than was recorded) instead of printing them.
-_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
-
 
 def _shown(value: object) -> str:
-    """``value`` for a terminal, what it would act on escaped: a dead letter's reason, body
-    excerpt and endpoint hold what the callback's receiver answered or was given."""
-    text = "" if value is None else str(value)
-    return _UNPRINTABLE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), text)
+    """``value`` for a terminal: a dead letter's reason, body excerpt and endpoint hold what
+    the callback's receiver answered or was given."""
+    return "" if value is None else printable(str(value))
 
 
 _LIST_COLUMNS = ["trigger_id", "schedule_id", "dead_lettered_at", "status", "reason", "redriven"]
