@@ -274,6 +274,21 @@ class SchedulerSettings:
     # TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS says otherwise) refuses them at delivery.
     allow_private_targets: bool = False
     session_timeout_s: float = 10.0
+    # The worker's Kafka request timeout (Faust's broker_request_timeout, aiokafka's
+    # request_timeout_ms; at least session_timeout_s, which Faust requires). It bounds how
+    # long a heartbeat to a hung group coordinator waits (at Faust's default, 90 s, such a
+    # worker stays out of touch that long); it also bounds a JoinGroup, which the
+    # coordinator holds until every member has revoked its partitions, so it stays above
+    # a revocation's length (ticker_release_wait_ms plus a checkpoint write) and above a
+    # broker's fencing time (9 s stock), during which an offset commit waits.
+    kafka_request_timeout_s: float = 15.0
+    # How long a ticker whose partition is revoked waits for its in-flight triggers'
+    # acknowledgements before the rebalance goes on (streams.ticker.suspend). Every
+    # member's rebalance waits for the slowest revocation, and while a lost broker is not
+    # fenced no acknowledgement comes, so this is short; a trigger still in flight then
+    # stays below the checkpoint and is re-emitted only if another worker takes the
+    # partition (a duplicate with the same trigger id).
+    ticker_release_wait_ms: int = 1000
     # Recurring schedules (streams.materializer): runs are written this far ahead...
     recurring_horizon_s: float = 600.0
     # ... at most this many per schedule and step; missed runs re-fired after an outage
@@ -410,6 +425,8 @@ class Settings:
                 require_signed_commands=_bool(e, "REQUIRE_SIGNED_COMMANDS", True),
                 allow_private_targets=_bool(e, "ALLOW_PRIVATE_TARGETS", False),
                 session_timeout_s=_float(e, "SESSION_TIMEOUT_S", 10.0),
+                kafka_request_timeout_s=_float(e, "WORKER_KAFKA_REQUEST_TIMEOUT_S", 15.0),
+                ticker_release_wait_ms=_int(e, "TICKER_RELEASE_WAIT_MS", 1000),
                 recurring_horizon_s=_float(e, "RECURRING_HORIZON_S", 600.0),
                 recurring_max_runs_per_step=_int(e, "RECURRING_MAX_RUNS_PER_STEP", 500),
                 recurring_catchup_per_s=_float(e, "RECURRING_CATCHUP_PER_S", 200.0),

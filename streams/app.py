@@ -2,8 +2,11 @@
 
 The consumer group of the commands topic decides ownership: the worker that is assigned
 commands partition p runs the command agent for p *and* the ticker of bucket partition p
-(this replaces go-scheduler's ringpop). On revocation the ticker stops (after waiting for
-its in-flight triggers and writing its checkpoint); the next owner catches up from it.
+(this replaces go-scheduler's ringpop). On revocation the ticker is suspended (it stops
+emitting, waits briefly for its in-flight triggers and writes its checkpoint, keeping what
+it has loaded); if the group's next generation gives the partition back, it resumes from
+that state, otherwise it stops and the next owner catches up from the checkpoint
+(``Ownership`` says when a partition counts as kept).
 
 Faust acknowledges a batch of commands only after ``CommandProcessor.process_batch``
 returns, i.e. after the Cassandra writes and the results are durable, so a crash replays
@@ -17,7 +20,8 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
 
@@ -26,6 +30,7 @@ from faust.types import TP, AppT, EventT, StreamT
 from faust.types.auth import CredentialsT
 
 from base.clock import Clock, now_ms
+from base.errors import ConfigError
 from base.health import Health
 from base.health import serve as serve_health
 from base.logs import setup_logging
@@ -70,6 +75,12 @@ class Worker:
     """Holds the worker's edges (store, emitter, tickers) and the Faust app using them."""
 
     def __init__(self, settings: Settings) -> None:
+        sched = settings.scheduler
+        if sched.kafka_request_timeout_s < sched.session_timeout_s:
+            raise ConfigError(
+                "TOCSIN_WORKER_KAFKA_REQUEST_TIMEOUT_S must be at least TOCSIN_SESSION_TIMEOUT_S "
+                f"({sched.session_timeout_s}), got {sched.kafka_request_timeout_s}"
+            )
         self.settings = settings
         self.catalog = catalog(settings.topics)
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
@@ -89,7 +100,11 @@ class Worker:
             settings.kafka, client_id=f"tocsin-worker-results-{os.getpid()}", linger_ms=0
         )
         self.tickers: dict[int, PartitionTicker] = {}
-        sched = settings.scheduler
+        self.ownership = Ownership(
+            tickers=self.tickers,
+            start=self._new_ticker,
+            release_wait_s=sched.ticker_release_wait_ms / 1000,
+        )
         self.clock_ms = skewed_clock(sched.clock_skew_ms)
         self.ticker_config = TickerConfig(
             fire_topic=self.catalog.fires.name,
@@ -160,6 +175,9 @@ class Worker:
             consumer_auto_offset_reset="earliest",
             broker_session_timeout=s.scheduler.session_timeout_s,
             broker_heartbeat_interval=max(1.0, s.scheduler.session_timeout_s / 5),
+            # Bounds a request to a hung group coordinator, a heartbeat's included
+            # (settings: kafka_request_timeout_s says why this value).
+            broker_request_timeout=s.scheduler.kafka_request_timeout_s,
             broker_commit_interval=1.0,
             # A hung leader answers no fetch, so only a metadata re-read finds its successor
             # (base.settings.KafkaSettings.metadata_refresh_ms).
@@ -232,9 +250,10 @@ class Worker:
 
         @app.on_partitions_revoked.connect  # type: ignore[arg-type]
         async def on_revoked(sender: AppT, revoked: set[TP], **kwargs: object) -> None:
-            await self._stop_tickers(
-                {tp.partition for tp in revoked if tp.topic == self.catalog.commands.name}
-            )
+            partitions = {tp.partition for tp in revoked if tp.topic == self.catalog.commands.name}
+            await self._stop_materializers(partitions)
+            await self.ownership.revoked(partitions, member_generation(app))
+            metrics.OWNED_PARTITIONS.set(len(self.tickers))
 
         @app.on_partitions_assigned.connect  # type: ignore[arg-type]
         async def on_assigned(sender: AppT, assigned: set[TP], **kwargs: object) -> None:
@@ -251,23 +270,28 @@ class Worker:
             if s.scheduler.inline_handover:
                 drain.install(app.consumer)
             await self._ensure_started()
-            await self._stop_tickers(set(self.tickers) - mine)
-            for partition in sorted(mine - set(self.tickers)):
-                self._start_partition(partition)
+            await self.ownership.assigned(mine, app.consumer_generation_id)
+            # A materialiser hands rows to its own ticker: one whose ticker was replaced or
+            # stopped goes too.
+            await self._stop_materializers(
+                {p for p, m in self.materializers.items() if m.ticker is not self.tickers.get(p)}
+            )
+            for partition in sorted(set(self.tickers) - set(self.materializers)):
+                self._start_materializer(partition)
             metrics.OWNED_PARTITIONS.set(len(self.tickers))
             # Owning no partition is fine (a standby when workers outnumber partitions).
             self.health.set_ready(True)
-            log.info("partitions assigned", extra={"partitions": sorted(mine)})
 
         @app.on_before_shutdown.connect  # type: ignore[arg-type]
         async def on_shutdown(sender: AppT, **kwargs: object) -> None:
-            await self._stop_tickers(set(self.tickers))
+            await self._stop_materializers(set(self.materializers))
+            await self.ownership.stop_all()
             await self.emitter.close()
             await self.results_emitter.close()
             await self.store.close()
 
-    def _start_partition(self, partition: int) -> None:
-        """Start the ticker and the materialiser of a commands partition just assigned."""
+    def _new_ticker(self, partition: int) -> PartitionTicker:
+        """A started ticker for a commands partition just assigned (Ownership.start)."""
         ticker = PartitionTicker(
             partition,
             store=self.store,
@@ -278,12 +302,17 @@ class Worker:
             tenants=self.processor.tenants,
             health=self.health,
         )
-        self.tickers[partition] = ticker
         ticker.start()
+        return ticker
+
+    def _start_materializer(self, partition: int) -> None:
+        """Start the materialiser of an owned partition, next to its (running) ticker. Always
+        a fresh one: it keeps nothing in memory that its store does not (a position, the
+        due queue), so a stop and start costs a read, and a step cut short is redone."""
         materializer = PartitionMaterializer(
             partition,
             store=self.recurring,
-            ticker=ticker,
+            ticker=self.tickers[partition],
             config=self.materializer_config,
             clock_ms=self.clock_ms,
         )
@@ -319,14 +348,113 @@ class Worker:
                     extra={"event_loop": type(asyncio.get_running_loop()).__module__},
                 )
 
-    async def _stop_tickers(self, partitions: set[int]) -> None:
-        materializers = [self.materializers.pop(p) for p in partitions if p in self.materializers]
-        await asyncio.gather(*(m.stop() for m in materializers))
-        stopping = [self.tickers.pop(p) for p in partitions if p in self.tickers]
-        if stopping:
-            await asyncio.gather(*(t.stop() for t in stopping))
-            log.info("partitions released", extra={"partitions": sorted(partitions)})
-        metrics.OWNED_PARTITIONS.set(len(self.tickers))
+    async def _stop_materializers(self, partitions: set[int]) -> None:
+        """Stop these partitions' materialisers, before their tickers are suspended: a step
+        hands rows to its ticker."""
+        stopping = [self.materializers.pop(p) for p in partitions if p in self.materializers]
+        await asyncio.gather(*(m.stop() for m in stopping))
+
+
+@dataclass
+class Ownership:
+    """Which commands partitions' tickers run here, across the consumer group's rebalances.
+
+    Faust's group protocol is eager: a rebalance first revokes every partition of every
+    member, then assigns them all again (mostly to the same members: Faust's assignor is
+    sticky). A revoked partition's ticker is suspended, not stopped: it emits nothing from
+    then on (another worker may be given the partition) but keeps what it has loaded and
+    what is in flight. At the assignment, a partition counts as kept, and its ticker
+    resumes, only if this member's ownership had no break: it held the partition in
+    generation G (its membership still valid when revoked) and is given it in generation
+    G + 1, so no generation, and so no other worker, owned it in between. Otherwise (a
+    membership lost, an assignment several generations later, the partition given to
+    another member) the suspended ticker stops without writing again, and a fresh one
+    starts from the stored checkpoint if the partition is assigned here, which is what a
+    new owner does.
+
+    The command agent sees only running tickers (``tickers``, the dict it shares), so
+    nothing reaches a suspended one; its commands are retried until the partition is
+    either back or assigned elsewhere (streams.commands).
+    """
+
+    tickers: dict[int, PartitionTicker]
+    # A started ticker for a partition (the worker's ``_new_ticker``).
+    start: Callable[[int], PartitionTicker]
+    # How long a revoked ticker waits for its in-flight triggers (settings say why).
+    release_wait_s: float
+    suspended: dict[int, PartitionTicker] = field(default_factory=dict)
+    # The generation of the assignment held now; None before the first one.
+    generation: int | None = None
+    # This member's generation when it was last revoked, while its membership was valid.
+    revoked_in: int | None = None
+
+    async def revoked(self, partitions: set[int], member_generation: int | None) -> None:
+        """Suspend the tickers of ``partitions``; ``member_generation``: this member's
+        generation now (None or below 1: it has lost its membership)."""
+        valid = (
+            member_generation is not None
+            and member_generation > 0
+            and member_generation == self.generation
+        )
+        self.revoked_in = member_generation if valid else None
+        going = {p: self.tickers.pop(p) for p in sorted(partitions) if p in self.tickers}
+        self.suspended.update(going)
+        await asyncio.gather(*(t.suspend(self.release_wait_s) for t in going.values()))
+        if going:
+            log.info("partitions suspended", extra={"partitions": sorted(going)})
+
+    async def assigned(self, partitions: set[int], generation: int) -> None:
+        """Resume, stop and start tickers for the assignment of ``generation``."""
+        unbroken = self.revoked_in is not None and generation == self.revoked_in + 1
+        # A running ticker was not revoked (a rebalance whose revocation did not reach
+        # here): kept only if this assignment is the next generation after its own.
+        kept_running = self.generation is not None and generation == self.generation + 1
+        self.revoked_in = None
+        self.generation = generation
+        resume = {p for p in self.suspended if p in partitions and unbroken}
+        drop = [self.suspended.pop(p) for p in sorted(set(self.suspended) - resume)]
+        drop += [
+            self.tickers.pop(p)
+            for p in sorted(self.tickers)
+            if p not in partitions or not kept_running
+        ]
+        await asyncio.gather(*(t.stop(self.release_wait_s) for t in drop))
+        for p in sorted(resume):
+            ticker = self.suspended.pop(p)
+            ticker.resume()
+            self.tickers[p] = ticker
+        started = sorted(partitions - set(self.tickers))
+        for p in started:
+            self.tickers[p] = self.start(p)
+        log.info(
+            "partitions assigned",
+            extra={
+                "generation": generation,
+                "resumed": sorted(resume),
+                "started": started,
+                "stopped": sorted(t.partition for t in drop),
+            },
+        )
+
+    async def stop_all(self) -> None:
+        """Stop every ticker, running or suspended (the worker is shutting down)."""
+        going = [*self.tickers.values(), *self.suspended.values()]
+        self.tickers.clear()
+        self.suspended.clear()
+        await asyncio.gather(*(t.stop() for t in going))
+
+
+def member_generation(app: faust.App) -> int | None:
+    """This member's consumer-group generation as aiokafka holds it now: -1 once the
+    coordinator no longer knows the member (aiokafka's reset_generation), None if it cannot
+    be read (an upgrade that moved it: every rebalance then restarts the tickers, as
+    before). The attribute path is private to the pinned aiokafka (constraints.txt)."""
+    try:
+        generation = app.consumer._thread._consumer._coordinator.generation  # type: ignore[attr-defined]
+    except AttributeError as exc:
+        log.warning("cannot read the consumer group generation", extra={"error": repr(exc)})
+        return None
+    return generation if isinstance(generation, int) else None
 
 
 def set_fetch_max_wait(app: faust.App, ms: int, min_bytes: int = 1) -> None:

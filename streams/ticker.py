@@ -1,7 +1,8 @@
 """The per-partition tick agent: fires one commands-partition's buckets at their due second.
 
 Exactly one live worker runs the ticker of a partition: the one the consumer group gave
-that commands partition to (started on assignment, stopped on revocation). It:
+that commands partition to (started on assignment; suspended on revocation, then resumed
+if the next generation gives it back, else stopped: streams.app.Ownership). It:
 
 1. reads the durable checkpoint ``fired_before_ms`` (every row due before it was acked on
    the fire topic or recorded as missed), then loads each minute bucket from the
@@ -161,7 +162,14 @@ class PartitionTicker:
         self._to_mark: deque[tuple[tuple[str, str, int], str, int]] = deque()
         self._mark_wake = asyncio.Event()
         self._marker: asyncio.Task[None] | None = None
-        self._stopping = False
+        self._stopping = False  # stopped or suspended: nothing is sent
+        # Suspended (or stopped): the partition may be another worker's, so no checkpoint
+        # is written until ``resume``.
+        self._checkpoint_frozen = False
+        # Set by ``resume``: the loop goes on from the state kept, without re-reading.
+        self._resuming = False
+        # Triggers whose send failed while suspended: re-sent by ``resume``.
+        self._parked: set[TriggerKey] = set()
         self._last_checkpoint_ms = 0
         self._written_checkpoint: int | None = None
         self.ready = asyncio.Event()  # set once catch-up has loaded up to "now"
@@ -200,8 +208,22 @@ class PartitionTicker:
             name=f"marker-{self.partition}",
         )
 
-    async def stop(self, timeout_s: float = 20.0) -> None:
-        """Stop firing, wait for in-flight triggers (bounded) and write a final checkpoint."""
+    async def suspend(self, wait_s: float) -> None:
+        """Stop emitting for a revoked partition, keeping what is loaded (``resume`` goes
+        on from it if the partition comes back, ``stop`` ends it otherwise).
+
+        Nothing is sent to Kafka from here on: the loop and a running bucket read are
+        cancelled, hand-overs waiting for a trigger fail (their commands are retried, and
+        replayed by whoever owns the partition next), and a trigger whose send fails is
+        parked instead of re-sent. In-flight triggers are waited for ``wait_s`` at most: the
+        consumer group's rebalance waits for this revocation, and an acknowledgement can
+        take as long as the brokers need to fence a lost one, so those still in flight are
+        left below the checkpoint written here (a new owner re-emits them: duplicates with
+        the same trigger id, never a loss). Their acknowledgements still get recorded as
+        fired meanwhile (the marker keeps running); no checkpoint is written after this
+        one, since the partition may belong to another worker now."""
+        if self._stopping:
+            return
         self._stopping = True
         self._wake.set()
         self._checkpoint_read.set()  # hand-overs waiting for it give up (_released)
@@ -210,8 +232,9 @@ class PartitionTicker:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
+        self._task = self._loader = None
         # Let acknowledged triggers be recorded (bounded), so the checkpoint covers them.
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + wait_s
         while self._inflight and time.monotonic() < deadline:
             self._mark_wake.set()
             await asyncio.sleep(0.05)
@@ -222,15 +245,45 @@ class PartitionTicker:
                 if not done.done():
                     done.set_exception(_released())
         self._awaited.clear()
-        if self._marker is not None:
-            self._marker.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._marker
         if self._checkpointer is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._checkpointer
         with contextlib.suppress(Exception):
             await self._write_checkpoint(force=True)
+        self._checkpoint_frozen = True
+
+    def resume(self) -> None:
+        """Go on emitting after ``suspend``, from the state kept: only for a partition this
+        worker has owned without a break (the consumer group's next generation gave it
+        back, so no other worker can have owned it meanwhile; streams.app checks)."""
+        if not self._stopping or self._marker is None:
+            raise RuntimeError(f"ticker {self.partition} is not suspended")
+        self._stopping = False
+        self._checkpoint_frozen = False
+        self._resuming = True
+        self._task = asyncio.create_task(
+            supervise(f"ticker-{self.partition}", self._run, health=self.health),
+            name=f"ticker-{self.partition}",
+        )
+        # Sends that failed while suspended go out again now, as they would have.
+        parked, self._parked = self._parked, set()
+        for key in sorted(parked, key=lambda k: k[2]):
+            self._redispatch(key)
+        self._wake.set()
+
+    @property
+    def suspended(self) -> bool:
+        return self._stopping
+
+    async def stop(self, timeout_s: float = 20.0) -> None:
+        """Stop firing for good: ``suspend`` (waiting ``timeout_s`` at most for in-flight
+        triggers) unless suspended already, then end the marker."""
+        await self.suspend(timeout_s)
+        if self._marker is not None:
+            self._marker.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._marker
+            self._marker = None
         metrics.TIMELINE_SIZE.labels(self._label).set(0)
         metrics.INFLIGHT.labels(self._label).set(0)
         metrics.FIRES_DEFERRED.labels(self._label).set(0)
@@ -376,6 +429,8 @@ class PartitionTicker:
             running = self._checkpointer
             if running is not None and not running.done():
                 await asyncio.wait({running})
+            if self._stopping:
+                raise _released()  # suspended meanwhile: no checkpoint is written now
             covered = self._rewinds_asked
             # Written even if the value looks unchanged: the store may hold a higher one
             # (a write that failed here may still have landed there).
@@ -472,6 +527,17 @@ class PartitionTicker:
     # -- the loop --------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        if self._resuming:
+            # Resumed after a suspension: everything loaded and in flight is still this
+            # ticker's, so the loop goes on from it (a restart after an error below
+            # re-reads the checkpoint, as a fresh start does).
+            self._resuming = False
+            log.info("ticker resumed", extra={"partition": self.partition})
+        else:
+            await self._begin()
+        await self._loop()
+
+    async def _begin(self) -> None:
         # Cassandra down at start: wait for it rather than die for good.
         checkpoint = await self._until_stored(
             "reading the checkpoint", lambda: self.store.get_checkpoint(self.partition)
@@ -496,6 +562,8 @@ class PartitionTicker:
                 "catchup_ms": now - checkpoint,
             },
         )
+
+    async def _loop(self) -> None:
         while not self._stopping:
             # A store failure in a load must not end this task (the partition would not
             # fire again until a rebalance): it is retried a second later; what is already
@@ -897,7 +965,9 @@ class PartitionTicker:
             "trigger not acknowledged; retrying",
             extra={"partition": self.partition, "schedule_id": key[1], "error": repr(exc)},
         )
-        if not self._stopping:
+        if self._stopping:
+            self._parked.add(key)  # re-sent by resume, if the partition comes back
+        else:
             asyncio.get_running_loop().call_later(1.0, self._redispatch, key)
 
     def _forget(self, key: tuple[str, str, int]) -> None:
@@ -910,7 +980,10 @@ class PartitionTicker:
 
     def _redispatch(self, key: tuple[str, str, int]) -> None:
         record = self._inflight.get(key)
-        if record is None or self._stopping:
+        if record is None:
+            return
+        if self._stopping:
+            self._parked.add(key)  # re-sent by resume, if the partition comes back
             return
         self._forget(key)
         self._dispatch(record.entry, self.clock_ms(), grace_ms=record.grace_ms)
@@ -1004,7 +1077,7 @@ class PartitionTicker:
         return candidate
 
     async def _write_checkpoint(self, *, force: bool = False) -> None:
-        if self.fired_before_ms is None:
+        if self.fired_before_ms is None or self._checkpoint_frozen:
             return
         now = self.clock_ms()
         if not force and now - self._last_checkpoint_ms < self.config.checkpoint_interval_ms:

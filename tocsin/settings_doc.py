@@ -244,6 +244,18 @@ SETTINGS: tuple[SettingDoc, ...] = (
     ),
     SettingDoc("COMMIT_GROUP_SIZE", W, "16", "most schedule rows written in one batch"),
     SettingDoc("SESSION_TIMEOUT_S", W, "10", "consumer group session timeout"),
+    SettingDoc(
+        "WORKER_KAFKA_REQUEST_TIMEOUT_S",
+        W,
+        "15",
+        "Kafka request timeout (a heartbeat to a hung coordinator); at least the session timeout",
+    ),
+    SettingDoc(
+        "TICKER_RELEASE_WAIT_MS",
+        W,
+        "1000",
+        "how long a revoked partition's ticker waits for its in-flight triggers",
+    ),
     SettingDoc("RECURRING_HORIZON_S", W, "600", "how far ahead recurring runs are written"),
     SettingDoc(
         "RECURRING_MAX_RUNS_PER_STEP", W, "500", "most runs written per recurring schedule and step"
