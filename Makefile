@@ -94,16 +94,24 @@ deploy-tools:
 deploy-check: $(STAMP) deploy-tools
 	$(BIN)/pytest -q tests/deploy $(PYTEST_ARGS)
 
+# Issue 21's pinned-core figures (bench/pinning.py, BENCHMARKS.md): PIN=tocsin (or 1) runs
+# bench-scheduler, -proxy, -delivery, -api and -worker-idle with Kafka and Cassandra on core 0
+# and Tocsin's processes, the load client and the receivers on core 1; PIN=servers puts the
+# load client and receivers on core 0 with the servers; PIN=off (the default, or
+# TOCSIN_BENCH_PIN's value) pins nothing. SCHEDULER_ARGS, PROXY_ARGS, DELIVERY_ARGS,
+# API_ARGS and IDLE_ARGS pass flags to each bench (e.g. shorter phases).
+PIN ?= $(TOCSIN_BENCH_PIN)
+
 bench-scheduler: setup
-	$(BIN)/python -m bench.scheduler
+	TOCSIN_BENCH_PIN=$(PIN) $(BIN)/python -m bench.scheduler $(SCHEDULER_ARGS)
 
 bench-proxy: up
-	$(BIN)/python -m bench.proxy
+	TOCSIN_BENCH_PIN=$(PIN) $(BIN)/python -m bench.proxy $(PROXY_ARGS)
 
 # A steady 1,000 fires/s through a worker and the proxy to a local receiver: lateness due ->
 # callback, per hop, and CPU per fire (bench/delivery.py).
 bench-delivery: setup
-	TOCSIN_ALLOW_PRIVATE_TARGETS=true $(BIN)/python -m bench.delivery
+	TOCSIN_ALLOW_PRIVATE_TARGETS=true TOCSIN_BENCH_PIN=$(PIN) $(BIN)/python -m bench.delivery $(DELIVERY_ARGS)
 
 # 100,000 recurring schedules firing every minute (bench/cron.py).
 bench-cron: setup
@@ -111,7 +119,7 @@ bench-cron: setup
 
 # REST API: synchronous creates through `tocsin api` (docs/api.md).
 bench-api: setup
-	$(BIN)/python -m bench.api
+	TOCSIN_BENCH_PIN=$(PIN) $(BIN)/python -m bench.api $(API_ARGS)
 
 # The same with workers that skip Cassandra (bench/storeless_worker.py): the create path's
 # floor on this machine, for BENCHMARKS.md's analysis; nothing is stored.
@@ -121,7 +129,7 @@ bench-api-floor: setup
 # One worker owning the 8 commands partitions with nothing due and nothing arriving: its
 # CPU s/s and Kafka's and Cassandra's over 60 s (bench/worker_idle.py).
 bench-worker-idle: setup
-	flock /tmp/bench.lock $(BIN)/python -m bench.worker_idle $(IDLE_ARGS)
+	TOCSIN_BENCH_PIN=$(PIN) flock /tmp/bench.lock $(BIN)/python -m bench.worker_idle $(IDLE_ARGS)
 
 # Cassandra round trip with and without TCP_NODELAY, and the driver's CPU per request with
 # protocol v4 and v5 (bench/cassandra_latency.py).

@@ -70,6 +70,7 @@ import aiohttp
 import orjson
 
 from base.settings import REPO_ROOT, Settings
+from bench import pinning
 from bench.scheduler import (
     WORKER_COMMAND,
     WORKER_PORTS,
@@ -486,6 +487,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--client", choices=sorted(CLIENTS), default="raw", help="the load generator's HTTP client"
     )
+    pinning.add_argument(parser)
     return parser.parse_args()
 
 
@@ -609,6 +611,7 @@ def stop_api(api: subprocess.Popen[bytes]) -> None:
 
 def main() -> int:
     args = parse_args()
+    pinning.begin(args.pin)
 
     run = uuid.uuid4().hex[:6]
     port = args.api_port or free_port()
@@ -661,7 +664,9 @@ def main() -> int:
         wait_ready(base, api_log)
         key = create_tenant(base, admin)
         warm_up(base, key, settings)
-        results = measure(args, base, key, settings, measured_pids(api, workers, state))
+        pids = measured_pids(api, workers, state)
+        pinning.place(pids)
+        results = measure(args, base, key, settings, pids)
     finally:
         stop_api(api)
         for worker in workers:

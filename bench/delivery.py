@@ -42,6 +42,7 @@ from typing import Any
 import orjson
 
 from base.settings import REPO_ROOT, Settings
+from bench import pinning
 from bench.scheduler import TENANT, cleanup, now_ms, pct, send_and_count, start_workers
 from streams.client import CommandClient, ResultWatcher
 from topics.models import CreateCommand, HttpCallback, PayloadType
@@ -252,6 +253,8 @@ def run(args: argparse.Namespace) -> int:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+    tocsin = {f"worker{i or ''}": w.proc.pid for i, w in enumerate(workers) if w.proc}
+    pinning.place({**tocsin, "proxy": proxy.pid, "receiver": rx_proc.pid})
     try:
         return measure(args, settings, port, workers[0].proc, proxy, log)  # type: ignore[arg-type]
     finally:
@@ -347,10 +350,12 @@ def main() -> int:
     ap.add_argument("--receiver", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rate", type=int, default=1000, help="fires per second")
     ap.add_argument("--seconds", type=int, default=30, help="firing window")
+    pinning.add_argument(ap)
     args = ap.parse_args()
     if args.receiver:
         receiver_main(args.receiver)
         return 0
+    pinning.begin(args.pin)
     return run(args)
 
 

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import pinning
+
 REPO = Path(__file__).resolve().parent.parent
 BOOTSTRAP = os.environ.get("TOCSIN_KAFKA_BOOTSTRAP_SERVERS", "127.0.0.1:9092")
 PARTITIONS = 8
@@ -250,6 +252,7 @@ def run_proxy(
         cwd=REPO,
         env=proxy_env(topic, dlq, rx.url, concurrency, **extra),
     )
+    pinning.place({"proxy": proc.pid})
     rss = 0.0
     try:
         deadline = time.monotonic() + timeout_s
@@ -331,10 +334,12 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--receiver", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--quick", action="store_true", help="smaller runs (smoke test)")
+    pinning.add_argument(ap)
     args = ap.parse_args()
     if args.receiver:
         receiver_main(args.receiver)
         return 0
+    pinning.begin(args.pin)
 
     import socket
 

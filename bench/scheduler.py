@@ -36,6 +36,7 @@ from pathlib import Path
 import orjson
 
 from base.settings import REPO_ROOT, Settings
+from bench import pinning
 from streams.client import CommandClient, FireWatcher, ResultWatcher
 from topics.ids import trigger_id
 from topics.models import CreateCommand, HttpCallback, PayloadType
@@ -432,7 +433,9 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=60_000)
     parser.add_argument("--phases", default="ingest,lateness,burst,memory")
     parser.add_argument("--workers", type=int, default=1, help="worker processes")
+    pinning.add_argument(parser)
     args = parser.parse_args()
+    pinning.begin(args.pin)
     phases = set(args.phases.split(","))
 
     run = uuid.uuid4().hex[:6]
@@ -458,6 +461,9 @@ def main() -> int:
     _register_tenant(settings, TENANT)
     log = settings.stack.state_dir / f"bench-worker-{run}.log"
     worker, *extra = start_workers(env, log, args.workers)
+    pinning.place(
+        {f"worker{i or ''}": w.proc.pid for i, w in enumerate([worker, *extra]) if w.proc}
+    )
     results: list[str] = []
     try:
         probe = ResultWatcher(settings)

@@ -49,6 +49,7 @@ import uuid
 from pathlib import Path
 
 from base.settings import REPO_ROOT, Settings
+from bench import pinning
 from bench.api import free_port
 from bench.scheduler import Worker, cleanup, metric, server_pids
 
@@ -165,7 +166,9 @@ def main() -> int:
     parser.add_argument("--repo", type=Path, default=REPO_ROOT, help="checkout to run from")
     parser.add_argument("--env", action="append", default=[], help="K=V worker setting")
     parser.add_argument("--py-spy", dest="py_spy", default=None, help="profile path")
+    pinning.add_argument(parser)
     args = parser.parse_args()
+    pinning.begin(args.pin)
 
     run = uuid.uuid4().hex[:6]
     env = dict(os.environ)
@@ -217,6 +220,7 @@ def main() -> int:
         )
     try:
         assert worker.proc is not None
+        pinning.place({"worker": worker.proc.pid})
         wait_idle(port, partitions, time.monotonic() + 180, log)
         time.sleep(args.settle_s)
         pids = {"worker": worker.proc.pid, **servers}
