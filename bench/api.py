@@ -99,6 +99,19 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu_s(pid: int) -> dict[tuple[int, str], float]:
+    """CPU seconds of each live thread of a process, by (thread id, thread name)."""
+    out: dict[tuple[int, str], float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name, fields = task.joinpath("stat").read_text().split(" (", 1)[1].rsplit(")", 1)
+        except (OSError, IndexError, ValueError):
+            continue  # the thread ended meanwhile
+        ticks = fields.split()[11:13]
+        out[(int(task.name), name)] = (int(ticks[0]) + int(ticks[1])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 class CpuMeter:
     """CPU seconds per wall second of the API, the worker and the bench's client."""
 
@@ -106,6 +119,29 @@ class CpuMeter:
         self.pids = pids
         self.t0 = time.monotonic()
         self.start = {name: cpu_s(pid) for name, pid in pids.items()}
+        # Per thread of Tocsin's own processes, to say which thread a change moved.
+        self.start_threads = {
+            name: thread_cpu_s(pid) for name, pid in pids.items() if name not in THREADLESS
+        }
+
+    def threads_line(self, creates: int) -> str:
+        """CPU ms per create of the busiest threads of the API and the workers: where a
+        process's share goes. Python 3.11 gives its threads no OS name, so the main thread
+        (the event loop) is ``main`` and every other thread has its OS name (librdkafka's
+        ``rdk:*``; Python's helper threads, the Kafka consumer's, the Cassandra driver's
+        I/O thread are all ``python``), with its thread id."""
+        parts = []
+        for name, start in self.start_threads.items():
+            pid = self.pids[name]
+            spent = [
+                ("main" if tid == pid else f"{thread}/{tid}", cpu - start.get((tid, thread), 0.0))
+                for (tid, thread), cpu in thread_cpu_s(pid).items()
+            ]
+            top = sorted(spent, key=lambda kv: -kv[1])[:6]
+            parts.append(
+                f"{name}: " + ", ".join(f"{t} {s * 1000 / max(1, creates):.3f}" for t, s in top)
+            )
+        return "; ".join(parts) + " ms CPU per create, by thread"
 
     def report(self) -> str:
         wall = time.monotonic() - self.t0
@@ -125,6 +161,11 @@ class CpuMeter:
         }
         per["servers"] = sum(v for k, v in per.items() if k != "client")
         return per
+
+
+# Processes whose threads are not broken down: the JVMs (dozens of pool threads) and the
+# load client.
+THREADLESS = frozenset({"kafka", "cassandra", "client"})
 
 
 def cpu_line(per: dict[str, float]) -> str:
@@ -564,13 +605,16 @@ def measure(
     meter = CpuMeter(pids)
     t0 = time.monotonic()
     rate = asyncio.run(phase_rate(base, key, args.rate_s, args.concurrency, args.client))
-    rate_cpu = meter.ms_per_create(round(rate * (time.monotonic() - t0)))
+    rate_creates = round(rate * (time.monotonic() - t0))
+    rate_cpu = meter.ms_per_create(rate_creates)
+    rate_threads = meter.threads_line(rate_creates)
     print(
         f"[rate] {rate:.0f} synchronous creates/s with {args.concurrency} clients; "
         + meter.report(),
         flush=True,
     )
     print(f"[rate] {cpu_line(rate_cpu)}", flush=True)
+    print(f"[rate] {rate_threads}", flush=True)
     for spy in spies:
         spy.wait(60)
     meter = CpuMeter(pids)
@@ -580,6 +624,7 @@ def measure(
         phase_latency(base, key, args.latency_rate, args.latency_s, args.client)
     )
     latency_cpu = meter.ms_per_create(len(lat) + failed)
+    latency_threads = meter.threads_line(len(lat) + failed)
     print(
         f"[latency] {len(lat)} ok, {failed} failed at {args.latency_rate}/s: "
         f"p50 {pct([int(x) for x in lat], 0.5):.0f} ms, "
@@ -587,6 +632,7 @@ def measure(
         flush=True,
     )
     print(f"[latency] {cpu_line(latency_cpu)}", flush=True)
+    print(f"[latency] {latency_threads}", flush=True)
     hops = breakdown(settings, latency_from_ms, now_ms())
     print(f"[latency] per-hop breakdown:\n{hop_table(hops)}", flush=True)
     suffix = "_storeless" if storeless else ""

@@ -113,6 +113,17 @@ class RawCommand:
     timestamp_type: TimestampType = TimestampType.CREATE_TIME
 
 
+@dataclass(frozen=True, slots=True)
+class TenantEntry:
+    """One tenant as the command agent checks it: its row (None: not registered), its
+    parsed configuration (defaults for an unknown tenant) and its signing keys, parsed once
+    per cache load rather than once per command."""
+
+    row: CqlRow | None
+    config: TenantConfig
+    keys: SigningKeys
+
+
 class TenantCache:
     """Registered tenants, cached briefly so every command does not read Cassandra; a
     change (config, deactivation, new signing key) applies within ``ttl_s`` everywhere
@@ -125,8 +136,8 @@ class TenantCache:
         self.store = store
         self.ttl_s = ttl_s
         self.negative_ttl_s = negative_ttl_s
-        self._cache: TtlCache[str, tuple[CqlRow | None, TenantConfig]] = TtlCache(
-            self._load, ttl_s=lambda e: self.ttl_s if e[0] is not None else self.negative_ttl_s
+        self._cache: TtlCache[str, TenantEntry] = TtlCache(
+            self._load, ttl_s=lambda e: self.ttl_s if e.row is not None else self.negative_ttl_s
         )
 
     def peek(self, tenant: str) -> TenantConfig | None:
@@ -134,21 +145,29 @@ class TenantCache:
         None when the tenant was never read. An expired or missing entry is refreshed in
         the background, so the answer is at most one TTL plus one read old."""
         hit = self._cache.peek(tenant)
-        return hit[1] if hit is not None else None
+        return hit.config if hit is not None else None
 
     async def get(self, tenant: str) -> CqlRow | None:
-        return (await self._cache.get(tenant))[0]
+        return (await self._cache.get(tenant)).row
 
     async def config(self, tenant: str) -> TenantConfig:
         """The tenant's parsed configuration (defaults for an unknown tenant)."""
-        return (await self._cache.get(tenant))[1]
+        return (await self._cache.get(tenant)).config
+
+    async def entry(self, tenant: str) -> TenantEntry:
+        """Row, configuration and signing keys in one look-up (the command agent's)."""
+        return await self._cache.get(tenant)
 
     def invalidate(self, tenant: str) -> None:
         self._cache.invalidate(tenant)
 
-    async def _load(self, tenant: str) -> tuple[CqlRow | None, TenantConfig]:
+    async def _load(self, tenant: str) -> TenantEntry:
         row: CqlRow | None = await self.store.get_tenant(tenant)
-        return row, TenantConfig.from_json(row.get("config") if row else None)
+        return TenantEntry(
+            row=row,
+            config=TenantConfig.from_json(row.get("config") if row else None),
+            keys=SigningKeys.of_row(row),
+        )
 
 
 class CommandProcessor:
@@ -233,11 +252,14 @@ class CommandProcessor:
                 command = decode_command(
                     msg.value or b"", key=msg.key, now_ms=now, limits=self.limits
                 )
-                await self._check_sender(command, msg)
-                await self._check_signature(command, msg, now)
+                # One cache look-up per command for all three checks.
+                tenant = await self.tenants.entry(command.tenant)
+                self._check_sender(command, msg, tenant.row)
+                self._check_signature(command, msg, now, tenant.keys)
                 if command.reply_nonce is not None:
                     nonces[index] = command.reply_nonce
-                policies[command.tenant] = await self._check_tenant_policy(command, msg, now)
+                self._check_tenant_policy(command, now, tenant.config)
+                policies[command.tenant] = tenant.config
                 valid.append((index, command))
                 outcomes.append((command, Code.OK, ""))
             except CommandRejected as rej:
@@ -330,8 +352,7 @@ class CommandProcessor:
         await asyncio.gather(*acks)
         return results
 
-    async def _check_sender(self, command: Command, msg: RawCommand) -> None:
-        tenant = await self.tenants.get(command.tenant)
+    def _check_sender(self, command: Command, msg: RawCommand, tenant: CqlRow | None) -> None:
         if tenant is None:
             raise CommandRejected(
                 Code.UNKNOWN_TENANT, f"tenant {command.tenant!r} is not registered"
@@ -349,14 +370,14 @@ class CommandProcessor:
                 "default partitioner (librdkafka: partitioner=murmur2_random)",
             )
 
-    async def _check_signature(self, command: Command, msg: RawCommand, now: int) -> None:
+    def _check_signature(
+        self, command: Command, msg: RawCommand, now: int, keys: SigningKeys
+    ) -> None:
         """The command comes from its tenant, freshly: signed with its key (the current
         one, or the previous one during a rotation), within the window of the broker's
         append time, and not a copy of a record already read (topics.signing). A tenant
         without a key passes only where unsigned commands are allowed. The tenant row is
-        cached."""
-        tenant = await self.tenants.get(command.tenant)
-        keys = SigningKeys.of_row(tenant)
+        cached with its keys parsed."""
         if keys.current is None:
             if self.require_signed:
                 raise CommandRejected(
@@ -393,11 +414,8 @@ class CommandProcessor:
                 f"{msg.partition}; a copy is not applied (sign each command anew)",
             )
 
-    async def _check_tenant_policy(
-        self, command: Command, msg: RawCommand, now: int
-    ) -> TenantConfig:
-        """The tenant's own limits; the tenant row is cached."""
-        config = await self.tenants.config(command.tenant)
+    def _check_tenant_policy(self, command: Command, now: int, config: TenantConfig) -> None:
+        """The tenant's own limits (its cached configuration)."""
         check_tenant_limits(
             command,
             config,
@@ -405,7 +423,6 @@ class CommandProcessor:
             default_retention_s=self.fired_retention_s,
             internal_topics=self.internal_topics,
         )
-        return config
 
     async def _persist(
         self,
@@ -738,6 +755,7 @@ __all__ = [
     "CommandProcessor",
     "RawCommand",
     "TenantCache",
+    "TenantEntry",
 ]
 
 
