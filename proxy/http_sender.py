@@ -1,11 +1,12 @@
-"""The HTTP sender: one attempt at an envelope's request over a pooled aiohttp session.
+"""The HTTP sender: one attempt at an envelope's request over the proxy's HTTP client.
 
-Connections are pooled and kept alive by one ``aiohttp.ClientSession``, opened on the
-writer's event loop (``async with HttpSender(...)``) and capped at ``concurrency`` in all
-and ``per_host_concurrency`` per receiver (generic mode; in fires mode the writer's slots
-cap each tenant and receiver). The answer is reported as it came: an HTTP
-status with its Retry-After and the start of its body, a read timeout, a connect failure,
-or undeliverable (an invalid request, or a target the SSRF guard refuses).
+Connections are pooled and kept alive by one ``proxy.http_client.HttpClient``, opened on
+the writer's event loop (``async with HttpSender(...)``). The pool caps no host: the
+writer's slots (``proxy.slots``) cap how many attempts run at once, in all, per receiver
+(per tenant and receiver in fires mode) and per tenant, and each running attempt holds one
+connection. The answer is reported as it came: an HTTP status with its Retry-After and the
+start of its body, a read timeout, a connect failure, or undeliverable (an invalid
+request, or a target the SSRF guard refuses).
 
 Each fires-mode attempt is signed here, just before it is sent, so its ``Tocsin-Signature``
 timestamp is the attempt's own (proxy.callback_signing).
@@ -13,19 +14,26 @@ timestamp is the attempt's own (proxy.callback_signing).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from types import TracebackType
 from urllib.parse import urlsplit
 
-import aiohttp
 from multidict import CIMultiDict
 
 from proxy.callback_signing import SIGNATURE_HEADER, CallbackSigner, SignResult, refusal, signer_for
 from proxy.envelope import Envelope, Request
+from proxy.http_client import (
+    ConnectError,
+    ConnectTimeout,
+    HttpClient,
+    ProtocolError,
+    resolve_any,
+)
 from proxy.metrics import ProxyMetrics
 from proxy.retry import ConnectFailure, HttpResult, TimeoutResult, Undeliverable
 from proxy.settings import ProxySettings
-from proxy.ssrf import GuardedResolver, blocked_reason, literal_refusal
+from proxy.ssrf import blocked_reason, guarded_resolve, literal_refusal
 from proxy.tracing import attempt_span, end_attempt
 
 HttpOutcome = HttpResult | TimeoutResult | ConnectFailure | Undeliverable
@@ -33,17 +41,8 @@ HttpOutcome = HttpResult | TimeoutResult | ConnectFailure | Undeliverable
 # A 2xx body is read (so a small one leaves the connection reusable) up to this much; past
 # it the connection is closed instead: a receiver cannot make the proxy read without end.
 SUCCESS_BODY_MAX_BYTES = 64 * 1024
-
-
-async def _discard_body(resp: aiohttp.ClientResponse, max_bytes: int) -> None:
-    left = max_bytes
-    while left > 0:
-        chunk = await resp.content.read(min(left, 16 * 1024))
-        if not chunk:
-            return
-        left -= len(chunk)
-    # Unread bytes remain: leaving the response context then drops the connection.
-    resp.close()
+# How long an idle connection is kept for the next request to its receiver.
+KEEPALIVE_S = 30.0
 
 
 class HttpSender:
@@ -62,25 +61,15 @@ class HttpSender:
         self._sign_counts = {r: metrics.signatures.labels(r.value) for r in SignResult}
         # Refuse loopback, private and reserved targets (fires mode: tenants pick the URLs).
         self._guard = guard
-        self._session: aiohttp.ClientSession | None = None
+        self._client: HttpClient | None = None
 
     async def __aenter__(self) -> HttpSender:
-        connector = aiohttp.TCPConnector(
-            limit=self._s.concurrency,
-            limit_per_host=self.pool_limit_per_host(),
-            ttl_dns_cache=300,
-            keepalive_timeout=30,
-            resolver=GuardedResolver() if self._guard else None,
+        self._client = HttpClient(
+            resolve=guarded_resolve if self._guard else resolve_any,
+            keepalive_s=KEEPALIVE_S,
+            max_idle=self._s.concurrency,
         )
-        self._session = aiohttp.ClientSession(connector=connector, auto_decompress=False)
         return self
-
-    def pool_limit_per_host(self) -> int:
-        """The connection pool's cap per host (0: none). In fires mode the writer's slots
-        cap each (tenant, host) (proxy.slots); a pool cap per host alone would make one
-        tenant's slow calls hold the connections another tenant needs on the same host, so
-        there only ``concurrency`` bounds the pool."""
-        return 0 if self._s.mode == "fires" else self._s.per_host_concurrency
 
     async def __aexit__(
         self,
@@ -88,13 +77,13 @@ class HttpSender:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        session, self._session = self._session, None
-        if session is not None:
-            await session.close()
+        client, self._client = self._client, None
+        if client is not None:
+            await client.close()
 
     async def send(self, env: Envelope) -> HttpOutcome:
         req = env.request
-        if req is None or self._session is None:
+        if req is None or self._client is None:
             raise RuntimeError(f"{env!r}: no HTTP request, or the sender is not open")
         if self._guard:
             refusal = literal_refusal(urlsplit(req.url).hostname or "")
@@ -113,37 +102,44 @@ class HttpSender:
         return outcome
 
     async def _request(self, req: Request, headers: CIMultiDict[str]) -> HttpOutcome:
-        session = self._session
-        assert session is not None  # send() checked it
-        # Built per request: the timeout is the tenant's choice, so a cache keyed by it
-        # would grow with every distinct value, and building one is a few attribute sets.
-        timeout = aiohttp.ClientTimeout(
-            total=req.timeout_s, sock_connect=min(self._s.connect_timeout_s, req.timeout_s)
-        )
+        client = self._client
+        assert client is not None  # send() checked it
         t0 = time.perf_counter()
         try:
-            async with session.request(
-                req.method,
-                req.url,
-                headers=headers,
-                data=req.body,
-                timeout=timeout,
-                allow_redirects=False,
-            ) as resp:
-                return await self._answer(resp)
-        except aiohttp.ConnectionTimeoutError:
+            async with asyncio.timeout(req.timeout_s):
+                answer = await client.request(
+                    req.method,
+                    req.url,
+                    list(headers.items()),
+                    req.body,
+                    connect_timeout_s=min(self._s.connect_timeout_s, req.timeout_s),
+                    cap_2xx=SUCCESS_BODY_MAX_BYTES,
+                    cap_other=self._s.body_snippet_bytes,
+                )
+        except ConnectTimeout:
             return ConnectFailure(detail="connect timeout")
-        except TimeoutError:  # includes aiohttp.SocketTimeoutError
+        except TimeoutError:
             return TimeoutResult(detail=f"no response within {req.timeout_s:g}s")
-        except (aiohttp.InvalidURL, ValueError) as exc:
-            return Undeliverable(detail=f"invalid request: {exc}")
-        except (aiohttp.ClientError, OSError) as exc:
+        except ConnectError as exc:
             refusal = blocked_reason(exc) if self._guard else None
             if refusal is not None:
                 return Undeliverable(detail=refusal)
             return ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
+        except ValueError as exc:  # a URL or method no request can carry
+            return Undeliverable(detail=f"invalid request: {exc}")
+        except ProtocolError as exc:
+            return ConnectFailure(detail=f"not an HTTP answer: {exc}")
+        except OSError as exc:  # the connection broke mid-exchange (Disconnected, resets)
+            return ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
         finally:
             self._metrics.request_latency.observe(time.perf_counter() - t0)
+        if 200 <= answer.status < 300:
+            return HttpResult(status=answer.status)
+        return HttpResult(
+            status=answer.status,
+            retry_after=answer.retry_after,
+            body_snippet=answer.body.decode("utf-8", "replace"),
+        )
 
     def _sign(self, env: Envelope, body: bytes, headers: CIMultiDict[str]) -> Undeliverable | None:
         """Put this attempt's signature in ``headers`` (fires mode); an Undeliverable when
@@ -160,14 +156,3 @@ class HttpSender:
         if signed.header is not None:
             headers[SIGNATURE_HEADER] = signed.header
         return None
-
-    async def _answer(self, resp: aiohttp.ClientResponse) -> HttpResult:
-        if 200 <= resp.status < 300:
-            await _discard_body(resp, SUCCESS_BODY_MAX_BYTES)
-            return HttpResult(status=resp.status)
-        snippet = await resp.content.read(self._s.body_snippet_bytes)
-        return HttpResult(
-            status=resp.status,
-            retry_after=resp.headers.get("Retry-After"),
-            body_snippet=snippet.decode("utf-8", "replace"),
-        )

@@ -189,7 +189,9 @@ class Writer:
         self._tasks: set[asyncio.Task[None]] = set()
         self._dispatching = True
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        # A wake-up is on its way to the loop: further pushes before it runs need none,
+        # since the one pump it makes takes everything pushed meanwhile.
+        self._wake_pending = False
         self._stop: asyncio.Event | None = None
         self._drain_timeout_s = settings.shutdown_timeout_s
         self._ready = threading.Event()
@@ -211,11 +213,24 @@ class Writer:
         self._parker = None
 
     def notify(self) -> None:
-        """New messages were pushed: wake the dispatcher (thread-safe, cheap)."""
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None and not loop.is_closed():
-            with contextlib.suppress(RuntimeError):  # the loop is shutting down
-                loop.call_soon_threadsafe(wake.set)
+        """New messages were pushed: wake the dispatcher (thread-safe, cheap). At most one
+        wake-up is outstanding: while one is on its way, the loop has not pumped yet and
+        its pump will take these messages too, so another would only cost the loop's
+        self-pipe a write and the loop a turn."""
+        loop = self._loop
+        if self._wake_pending or loop is None or loop.is_closed():
+            return
+        self._wake_pending = True
+        try:
+            loop.call_soon_threadsafe(self._woken)
+        except RuntimeError:  # the loop is shutting down
+            self._wake_pending = False
+
+    def _woken(self) -> None:
+        # Cleared before the pump: a push after this line schedules a new wake-up, and a
+        # push before it is taken by this pump.
+        self._wake_pending = False
+        self._pump()
 
     def drain(self, timeout_s: float) -> None:
         """Stop dispatching, let running attempts finish within ``timeout_s``, then stop."""
@@ -305,25 +320,21 @@ class Writer:
             self.error = exc if exc is not None else RuntimeError(str(context.get("message")))
 
     async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        self._loop.set_exception_handler(self._loop_error)
-        self._wake = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._loop_error)
         self._stop = asyncio.Event()
         async with contextlib.AsyncExitStack() as senders:
             if self._http is None:
                 self._http = await senders.enter_async_context(
                     HttpSender(self._s, self._metrics, guard=self._guard)
                 )
+            # Known to other threads only now: a wake-up pumps, and a pump may send.
+            self._loop = loop
             self._ready.set()
             if self._limits_file is not None:
                 self._poll_limits()
-            stop_wait = asyncio.ensure_future(self._stop.wait())
-            while not self._stop.is_set():
-                wake_wait = asyncio.ensure_future(self._wake.wait())
-                await asyncio.wait({wake_wait, stop_wait}, return_when=asyncio.FIRST_COMPLETED)
-                wake_wait.cancel()
-                self._wake.clear()
-                self._pump()
+            self._pump()  # anything pushed before the loop was there to be woken
+            await self._stop.wait()
             await self._shutdown()
 
     async def _shutdown(self) -> None:

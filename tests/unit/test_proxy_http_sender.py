@@ -162,14 +162,39 @@ async def test_a_sender_that_is_not_open_raises() -> None:
         await sender().send(envelope("http://127.0.0.1:1/x"))
 
 
-async def test_the_pool_does_not_cap_a_host_across_tenants_in_fires_mode() -> None:
+async def test_the_pool_does_not_cap_a_host_in_fires_mode() -> None:
+    # The writer's slots cap each (tenant, host) in fires mode; a pool cap per host would
+    # let one tenant's slow calls take the connections of another's. Five requests to one
+    # host are answered only once all five are in at once, over a per-host setting of 3.
+    arrived = 0
+    all_in = asyncio.Event()
+
+    async def gathered(request: web.Request) -> web.Response:
+        nonlocal arrived
+        arrived += 1
+        if arrived == 5:
+            all_in.set()
+        try:
+            await asyncio.wait_for(all_in.wait(), 5)
+        except TimeoutError:
+            return web.Response(status=500)
+        return web.Response(status=200)
+
+    app = web.Application()
+    app.router.add_post("/gathered", gathered)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     fires = HttpSender(
         replace(SETTINGS, mode="fires", per_host_concurrency=3), ProxyMetrics(), guard=False
     )
-    async with fires, sender() as generic:
-        # The writer's slots cap each (tenant, host) in fires mode; a pool cap per host
-        # would let one tenant's slow calls take the connections of another's.
-        assert fires._session is not None and fires._session.connector is not None
-        assert fires._session.connector.limit_per_host == 0
-        assert generic._session is not None and generic._session.connector is not None
-        assert generic._session.connector.limit_per_host == SETTINGS.per_host_concurrency
+    try:
+        async with fires:
+            results = await asyncio.gather(
+                *(fires.send(envelope(f"http://127.0.0.1:{port}/gathered")) for _ in range(5))
+            )
+    finally:
+        await runner.cleanup()
+    assert results == [HttpResult(status=200)] * 5
