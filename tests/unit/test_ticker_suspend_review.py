@@ -13,12 +13,16 @@ import pytest
 
 from streams.app import Ownership
 from streams.commands import CommandProcessor, RawCommand
+from streams.decisions import decide, parent_commits, plan_extension
+from streams.model import BucketRow, ScheduleRow
+from streams.partitioner import partition_for
 from streams.ticker import PartitionTicker, TickerConfig
 from tests.unit.test_fault_properties import NOW, PARTITIONS, SECRET, FakeSink, FakeStore
 from tests.unit.test_streams_handover import HeldSinkById
 from tests.unit.test_streams_isolation import record
+from tests.unit.test_streams_pause import At
 from topics.codec import decode_result, encode_command
-from topics.models import UpdateCommand
+from topics.models import CreateCommand, HttpCallback, PayloadType, Recurrence, UpdateCommand
 from topics.signing import sign_headers
 from topics.validation import Limits
 
@@ -160,3 +164,118 @@ async def test_control_the_same_move_with_a_fresh_ticker_does_not_fire_early(rig
             break
         await asyncio.sleep(0.01)
     assert "moved" not in rig.fires.ids
+
+
+def every_10s(partition: int) -> tuple[ScheduleRow, list[BucketRow]]:
+    """Tenant acme's recurring parent "r", every 10 s from NOW, and its runs written up to
+    NOW + 600 s (as its materialiser leaves them)."""
+    create = CreateCommand(
+        tenant="acme",
+        schedule_id="r",
+        payload=b"{}",
+        payload_type=PayloadType.JSON,
+        callback=HttpCallback(url="https://h.example/cb"),
+        misfire_tolerance_s=60,
+        recurrence=Recurrence(every_s=10, start_ms=NOW),
+    )
+    at = At(1, timestamp_ms=NOW, partition=partition)
+    d = decide(create, None, at, now_ms=NOW, shards=1, default_tolerance_s=3600, firing=False)
+    assert d.change is not None
+    ext = plan_extension(
+        [d.change.row], now_ms=NOW, horizon_ms=600_000, shards=1, max_runs=500, late_budget=500
+    )
+    [(row, _)] = parent_commits(ext.steps, now_ms=NOW, horizon_ms=600_000)
+    return row, [r for s in ext.steps for r in s.runs]
+
+
+def withdrawn_fired(rig: Rig) -> list[str]:
+    """Runs of "r" sent that the update at NOW + 2 s withdrew (nominal time after it)."""
+    return [sid for sid in rig.fires.ids if sid.startswith("r@") and int(sid[2:]) > NOW + 2_000]
+
+
+def hourly(offset: int) -> RawCommand:
+    """A signed update of "r" to once an hour."""
+    key = b"r"
+    value = encode_command(
+        UpdateCommand(
+            tenant="acme", schedule_id="r", recurrence=Recurrence(every_s=3600, start_ms=NOW)
+        )
+    )
+    return replace(
+        record("r", offset),
+        key=key,
+        value=value,
+        partition=partition_for(key, PARTITIONS),
+        headers=sign_headers(SECRET, signed_at_ms=NOW, key=key, value=value),
+    )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "fbd9410: a recurring schedule's update decided while its partition's ticker is "
+        "suspended is answered at once (no hand-over: nothing waits for a ticker), its "
+        "withdrawal of the old runs skipped; the resumed ticker still holds those runs and "
+        "fires them on the old recurrence"
+    ),
+)
+async def test_runs_withdrawn_by_an_update_while_suspended_do_not_fire_after_resume(
+    rig: Rig,
+) -> None:
+    partition = partition_for(b"r", PARTITIONS)
+    parent, runs = every_10s(partition)
+    rig.store.schedules[("acme", "r")] = parent
+    await rig.store.write_runs(runs, now_ms=NOW)
+    await rig.ownership.assigned({partition}, 1)
+    ticker = rig.tickers[partition]
+    await asyncio.wait_for(ticker.ready.wait(), 5)
+    for run in runs:
+        if run.due_ms > NOW + 1_000:
+            ticker.hand_over(run)  # the materialiser's hand-over (1. in its step)
+    assert len(ticker.timeline) > 0
+
+    rig.now[0] = NOW + 2_000
+    await rig.ownership.revoked({partition}, 1)
+    # Moved to once an hour while the partition is revoked: answered without a ticker.
+    assert await rig.processor.process_until_answered([hourly(2)]) == []
+    assert rig.codes() == ["ok"]
+    await rig.ownership.assigned({partition}, 2)
+    assert rig.tickers[partition] is ticker  # resumed
+
+    # The old recurrence's next run time passes: no run of "r" is due for an hour now.
+    rig.now[0] = NOW + 10_500
+    ticker._wake.set()
+    for _ in range(50):
+        if withdrawn_fired(rig):
+            break
+        await asyncio.sleep(0.01)
+    assert withdrawn_fired(rig) == []
+
+
+async def test_control_the_same_update_with_a_fresh_ticker_fires_no_old_run(rig: Rig) -> None:
+    """The same sequence with the partition back in a later generation (a fresh ticker
+    reads the buckets the update cleared): passes."""
+    partition = partition_for(b"r", PARTITIONS)
+    parent, runs = every_10s(partition)
+    rig.store.schedules[("acme", "r")] = parent
+    await rig.store.write_runs(runs, now_ms=NOW)
+    await rig.ownership.assigned({partition}, 1)
+    ticker = rig.tickers[partition]
+    await asyncio.wait_for(ticker.ready.wait(), 5)
+    for run in runs:
+        if run.due_ms > NOW + 1_000:
+            ticker.hand_over(run)
+    rig.now[0] = NOW + 2_000
+    await rig.ownership.revoked({partition}, 1)
+    assert await rig.processor.process_until_answered([hourly(2)]) == []
+    await rig.ownership.assigned({partition}, 3)
+    fresh = rig.tickers[partition]
+    assert fresh is not ticker
+    await asyncio.wait_for(fresh.ready.wait(), 5)
+    rig.now[0] = NOW + 10_500
+    fresh._wake.set()
+    for _ in range(50):
+        if withdrawn_fired(rig):
+            break
+        await asyncio.sleep(0.01)
+    assert withdrawn_fired(rig) == []
