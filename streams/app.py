@@ -419,10 +419,17 @@ class Ownership:
             if p not in partitions or not kept_running
         ]
         await asyncio.gather(*(t.stop(self.release_wait_s) for t in drop))
+        # Decided after the await above, with no await until the resumes: a ticker is
+        # resumed only if it has a state to go on from (it read its checkpoint); otherwise
+        # it is stopped and a fresh one starts.
+        renew = [self.suspended.pop(p) for p in sorted(resume) if not self.suspended[p].begun]
+        resume -= {t.partition for t in renew}
         for p in sorted(resume):
             ticker = self.suspended.pop(p)
             ticker.resume()
             self.tickers[p] = ticker
+        await asyncio.gather(*(t.stop(self.release_wait_s) for t in renew))
+        drop += renew
         started = sorted(partitions - set(self.tickers))
         for p in started:
             self.tickers[p] = self.start(p)

@@ -260,7 +260,13 @@ class PartitionTicker:
             raise RuntimeError(f"ticker {self.partition} is not suspended")
         self._stopping = False
         self._checkpoint_frozen = False
-        self._resuming = True
+        # Suspended before its checkpoint was read, there is no state to go on from: the
+        # loop reads it first, as a fresh start does (streams.app starts a fresh ticker
+        # instead; see ``begun``), and hand-overs wait for that read, not the set
+        # ``suspend`` left for its own waiters.
+        self._resuming = self.begun
+        if not self.begun:
+            self._checkpoint_read.clear()
         self._task = asyncio.create_task(
             supervise(f"ticker-{self.partition}", self._run, health=self.health),
             name=f"ticker-{self.partition}",
@@ -274,6 +280,12 @@ class PartitionTicker:
     @property
     def suspended(self) -> bool:
         return self._stopping
+
+    @property
+    def begun(self) -> bool:
+        """Whether the checkpoint was read and the loop set up from it (``_begin``): only
+        then is there a state that ``resume`` can go on from."""
+        return self._next_minute_ms is not None
 
     async def stop(self, timeout_s: float = 20.0) -> None:
         """Stop firing for good: ``suspend`` (waiting ``timeout_s`` at most for in-flight
@@ -452,7 +464,10 @@ class PartitionTicker:
 
     async def _hand_over_once_read(self, row: BucketRow) -> None:
         await self._checkpoint_read.wait()
-        if self._stopping:
+        # Set by ``suspend`` (or ``stop``) rather than by a read: the hand-over fails
+        # (retriable, its command is retried) instead of handing over again, which with
+        # no checkpoint would wait here again at once, a new task each loop turn.
+        if self._stopping or self.fired_before_ms is None:
             raise _released()
         pending = self.hand_over(row)
         if pending is not None:

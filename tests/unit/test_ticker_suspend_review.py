@@ -286,16 +286,6 @@ async def test_control_the_same_update_with_a_fresh_ticker_fires_no_old_run(rig:
     assert withdrawn_fired(rig) == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "fbd9410: a ticker suspended before it has read its checkpoint (Cassandra slow or "
-        "down at its start) resumes into _loop without _begin: _start_load's assertion on "
-        "_next_minute_ms fails and the supervisor restarts it a second later; meanwhile "
-        "suspend left _checkpoint_read set, so a hand-over chains a new _hand_over_once_read "
-        "task on every event-loop turn until the checkpoint is read"
-    ),
-)
 async def test_a_ticker_suspended_before_reading_its_checkpoint_resumes_cleanly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
