@@ -66,6 +66,9 @@ from tocsin.cluster import CassandraNode, Cluster, KafkaNode
 CLUSTER_CHAOS_ENV = {
     **CHAOS_ENV,
     "TOCSIN_STATE_DIR": str(REPO_ROOT / ".state" / "chaos-cluster"),
+    # Timestamped lines: a failover is read as a timeline across the four processes' logs
+    # (the fault, each group's session loss, revocation and assignment).
+    "TOCSIN_LOG_FORMAT": "json",
     "TOCSIN_KAFKA_PORT": "11092",
     "TOCSIN_KAFKA_CONTROLLER_PORT": "11093",
     "TOCSIN_CASSANDRA_PORT": "11042",
