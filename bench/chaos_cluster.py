@@ -83,7 +83,12 @@ LEAD_MS = (5_000, 20_000)
 class ClusterChaos:
     """What bench.chaos.Scenario needs (``env``, ``log_dir``) plus the cluster."""
 
-    def __init__(self, *, broker_session_timeout_ms: int | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        broker_session_timeout_ms: int | None = None,
+        proxy_session_timeout_s: float | None = None,
+    ) -> None:
         from tocsin.infra import find_java
 
         base = {**os.environ, **CLUSTER_CHAOS_ENV}
@@ -94,6 +99,12 @@ class ClusterChaos:
         self.java = find_java(self.cluster.stack)
         self.log_dir = self.cluster.plan.state_dir / "logs"
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # The proxies' group session (None: the suite's 6 s, bench.chaos.Scenario.proxy).
+        self.proxy_env = (
+            {"TOCSIN_PROXY_SESSION_TIMEOUT_S": str(proxy_session_timeout_s)}
+            if proxy_session_timeout_s
+            else {}
+        )
 
     def heal(self) -> None:
         """Every node running and answering (a scenario may have left one down)."""
@@ -239,7 +250,12 @@ def world(chaos: ClusterChaos, name: str) -> Iterator[tuple[Scenario, Receiver, 
     receiver = Receiver(s.tally).start()
     try:
         s.tenant(SECOND_TENANT)
-        procs = [s.worker("wa"), s.worker("wb"), s.proxy("pa"), s.proxy("pb")]
+        procs = [
+            s.worker("wa"),
+            s.worker("wb"),
+            s.proxy("pa", **chaos.proxy_env),
+            s.proxy("pb", **chaos.proxy_env),
+        ]
         s.wait_ready(180)
         for tenant in (TENANT, SECOND_TENANT):
             s.client.signing_key_of(tenant)
@@ -386,7 +402,7 @@ def sc_rolling_tocsin(chaos: ClusterChaos) -> dict[str, Any]:
             if p.name.startswith("w"):
                 s.worker(f"{p.name}2")
             else:
-                s.proxy(f"{p.name}2")
+                s.proxy(f"{p.name}2", **chaos.proxy_env)
             time.sleep(12)
         window.end_ms = now_ms()
         # Each worker stop hands partitions over and each replacement takes some back.
@@ -489,11 +505,21 @@ def main() -> int:
         default=None,
         help="the brokers' broker.session.timeout.ms (default: Kafka's stock 9000)",
     )
+    parser.add_argument(
+        "--proxy-session-timeout-s",
+        type=float,
+        default=None,
+        help="the proxies' consumer group session timeout (default: the suite's 6 s; "
+        "TOCSIN_PROXY_SESSION_TIMEOUT_S, 10 s, is the product's default)",
+    )
     args = parser.parse_args()
     names = [n for n in args.only.split(",") if n]
     if unknown := set(names) - set(SCENARIOS):
         parser.error(f"unknown scenarios {sorted(unknown)}; choose from {list(SCENARIOS)}")
-    chaos = ClusterChaos(broker_session_timeout_ms=args.broker_session_timeout_ms)
+    chaos = ClusterChaos(
+        broker_session_timeout_ms=args.broker_session_timeout_ms,
+        proxy_session_timeout_s=args.proxy_session_timeout_s,
+    )
 
     def on_term(signum: int, _frame: Any) -> None:
         raise SystemExit(f"stopped by signal {signum}")  # so every finally: cleans up
@@ -503,6 +529,7 @@ def main() -> int:
     try:
         fencing = args.broker_session_timeout_ms or "stock 9000"
         say(f"brokers' broker.session.timeout.ms: {fencing}")
+        say(f"proxies' session timeout: {args.proxy_session_timeout_s or 6} s")
         say(f"cluster ready: {chaos.cluster.up()}")
         results = run_all(chaos, names)
     finally:
