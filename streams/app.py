@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -129,6 +129,7 @@ class Worker:
             clock_ms=self.clock_ms,
             fired_retention_s=sched.fired_retention_s,
         )
+        self.processor.unwithdrawn = self.ownership.unwithdrawn
         # Recurring schedules: one materialiser per owned partition, next to its ticker.
         self.recurring = self.processor.recurring  # (one RecurringStore per worker)
         self.materializers: dict[int, PartitionMaterializer] = {}
@@ -198,13 +199,9 @@ class Worker:
         batch_wait_s = max(1, s.scheduler.command_batch_wait_ms) / 1000  # 0 would mean forever
         commands_name = self.catalog.commands.name
 
-        def assigned(partition: int) -> bool:
-            # The consumer's own view, not the tickers map: between a revocation and the
-            # next assignment the map lags behind, and a command must be neither answered
-            # nor committed here once its partition may belong to another worker.
-            return TP(commands_name, partition) in app.consumer.assignment()
-
-        self.processor.assigned = assigned
+        self.processor.assigned = commands_assigned(
+            lambda: app.consumer.assignment(), commands_name, self.ownership
+        )
 
         @app.agent(commands, name="commands")
         async def command_agent(stream: StreamT[bytes]) -> None:
@@ -373,8 +370,19 @@ class Ownership:
     new owner does.
 
     The command agent sees only running tickers (``tickers``, the dict it shares), so
-    nothing reaches a suspended one; its commands are retried until the partition is
-    either back or assigned elsewhere (streams.commands).
+    nothing reaches a suspended one, and a suspended partition does not count as assigned
+    here (``commands_assigned``): its commands are left unanswered and uncommitted, as a
+    revoked partition's are, and replayed from the committed offset by whoever is given
+    it next, this worker included (Faust seeks every assigned partition to its committed
+    offset after a rebalance). Decided meanwhile, a command would be written with the
+    withdrawals it makes from its ticker skipped, and its replay after the resume
+    withdraws nothing, so the resumed ticker would fire what it replaced. A batch past
+    that check when the revocation came still does so: it hands those withdrawals here
+    (``unwithdrawn``), and they are applied to the partition's next ticker on this worker,
+    before it emits anything: the resumed one, or a fresh one (whose first bucket read
+    may be answered before the command's write lands: the withdrawals' tombstones refuse
+    what it replaced). A partition given to another worker drops them: that worker's
+    ticker reads the store, or is running when the command is replayed there.
     """
 
     tickers: dict[int, PartitionTicker]
@@ -387,6 +395,19 @@ class Ownership:
     generation: int | None = None
     # This member's generation when it was last revoked, while its membership was valid.
     revoked_in: int | None = None
+    # Withdrawals owed to a partition's next ticker here (``unwithdrawn``), in order.
+    # Keyed by partition; each list holds at most a batch's commands per rebalance (only
+    # a batch past its ``assigned`` check adds to it) and is emptied at each assignment.
+    owed: dict[int, list[Callable[[PartitionTicker], None]]] = field(default_factory=dict)
+
+    def unwithdrawn(self, partition: int, withdraw: Callable[[PartitionTicker], None]) -> None:
+        """A command's withdrawals from ``partition``'s ticker, decided while it had no
+        running one here: applied to the next one (``assigned``)."""
+        self.owed.setdefault(partition, []).append(withdraw)
+
+    def _pay(self, ticker: PartitionTicker) -> None:
+        for withdraw in self.owed.pop(ticker.partition, []):
+            withdraw(ticker)
 
     async def revoked(self, partitions: set[int], member_generation: int | None) -> None:
         """Suspend the tickers of ``partitions``; ``member_generation``: this member's
@@ -420,12 +441,13 @@ class Ownership:
         ]
         await asyncio.gather(*(t.stop(self.release_wait_s) for t in drop))
         # Decided after the await above, with no await until the resumes: a ticker is
-        # resumed only if it has a state to go on from (it read its checkpoint); otherwise
-        # it is stopped and a fresh one starts.
+        # resumed only if it has a state to go on from (it read its checkpoint);
+        # otherwise it is stopped and a fresh one starts.
         renew = [self.suspended.pop(p) for p in sorted(resume) if not self.suspended[p].begun]
         resume -= {t.partition for t in renew}
         for p in sorted(resume):
             ticker = self.suspended.pop(p)
+            self._pay(ticker)  # before it emits anything
             ticker.resume()
             self.tickers[p] = ticker
         await asyncio.gather(*(t.stop(self.release_wait_s) for t in renew))
@@ -433,6 +455,9 @@ class Ownership:
         started = sorted(partitions - set(self.tickers))
         for p in started:
             self.tickers[p] = self.start(p)
+            self._pay(self.tickers[p])  # before its loop's first step (no await since)
+        # Owed to partitions not assigned here: their owner reads or replays the change.
+        self.owed.clear()
         log.info(
             "partitions assigned",
             extra={
@@ -449,6 +474,23 @@ class Ownership:
         self.tickers.clear()
         self.suspended.clear()
         await asyncio.gather(*(t.stop() for t in going))
+
+
+def commands_assigned(
+    assignment: Callable[[], Set[TP]], topic: str, ownership: Ownership
+) -> Callable[[int], bool]:
+    """Whether a commands partition counts as assigned here (CommandProcessor.assigned):
+    the consumer's own view, not the tickers map (between a revocation and the next
+    assignment the map lags behind, and a command must be neither answered nor committed
+    here once its partition may belong to another worker), and not while its ticker is
+    suspended (``Ownership``: its commands wait for the partition's next owner)."""
+
+    def assigned(partition: int) -> bool:
+        if partition in ownership.suspended:
+            return False
+        return TP(topic, partition) in assignment()
+
+    return assigned
 
 
 def member_generation(app: faust.App) -> int | None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
@@ -194,6 +195,11 @@ class CommandProcessor:
         # right now (the worker asks its Kafka consumer); None: every partition is (no
         # consumer group: tests, tools). See ``_still_assigned``.
         self.assigned = assigned
+        # Given the withdrawals of a decision made while its partition had no running
+        # ticker here (a batch past its ``assigned`` check when a rebalance came): the
+        # command's replay withdraws nothing, so the worker applies them to the partition's
+        # next ticker here, resumed or fresh (streams.app.Ownership); None: dropped.
+        self.unwithdrawn: Callable[[int, Callable[[PartitionTicker], None]], None] | None = None
         self.require_signed = require_signed
         self.fired_retention_s = fired_retention_s
         self.store = store
@@ -454,17 +460,10 @@ class CommandProcessor:
         """Before persisting: the tickers refuse the rows the decisions replace."""
         for msg, d in decisions:
             ticker = self.tickers.get(msg.partition)
-            if ticker is None:
-                continue
-            if d.withdraw_version is not None and d.change is not None:
-                ticker.withdraw(d.change.row.tenant, d.change.row.schedule_id, d.withdraw_version)
-            for tenant, run, version in d.withdraw_runs:
-                ticker.withdraw(tenant, run, version)
-            stop = stopped_backfills(d.change)
-            if stop is not None and d.change is not None:
-                row = d.change.row
-                cancelled = row.state == ScheduleState.CANCELLED
-                ticker.withdraw_backfill(row.tenant, row.schedule_id, stop, cancelled=cancelled)
+            if ticker is not None:
+                _withdraw_replaced(ticker, d)
+            elif self.unwithdrawn is not None and _replaces(d):
+                self.unwithdrawn(msg.partition, functools.partial(_withdraw_replaced, d=d))
 
     async def _write_changes(self, changes: Sequence[ScheduleChange], now: int) -> None:
         """The changes, with the listing indexes and the due-queue entries they need written
@@ -757,6 +756,26 @@ __all__ = [
     "TenantCache",
     "TenantEntry",
 ]
+
+
+def _replaces(d: Decision) -> bool:
+    """Whether ``d`` withdraws anything from its partition's ticker."""
+    return bool(d.withdraw_version is not None or d.withdraw_runs) or (
+        stopped_backfills(d.change) is not None
+    )
+
+
+def _withdraw_replaced(ticker: PartitionTicker, d: Decision) -> None:
+    """``ticker`` refuses the rows ``d`` replaces (no ``await``: nothing fires in between)."""
+    if d.withdraw_version is not None and d.change is not None:
+        ticker.withdraw(d.change.row.tenant, d.change.row.schedule_id, d.withdraw_version)
+    for tenant, run, version in d.withdraw_runs:
+        ticker.withdraw(tenant, run, version)
+    stop = stopped_backfills(d.change)
+    if stop is not None and d.change is not None:
+        row = d.change.row
+        cancelled = row.state == ScheduleState.CANCELLED
+        ticker.withdraw_backfill(row.tenant, row.schedule_id, stop, cancelled=cancelled)
 
 
 def _note_refusal(

@@ -71,6 +71,7 @@ class Rig:
             assigned=lambda partition: True,
             sleep=self._sleep,
         )
+        self.processor.unwithdrawn = self.ownership.unwithdrawn  # as the worker wires it
 
     def _new(self, partition: int) -> PartitionTicker:
         ticker = PartitionTicker(
@@ -105,15 +106,6 @@ async def rig() -> Any:
     await r.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "fbd9410: an update decided while the partition's ticker is suspended skips the "
-        "withdrawal (CommandProcessor._withdraw finds no ticker in the shared dict), and its "
-        "retry after the resume is a replay, which withdraws nothing; the resumed ticker "
-        "still holds the old version and fires it at the old due time"
-    ),
-)
 async def test_a_schedule_moved_later_while_suspended_does_not_fire_at_its_old_time(
     rig: Rig,
 ) -> None:
@@ -215,15 +207,6 @@ def hourly(offset: int) -> RawCommand:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "fbd9410: a recurring schedule's update decided while its partition's ticker is "
-        "suspended is answered at once (no hand-over: nothing waits for a ticker), its "
-        "withdrawal of the old runs skipped; the resumed ticker still holds those runs and "
-        "fires them on the old recurrence"
-    ),
-)
 async def test_runs_withdrawn_by_an_update_while_suspended_do_not_fire_after_resume(
     rig: Rig,
 ) -> None:
