@@ -35,7 +35,7 @@ from base.health import Health
 from base.health import serve as serve_health
 from base.logs import setup_logging
 from base.settings import Settings
-from streams import drain, fetch_wait, metrics
+from streams import drain, fetch_wait, metrics, recovery
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
 from streams.deadletter_store import DeadLetterStore, record_dead_letters
@@ -152,6 +152,9 @@ class Worker:
 
     def _build_app(self) -> faust.App:
         app = self._faust_app()
+        # A seek to the committed offsets slower than the request timeout would leave the
+        # streams paused for good (streams.recovery says why resuming is safe).
+        recovery.install(app)
         self._add_command_agent(app)
         self._add_delivery_agent(app)
         self._add_lifecycle_handlers(app)

@@ -310,17 +310,6 @@ async def test_a_ticker_suspended_before_reading_its_checkpoint_resumes_cleanly(
         await ticker.stop(timeout_s=0.0)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "fbd9410 lowers Faust's broker_request_timeout to 15 s; Faust also bounds its "
-        "post-assignment seek to the committed offsets (an OffsetFetch to the group "
-        "coordinator, queued behind a stalled offset commit: 8-21 s in RELIABILITY's broker "
-        "failover runs) by it, and a seek outlasting it raises ServiceStopped, which ends "
-        "the recovery task for good with the streams' flow still suspended: the command "
-        "agent receives nothing until the worker restarts (scaled down here to 0.05 s)"
-    ),
-)
 async def test_a_seek_slower_than_the_request_timeout_still_resumes_the_streams(
     tmp_path: Path,
 ) -> None:
