@@ -167,6 +167,18 @@ def pin_process(pid: int, cpus: frozenset[int]) -> dict[int, frozenset[int]]:
     return affinities(pid)
 
 
+def cpu_seconds(pids: Mapping[str, int]) -> dict[str, float]:
+    """User + system CPU seconds (all threads) of each named process still running."""
+    out = {}
+    for name, pid in pids.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return out
+
+
 def server_pids() -> dict[str, int]:
     """The local stack's Kafka and Cassandra JVMs, as ``tocsin infra`` knows them (pid files
     checked against the process's start time and command line)."""

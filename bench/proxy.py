@@ -106,6 +106,7 @@ class ReceiverClient:
     def __init__(self, port: int) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}/process"
+        self.pid = 0  # the receiver process, for its CPU
 
     def _call(self, body: dict[str, Any] | None = None) -> dict[str, Any]:
         data = None if body is None else json.dumps(body).encode()
@@ -253,15 +254,24 @@ def run_proxy(
         env=proxy_env(topic, dlq, rx.url, concurrency, **extra),
     )
     pinning.place({"proxy": proc.pid})
+    # CPU per message of each process from the first delivery seen to the last.
+    pids = {"proxy": proc.pid, "receiver": rx.pid, **pinning.server_pids()}
+    cpu0: dict[str, float] = {}
     rss = 0.0
     try:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             rss = max(rss, peak_rss_mib(proc.pid))
-            if rx.stats()["unique"] >= expected or proc.poll() is not None:
+            unique = rx.stats()["unique"]
+            if not cpu0 and unique > 0:
+                cpu0, unique0 = pinning.cpu_seconds(pids), unique
+            if unique >= expected or proc.poll() is not None:
                 break
             time.sleep(0.2)
         rss = max(rss, peak_rss_mib(proc.pid))
+        cpu = {k: v - cpu0[k] for k, v in pinning.cpu_seconds(pids).items() if k in cpu0}
+        per = ", ".join(f"{k} {v * 1000 / max(1, unique - unique0):.3f}" for k, v in cpu.items())
+        print(f"[cpu] {per} ms CPU per message, first delivery to last", flush=True)
     finally:
         proc.send_signal(signal.SIGTERM)
         try:
@@ -350,6 +360,7 @@ def main() -> int:
         [sys.executable, "-m", "bench.proxy", "--receiver", str(port)], cwd=REPO
     )
     rx = ReceiverClient(port)
+    rx.pid = rx_proc.pid
     for _ in range(100):
         try:
             rx.stats()
