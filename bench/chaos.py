@@ -430,17 +430,18 @@ class Scenario:
         return p
 
     def proxy(self, name: str = "proxy", **env: str) -> Proc:
-        e = dict(
-            self.env,
-            TOCSIN_PROXY_MODE="fires",
-            TOCSIN_PROXY_GROUP_ID=self.settings.topics.prefix + "proxy",
-            TOCSIN_PROXY_METRICS_PORT="0",
-            TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS="true",
-            TOCSIN_PROXY_COMMIT_INTERVAL_S="1",
-            TOCSIN_PROXY_SESSION_TIMEOUT_S="6",
-            TOCSIN_PROXY_RETRY_MAX_DELAY_S="5",
+        # ``env`` may override any of these (a later key wins in a dict display).
+        e = {
+            **self.env,
+            "TOCSIN_PROXY_MODE": "fires",
+            "TOCSIN_PROXY_GROUP_ID": self.settings.topics.prefix + "proxy",
+            "TOCSIN_PROXY_METRICS_PORT": "0",
+            "TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS": "true",
+            "TOCSIN_PROXY_COMMIT_INTERVAL_S": "1",
+            "TOCSIN_PROXY_SESSION_TIMEOUT_S": "6",
+            "TOCSIN_PROXY_RETRY_MAX_DELAY_S": "5",
             **env,
-        )
+        }
         argv = [sys.executable, "-m", "tocsin", "proxy"]
         p = Proc(name, argv, e, self.logs / f"{name}.log").start()
         self.procs.append(p)
