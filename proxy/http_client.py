@@ -46,6 +46,7 @@ from base.errors import TocsinError
 # An answer's status line and headers may take at most this much (aiohttp's own limit is
 # 8 KiB per line and 128 headers).
 MAX_HEAD_BYTES = 64 * 1024
+MAX_HEADER_LINES = 128  # aiohttp's client parser allowed as many
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # Left as they are in a request target: RFC 3986's reserved and unreserved characters and
 # "%" (a target already percent-encoded stays as it is); anything else is percent-encoded.
@@ -135,6 +136,7 @@ class _Connection(asyncio.Protocol):
         self.buf = bytearray()
         self.eof = False
         self.closed = False
+        self.busy = False  # a request is using it: only then is what comes read
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
 
@@ -143,6 +145,11 @@ class _Connection(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
 
     def data_received(self, data: bytes) -> None:
+        if not self.busy:
+            # Nothing was asked: the connection is unusable, and reading on would let a
+            # receiver fill the proxy's memory through an idle connection.
+            self.abort()
+            return
         self.buf += data
         self._wake()
 
@@ -188,6 +195,8 @@ async def _read_head(conn: _Connection) -> tuple[int, str, dict[str, str]]:
             if len(conn.buf) > MAX_HEAD_BYTES:
                 raise ProtocolError("answer headers too long")
             await conn.more()
+        if end > MAX_HEAD_BYTES:
+            raise ProtocolError("answer headers too long")
         head = bytes(conn.buf[:end]).decode("latin-1")
         del conn.buf[: end + 4]
         lines = head.split("\r\n")
@@ -196,11 +205,13 @@ async def _read_head(conn: _Connection) -> tuple[int, str, dict[str, str]]:
         if (
             not version.startswith("HTTP/1.")
             or len(code) != 3
-            or not code.isdigit()
+            or not _digits(code)
             or rest[3:4] not in ("", " ")
         ):
             raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
         status = int(code)
+        if len(lines) > MAX_HEADER_LINES + 1:
+            raise ProtocolError("too many answer header lines")
         headers: dict[str, str] = {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
@@ -212,6 +223,11 @@ async def _read_head(conn: _Connection) -> tuple[int, str, dict[str, str]]:
         if 100 <= status < 200 and status != 101:
             continue  # 100 Continue, 103 Early Hints: the final answer follows
         return status, version, headers
+
+
+def _digits(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` takes superscripts and other scripts' digits)."""
+    return text.isascii() and text.isdigit()
 
 
 def _tokens(value: str | None) -> set[str]:
@@ -243,7 +259,7 @@ async def _read_line(conn: _Connection) -> bytes:
 
 def _chunk_size(line: bytes) -> int:
     text = line.split(b";", 1)[0].strip()
-    if not text or any(c not in b"0123456789abcdefABCDEF" for c in text):
+    if not text or len(text) > 15 or any(c not in b"0123456789abcdefABCDEF" for c in text):
         raise ProtocolError(f"bad chunk size {text[:20]!r}")
     return int(text, 16)
 
@@ -254,8 +270,11 @@ async def _read_chunked(conn: _Connection, cap: int) -> tuple[bytes, bool]:
     while True:
         size = _chunk_size(await _read_line(conn))
         if size == 0:
-            while await _read_line(conn):
-                pass  # trailers, up to the empty line that ends the body
+            trailers = 0  # bytes of trailers, up to the empty line that ends the body
+            while line := await _read_line(conn):
+                trailers += len(line) + 2
+                if trailers > MAX_HEAD_BYTES:
+                    raise ProtocolError("trailers too long")
             return bytes(out), True
         if len(out) + size > cap:
             # Over the cap: keep what fits, and give the connection up (bytes left unread).
@@ -266,6 +285,8 @@ async def _read_chunked(conn: _Connection, cap: int) -> tuple[bytes, bool]:
             return bytes(out), False
         while len(conn.buf) < size + 2:
             await conn.more()
+        if conn.buf[size : size + 2] != b"\r\n":
+            raise ProtocolError("chunk data not followed by CRLF")
         out += conn.buf[:size]
         del conn.buf[: size + 2]
 
@@ -283,15 +304,23 @@ async def read_answer(conn: _Connection, method: str, cap_2xx: int, cap_other: i
     cap = cap_2xx if 200 <= status < 300 else cap_other
     keep = version == "HTTP/1.1" and "close" not in _tokens(headers.get("connection"))
     body = b""
+    coding = headers.get("transfer-encoding")
+    if coding is not None and "content-length" in headers:
+        keep = False  # both framings (RFC 9112 6.3): never reuse the connection
     if method == "HEAD" or status in (204, 304):
         whole = True
-    elif "chunked" in _tokens(headers.get("transfer-encoding")):
-        body, whole = await _read_chunked(conn, cap)
+    elif coding is not None:
+        codings = [t.strip().lower() for t in coding.split(",")]
+        if codings[-1] == "chunked":
+            body, whole = await _read_chunked(conn, cap)
+        else:  # not chunked last: the body ends with the connection (RFC 9112 6.3)
+            body, whole = await _read_to_close(conn, cap), False
     elif "content-length" in headers:
         lengths = _tokens(headers["content-length"])
-        if len(lengths) != 1 or not next(iter(lengths)).isdigit():
+        length = next(iter(lengths)) if len(lengths) == 1 else ""
+        if not _digits(length) or len(length) > 18:
             raise ProtocolError(f"bad Content-Length {headers['content-length'][:40]!r}")
-        body, whole = await _read_exact_prefix(conn, int(next(iter(lengths))), cap)
+        body, whole = await _read_exact_prefix(conn, int(length), cap)
     else:
         body, whole = await _read_to_close(conn, cap), False
     if not (keep and whole) or conn.buf:
@@ -362,18 +391,21 @@ class HttpClient:
         if "accept" not in named:
             head.append("Accept: */*\r\n")
         head.append(f"Content-Length: {len(body)}\r\n\r\n")
-        data = "".join(head).encode("latin-1") + body
+        # UTF-8, as aiohttp sent it: a schedule id in a header may be any text.
+        data = "".join(head).encode("utf-8") + body
         conn = self._take(target.key)
         if conn is None:
             conn = await self._connect(target, connect_timeout_s)
         try:
             transport = conn.transport
             assert transport is not None
+            conn.busy = True
             transport.write(data)
             answer = await read_answer(conn, method, cap_2xx, cap_other)
         except BaseException:
             conn.abort()
             raise
+        conn.busy = False
         if not conn.closed:
             self._give_back(target.key, conn)
         return answer

@@ -1,10 +1,10 @@
 """Review of the proxy's own HTTP client (410b27c): answers from a hostile receiver that
 the client reads without bound, frames wrongly or classifies as the proxy's fault.
 
-Each test is xfail(strict=True) with the defect as its reason: it fails on 410b27c and
-starts passing (and so must lose its mark) when the client is fixed. Framing cases drive
-``read_answer`` over a connection whose bytes are all there already, so what the client
-decides does not depend on how the kernel splits a write; the rest use a loopback server.
+Each test failed on 410b27c (seen with --runxfail) and passes on the fixed client.
+Framing cases drive ``read_answer`` over a connection whose bytes are all there
+already, so what the client decides does not depend on how the kernel splits a write;
+the rest use a loopback server.
 """
 
 from __future__ import annotations
@@ -99,12 +99,6 @@ async def read_all_there(data: bytes) -> tuple[Answer, _Connection]:
 OK_HEAD = b"HTTP/1.1 200 OK\r\n"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="http_client.py:145-147,399-410: an idle pooled connection keeps reading; "
-    "whatever the receiver sends unasked piles up in conn.buf without bound (nothing "
-    "pauses reading or closes it until a later request to that host takes it)",
-)
 async def test_an_idle_connection_does_not_buffer_what_the_receiver_sends_unasked(
     serve: Callable[[Handler], Awaitable[int]],
 ) -> None:
@@ -136,36 +130,18 @@ async def test_an_idle_connection_does_not_buffer_what_the_receiver_sends_unaske
     assert held <= MAX_HEAD_BYTES, held
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="http_client.py:187-189: MAX_HEAD_BYTES is checked only while the head's end "
-    "has not arrived; a head whose CRLFCRLF comes in the same read (up to 256 KiB per "
-    "read, more across 1xx answers) is parsed whatever its size",
-)
 async def test_a_head_over_the_limit_is_refused_even_when_it_arrived_whole() -> None:
     head = OK_HEAD + b"X-Pad: " + b"a" * (2 * MAX_HEAD_BYTES) + b"\r\nContent-Length: 0\r\n\r\n"
     with pytest.raises(ProtocolError):
         await read_all_there(head)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="http_client.py:205-211: no limit on the number of header lines (aiohttp's "
-    "client parser allowed 128); a repeated name is joined by string concatenation, "
-    "quadratic: 16k 'a:' lines in 64 KiB cost 11 ms of the writer loop, 250 KB 108 ms, "
-    "and 1xx answers repeat it until the deadline",
-)
 async def test_the_number_of_header_lines_is_bounded() -> None:
     head = OK_HEAD + b"a:\r\n" * 1000 + b"Content-Length: 0\r\n\r\n"
     with pytest.raises(ProtocolError):
         await read_all_there(head)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="http_client.py:257-258: trailers are read line by line without a total "
-    "bound (each line is capped, their number is not)",
-)
 async def test_trailers_are_bounded_like_a_head() -> None:
     data = (
         OK_HEAD
@@ -177,25 +153,12 @@ async def test_trailers_are_bounded_like_a_head() -> None:
         await read_all_there(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="http_client.py:267-270: the two bytes after a chunk's data are dropped "
-    "without checking they are CRLF, so a mis-sized chunk is read as a valid body and "
-    "the connection is pooled",
-)
 async def test_chunk_data_not_followed_by_crlf_is_a_protocol_error() -> None:
     data = OK_HEAD + b"Transfer-Encoding: chunked\r\n\r\n2\r\nokXY0\r\n\r\n"
     with pytest.raises(ProtocolError):
         await read_all_there(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="http_client.py:288-294: framing conflicts leave the connection reusable: "
-    "Transfer-Encoding with Content-Length (RFC 9112 6.3: a smuggling sign, the client "
-    "must not reuse the connection), and a non-chunked Transfer-Encoding framed by its "
-    "Content-Length instead of the connection's end",
-)
 @pytest.mark.parametrize(
     "head",
     [
@@ -212,12 +175,6 @@ async def test_a_framing_conflict_never_leaves_the_connection_for_reuse(head: by
     assert conn.closed
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="http_client.py:199,203,292-294: str.isdigit() accepts latin-1 superscripts "
-    "and numbers int() refuses (over 4,300 digits), so int() raises ValueError, not "
-    "ProtocolError",
-)
 @pytest.mark.parametrize(
     "data",
     [
@@ -232,13 +189,6 @@ async def test_a_number_int_cannot_read_is_a_protocol_error(data: bytes) -> None
         await read_all_there(data)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="http_sender.py:128-129 with http_client.py:294: the ValueError of a "
-    "receiver's unreadable Content-Length is taken for an invalid request: the delivery "
-    "is Undeliverable (dead-lettered at once) instead of a retried ConnectFailure, as "
-    "aiohttp's parser error was",
-)
 async def test_an_unreadable_content_length_is_retried_not_dead_lettered(
     serve: Callable[[Handler], Awaitable[int]],
 ) -> None:
@@ -262,13 +212,6 @@ async def test_an_unreadable_content_length_is_retried_not_dead_lettered(
     assert isinstance(outcome, ConnectFailure), outcome
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="http_client.py:365: the request head is encoded latin-1, so a header value "
-    "outside it (Tocsin-Schedule-Id: schedule ids are any text without controls, "
-    "topics/fields.py check_text; proxy/envelope.py _header_value passes it through) "
-    "raises UnicodeEncodeError, reported Undeliverable; aiohttp sent UTF-8",
-)
 async def test_a_header_value_outside_latin_1_is_sent_as_utf_8(
     serve: Callable[[Handler], Awaitable[int]],
 ) -> None:
