@@ -6,6 +6,12 @@ host's failures are counted together:
 
 * CLOSED: attempts go. After ``failures`` consecutive host failures, or when at least
   ``failure_ratio`` of the last ``window`` attempts failed (the window full), it opens.
+  A failure of an attempt that started before the host's last success does not add to the
+  consecutive count (it still counts in the window): the host answered after that attempt
+  began, so the failure says more about the message (a poison request timing out) than
+  about the host. Without that, a few such requests started together and timing out in
+  the same turn of the loop read as consecutive failures while the host answered
+  hundreds of others in between.
 * OPEN: no attempt goes until ``open_s`` has passed (doubling after each failed probe, at
   most ``open_max_s``).
 * HALF_OPEN: one attempt goes as the probe; the others wait. The probe delivered (or
@@ -117,6 +123,7 @@ class Breaker:
         self.probing = False
         self.opened_count = 0
         self.last_failure: str | None = None
+        self.last_success_s: float | None = None
 
     def allow(self, now_s: float) -> tuple[bool, bool]:
         """May an attempt go at ``now_s``? Returns (allowed, is_probe). An allowed probe
@@ -140,11 +147,18 @@ class Breaker:
         return 0.0
 
     def record(
-        self, verdict: HostVerdict, now_s: float, *, probe: bool, detail: str | None = None
+        self,
+        verdict: HostVerdict,
+        now_s: float,
+        *,
+        probe: bool,
+        detail: str | None = None,
+        started_s: float | None = None,
     ) -> BreakerState:
         """One attempt's verdict; returns the state after it. Attempts that started before
         the breaker opened and end while it is open or probing are ignored: only the probe
-        speaks for the host then."""
+        speaks for the host then. ``started_s``: when the attempt began (same clock), so a
+        failure of one that began before the last success is not counted as consecutive."""
         if verdict is HostVerdict.FAILED:
             self.last_failure = detail
         if self.state is not BreakerState.CLOSED:
@@ -155,7 +169,11 @@ class Breaker:
             return self.state
         failed = verdict is HostVerdict.FAILED
         self._recent.append(failed)
-        self.consecutive = self.consecutive + 1 if failed else 0
+        if not failed:
+            self.consecutive = 0
+            self.last_success_s = now_s
+        elif started_s is None or self.last_success_s is None or started_s >= self.last_success_s:
+            self.consecutive += 1
         if failed and self._tripped():
             self._open(now_s, self.policy.open_s)
         return self.state
@@ -179,6 +197,7 @@ class Breaker:
         if verdict is HostVerdict.UP:
             self.state = BreakerState.CLOSED
             self.consecutive = 0
+            self.last_success_s = now_s
             self._recent.clear()
             self.open_for_s = self.policy.open_s
         elif verdict is HostVerdict.FAILED:

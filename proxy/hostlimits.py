@@ -342,13 +342,17 @@ class HostGate:
         *,
         probe: bool,
         detail: str | None = None,
+        started_s: float | None = None,
     ) -> Transition | None:
-        """Feed one attempt's result to the host's breaker; the state change, if any."""
+        """Feed one attempt's result (the attempt begun at ``started_s``) to the host's
+        breaker; the state change, if any."""
         verdict = host_verdict(result)
         with self._lock:
             entry = self._entry((tenant, host), now_s)
             before = entry.breaker.state
-            after = entry.breaker.record(verdict, now_s, probe=probe, detail=detail)
+            after = entry.breaker.record(
+                verdict, now_s, probe=probe, detail=detail, started_s=started_s
+            )
         if before is after:
             return None
         return Transition(tenant=tenant, host=host, before=before, after=after)

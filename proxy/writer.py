@@ -485,10 +485,10 @@ class Writer:
             log.exception("unexpected delivery error", extra={"record": repr(env)})
             result = ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
         env.attempting = False
-        now = time.monotonic()
+        started, now = now, time.monotonic()
         # Before the slot goes to the next waiting message: a breaker this result opens
         # must turn that message back rather than let it go to the failing host.
-        self._host_result(env, result, now)
+        self._host_result(env, result, now, started)
         self._slot_freed(env)
         sclass = status_class(result)
         self._metrics.attempt(sclass)
@@ -692,7 +692,9 @@ class Writer:
                         line.envs.append(held)
             return
 
-    def _host_result(self, env: Envelope, result: AttemptResult, now: float) -> None:
+    def _host_result(
+        self, env: Envelope, result: AttemptResult, now: float, started: float | None = None
+    ) -> None:
         """Tell the host's breaker how the attempt went; a line waiting for it moves on once
         it closes."""
         probe = self._probes.pop(env, None)
@@ -700,7 +702,13 @@ class Writer:
         if hosts is None or env.request is None:
             return
         change = hosts.record(
-            env.tenant, env.host, result, now, probe=probe is not None, detail=_detail(result)
+            env.tenant,
+            env.host,
+            result,
+            now,
+            probe=probe is not None,
+            detail=_detail(result),
+            started_s=started,
         )
         if change is None:
             return

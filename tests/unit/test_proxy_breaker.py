@@ -52,6 +52,20 @@ def test_it_opens_after_n_consecutive_failures_and_a_success_resets_the_count() 
     assert view.last_failure == "HTTP 503" and view.opened_count == 1
 
 
+def test_failures_of_attempts_begun_before_the_last_success_are_not_consecutive() -> None:
+    # Poison requests sent together time out together, while the host answered others
+    # after they began: that is not a host failing three times in a row.
+    b = breaker(window=20)
+    b.record(UP, 1.0, probe=False, started_s=0.9)
+    for _ in range(3):
+        assert b.record(FAILED, 1.5, probe=False, started_s=0.5) is CLOSED
+    assert b.view(1.5).window_failures == 3  # still counted for the ratio
+    # Failures of attempts begun after that success are consecutive.
+    for i in range(2):
+        assert b.record(FAILED, 2.5, probe=False, started_s=2.0 + i / 10) is CLOSED
+    assert b.record(FAILED, 2.6, probe=False, started_s=2.2) is OPEN
+
+
 def test_it_opens_on_the_failure_ratio_of_a_full_window() -> None:
     b = breaker(failures=100, window=4, failure_ratio=0.5)
     for verdict in (FAILED, UP, FAILED):
