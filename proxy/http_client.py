@@ -14,12 +14,20 @@ What it does:
 
 - one request at a time per connection; idle connections are kept per (scheme, host,
   port) for ``keepalive_s`` and reused, at most ``max_idle`` in all (the oldest closes
-  first), so the pool is bounded whatever hosts tenants name;
+  first), so the pool is bounded whatever hosts tenants name; a timer closes those kept
+  longer, and an idle connection that receives anything unasked is aborted;
 - the body goes with ``Content-Length``; no ``Expect: 100-continue``, no compression
   asked for, no cookies, no proxy, no redirect followed (a 3xx is an answer like any other);
-- the answer's body is framed by ``Content-Length``, ``Transfer-Encoding: chunked`` or the
-  end of the connection; interim 1xx answers are skipped; the body is read up to a cap,
-  and a connection whose body was not read to its end is closed, never reused;
+  the head is encoded UTF-8, as aiohttp's writer did;
+- the answer is parsed by ``httptools`` (llhttp, the C parser uvicorn uses): strict
+  framing (a chunk's CRLF, Transfer-Encoding with Content-Length refused, numbers it can
+  read), at about half the CPU of a parser in Python. It has no size limits and cannot
+  end a body framed by the connection's end, so this module keeps them: a head (or
+  trailers) over ``MAX_HEAD_BYTES`` or ``MAX_HEADER_LINES``, in one read or many, is a
+  ``ProtocolError``; a body without Content-Length or chunked coding ends with the
+  connection; interim 1xx answers are skipped; the body is read up to a cap, and a
+  connection whose body was not read to its end, or that sent bytes after the answer,
+  is closed, never reused;
 - TLS with the default verifying context and SNI;
 - ``resolve``: the addresses a host name may be connected to (the SSRF guard's filter,
   ``proxy.ssrf``); the client connects only to what it returns.
@@ -40,6 +48,8 @@ from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
+
+import httptools
 
 from base.errors import TocsinError
 
@@ -128,17 +138,45 @@ async def resolve_any(host: str, port: int) -> Sequence[str]:
     return list(dict.fromkeys(str(info[4][0]) for info in infos))
 
 
+class _Stop(Exception):
+    """Raised from a parser callback to stop reading: the answer is complete (HEAD), or
+    bytes follow it that nothing asked for."""
+
+
 class _Connection(asyncio.Protocol):
-    """One connection: the bytes received, and a future woken when more come."""
+    """One connection: the bytes received, a future woken when more come, and its parser
+    (``httptools``, llhttp) with the answer being read."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
+        self.buf = bytearray()  # received, not yet given to the parser
         self.eof = False
         self.closed = False
         self.busy = False  # a request is using it: only then is what comes read
         self.idle_since = 0.0
         self._waiter: asyncio.Future[None] | None = None
+        self.parser: httptools.HttpResponseParser | None = None
+        self._answer_state("POST", 0, 0)
+
+    def _answer_state(self, method: str, cap_2xx: int, cap_other: int) -> None:
+        self.head_only = method == "HEAD"
+        self.cap_2xx = cap_2xx
+        self.cap_other = cap_other
+        self.cap = cap_other
+        self.status = 0
+        self.interim = False  # the head read is a 1xx one: the final answer follows
+        self.headers_done = False  # the final answer's head was read
+        self.done = False  # the final answer was read to its end
+        self.progress = 0  # heads and body bytes read: what bounds framing bytes
+        self.head_bytes = 0
+        self.header_lines = 0
+        self.retry_after: str | None = None
+        self.has_length = False
+        self.codings = b""
+        self.body = bytearray()
+        self.over_cap = False
+        self.unasked = False  # bytes came after the answer
+        self.keep = False  # the receiver lets the connection carry another request
 
     # -- protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -168,6 +206,84 @@ class _Connection(asyncio.Protocol):
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
+    # -- parser callbacks (httptools calls them from feed_data)
+    def on_message_begin(self) -> None:
+        if self.done:
+            raise _Stop  # a second answer to one request: unsolicited bytes
+
+    def on_status(self, data: bytes) -> None:
+        self._count_head(len(data))
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        # Also called for a chunked body's trailers, bounded alike.
+        self.header_lines += 1
+        if self.header_lines > MAX_HEADER_LINES:
+            raise ProtocolError(f"more than {MAX_HEADER_LINES} header lines in an answer")
+        self._count_head(len(name) + len(value) + 4)
+        if self.headers_done:
+            return  # a trailer: nothing in it is kept
+        name = name.lower()
+        if name == b"retry-after":
+            if self.retry_after is None:
+                self.retry_after = value.decode("latin-1").strip(" \t")
+        elif name == b"content-length":
+            self.has_length = True
+        elif name == b"transfer-encoding":
+            self.codings = value if not self.codings else self.codings + b"," + value
+
+    def _count_head(self, size: int) -> None:
+        self.head_bytes += size
+        if self.head_bytes > MAX_HEAD_BYTES:
+            raise ProtocolError("answer headers too long")
+
+    def on_headers_complete(self) -> None:
+        assert self.parser is not None
+        status = self.parser.get_status_code()
+        self.progress += 1
+        self.head_bytes = self.header_lines = 0  # trailers have a budget of their own
+        if 100 <= status < 200 and status != 101:
+            # 100 Continue, 103 Early Hints: the final answer follows.
+            self.interim = True
+            self.retry_after = None
+            self.has_length = False
+            self.codings = b""
+            return
+        self.status = status
+        self.headers_done = True
+        self.cap = self.cap_2xx if 200 <= status < 300 else self.cap_other
+        if self.head_only:
+            self.done = True  # llhttp cannot be told the answer is to HEAD: no body
+            raise _Stop
+
+    def on_body(self, data: bytes) -> None:
+        self.progress += len(data)
+        room = self.cap - len(self.body)
+        if len(data) > room:
+            self.over_cap = True
+            data = data[:room]
+        self.body += data
+
+    def on_chunk_complete(self) -> None:
+        self.progress += 1
+
+    def on_message_complete(self) -> None:
+        self.progress += 1
+        if self.interim:
+            self.interim = False
+            return
+        assert self.parser is not None
+        # Asked here: llhttp resets what it tells from once past the answer's end.
+        self.keep = self.parser.should_keep_alive()
+        self.done = True
+
+    @property
+    def ends_with_close(self) -> bool:
+        """The body is framed by the connection's end: neither Content-Length nor a
+        chunked coding last (RFC 9112 6.3), nor an answer without a body."""
+        if self.has_length or self.status in (204, 304):
+            return False
+        return self.codings.rsplit(b",", 1)[-1].strip().lower() != b"chunked"
+
     # -- used by the request
     async def more(self) -> None:
         """Wait until more bytes came; Disconnected if none can come any more."""
@@ -187,145 +303,56 @@ class _Connection(asyncio.Protocol):
             self.transport.abort()
 
 
-async def _read_head(conn: _Connection) -> tuple[int, str, dict[str, str]]:
-    """The next final answer's status, version and headers (names in lower case, repeated
-    ones joined by ", "), interim 1xx answers skipped."""
-    while True:
-        while (end := conn.buf.find(b"\r\n\r\n")) < 0:
-            if len(conn.buf) > MAX_HEAD_BYTES:
-                raise ProtocolError("answer headers too long")
-            await conn.more()
-        if end > MAX_HEAD_BYTES:
-            raise ProtocolError("answer headers too long")
-        head = bytes(conn.buf[:end]).decode("latin-1")
-        del conn.buf[: end + 4]
-        lines = head.split("\r\n")
-        version, _, rest = lines[0].partition(" ")
-        code = rest[:3]
-        if (
-            not version.startswith("HTTP/1.")
-            or len(code) != 3
-            or not _digits(code)
-            or rest[3:4] not in ("", " ")
-        ):
-            raise ProtocolError(f"not an HTTP/1.x status line: {lines[0][:80]!r}")
-        status = int(code)
-        if len(lines) > MAX_HEADER_LINES + 1:
-            raise ProtocolError("too many answer header lines")
-        headers: dict[str, str] = {}
-        for line in lines[1:]:
-            name, sep, value = line.partition(":")
-            if not sep or not name or name != name.strip():
-                raise ProtocolError(f"bad header line: {line[:80]!r}")
-            name = name.lower()
-            value = value.strip(" \t")
-            headers[name] = f"{headers[name]}, {value}" if name in headers else value
-        if 100 <= status < 200 and status != 101:
-            continue  # 100 Continue, 103 Early Hints: the final answer follows
-        return status, version, headers
-
-
-def _digits(text: str) -> bool:
-    """ASCII digits only (``str.isdigit`` takes superscripts and other scripts' digits)."""
-    return text.isascii() and text.isdigit()
-
-
-def _tokens(value: str | None) -> set[str]:
-    return {t.strip().lower() for t in value.split(",")} if value else set()
-
-
-async def _read_exact_prefix(conn: _Connection, length: int, cap: int) -> tuple[bytes, bool]:
-    """A body of ``length`` bytes: its first ``cap`` bytes, and whether it was read whole."""
-    want = min(length, cap)
-    while len(conn.buf) < want:
-        await conn.more()
-    body = bytes(conn.buf[:want])
-    if length > cap:
-        return body, False
-    del conn.buf[:length]
-    return body, True
-
-
-async def _read_line(conn: _Connection) -> bytes:
-    """The next CRLF-ended line (consumed, without its CRLF)."""
-    while (eol := conn.buf.find(b"\r\n")) < 0:
-        if len(conn.buf) > MAX_HEAD_BYTES:
-            raise ProtocolError("line too long in a chunked body")
-        await conn.more()
-    line = bytes(conn.buf[:eol])
-    del conn.buf[: eol + 2]
-    return line
-
-
-def _chunk_size(line: bytes) -> int:
-    text = line.split(b";", 1)[0].strip()
-    if not text or len(text) > 15 or any(c not in b"0123456789abcdefABCDEF" for c in text):
-        raise ProtocolError(f"bad chunk size {text[:20]!r}")
-    return int(text, 16)
-
-
-async def _read_chunked(conn: _Connection, cap: int) -> tuple[bytes, bool]:
-    """A chunked body: its first ``cap`` bytes, and whether it was read whole."""
-    out = bytearray()
-    while True:
-        size = _chunk_size(await _read_line(conn))
-        if size == 0:
-            trailers = 0  # bytes of trailers, up to the empty line that ends the body
-            while line := await _read_line(conn):
-                trailers += len(line) + 2
-                if trailers > MAX_HEAD_BYTES:
-                    raise ProtocolError("trailers too long")
-            return bytes(out), True
-        if len(out) + size > cap:
-            # Over the cap: keep what fits, and give the connection up (bytes left unread).
-            room = cap - len(out)
-            while len(conn.buf) < room:
-                await conn.more()
-            out += conn.buf[:room]
-            return bytes(out), False
-        while len(conn.buf) < size + 2:
-            await conn.more()
-        if conn.buf[size : size + 2] != b"\r\n":
-            raise ProtocolError("chunk data not followed by CRLF")
-        out += conn.buf[:size]
-        del conn.buf[: size + 2]
-
-
-async def _read_to_close(conn: _Connection, cap: int) -> bytes:
-    """A body ended by the connection's end: its first ``cap`` bytes."""
-    while len(conn.buf) < cap and not conn.eof:
-        await conn.more()
-    return bytes(conn.buf[:cap])
+def _feed(conn: _Connection, parser: httptools.HttpResponseParser) -> None:
+    """Give the parser what came; ProtocolError for what is not an answer. Bytes after the
+    answer (or the rest of an upgrade's) end the parse with ``conn.done`` set."""
+    try:
+        parser.feed_data(conn.buf)
+    except httptools.HttpParserUpgrade:
+        conn.done = True  # 101, or an answer naming an upgrade: the rest is not HTTP
+    except httptools.HttpParserError as exc:
+        if conn.done:
+            conn.unasked = True  # bytes after the answer (or a HEAD's): never reused
+            return
+        cause = exc.__context__
+        if isinstance(cause, ProtocolError):
+            raise cause from None
+        raise ProtocolError(f"not an HTTP answer: {exc}") from None
+    finally:
+        conn.buf.clear()
 
 
 async def read_answer(conn: _Connection, method: str, cap_2xx: int, cap_other: int) -> Answer:
     """Read one answer off ``conn``; closes it unless it may carry the next request."""
-    status, version, headers = await _read_head(conn)
-    cap = cap_2xx if 200 <= status < 300 else cap_other
-    keep = version == "HTTP/1.1" and "close" not in _tokens(headers.get("connection"))
-    body = b""
-    coding = headers.get("transfer-encoding")
-    if coding is not None and "content-length" in headers:
-        keep = False  # both framings (RFC 9112 6.3): never reuse the connection
-    if method == "HEAD" or status in (204, 304):
-        whole = True
-    elif coding is not None:
-        codings = [t.strip().lower() for t in coding.split(",")]
-        if codings[-1] == "chunked":
-            body, whole = await _read_chunked(conn, cap)
-        else:  # not chunked last: the body ends with the connection (RFC 9112 6.3)
-            body, whole = await _read_to_close(conn, cap), False
-    elif "content-length" in headers:
-        lengths = _tokens(headers["content-length"])
-        length = next(iter(lengths)) if len(lengths) == 1 else ""
-        if not _digits(length) or len(length) > 18:
-            raise ProtocolError(f"bad Content-Length {headers['content-length'][:40]!r}")
-        body, whole = await _read_exact_prefix(conn, int(length), cap)
-    else:
-        body, whole = await _read_to_close(conn, cap), False
-    if not (keep and whole) or conn.buf:
-        conn.close()  # unread bytes, or the receiver said so: never reused
-    return Answer(status=status, retry_after=headers.get("retry-after"), body=body)
+    parser = conn.parser
+    if parser is None:
+        parser = conn.parser = httptools.HttpResponseParser(conn)
+    conn._answer_state(method, cap_2xx, cap_other)
+    stalled = 0  # bytes fed that completed no head and carried no body: heads, trailers,
+    # chunk-size lines; the parser holds a header across reads, so this bounds it
+    while True:
+        if conn.buf:
+            fed, before = len(conn.buf), conn.progress
+            _feed(conn, parser)
+            if conn.done:
+                # Bytes nobody asked for, or the receiver said so: never reused.
+                if conn.unasked or not conn.keep or conn.over_cap:
+                    conn.close()
+                break
+            if conn.over_cap:
+                conn.close()  # the rest of the body is left unread
+                break
+            stalled = stalled + fed if conn.progress == before else 0
+            if stalled > MAX_HEAD_BYTES:
+                raise ProtocolError("answer head, trailers or chunk lines too long")
+        elif conn.eof:
+            if conn.headers_done and conn.ends_with_close:
+                conn.close()
+                break
+            raise Disconnected("the receiver closed the connection before its whole answer")
+        else:
+            await conn.more()
+    return Answer(status=conn.status, retry_after=conn.retry_after, body=bytes(conn.body))
 
 
 class HttpClient:
@@ -351,6 +378,7 @@ class HttpClient:
         self._idle: OrderedDict[tuple[str, str, int], deque[_Connection]] = OrderedDict()
         self._idle_count = 0
         self._closed = False
+        self._sweep: asyncio.TimerHandle | None = None  # closes expired idle connections
 
     @property
     def idle_connections(self) -> int:
@@ -391,7 +419,8 @@ class HttpClient:
         if "accept" not in named:
             head.append("Accept: */*\r\n")
         head.append(f"Content-Length: {len(body)}\r\n\r\n")
-        # UTF-8, as aiohttp sent it: a schedule id in a header may be any text.
+        # UTF-8, as aiohttp's writer encodes a request head: a header value may be any
+        # text (a schedule id), and latin-1 would refuse most of it.
         data = "".join(head).encode("utf-8") + body
         conn = self._take(target.key)
         if conn is None:
@@ -440,6 +469,8 @@ class HttpClient:
             self._idle.move_to_end(key)
         conns.append(conn)
         self._idle_count += 1
+        if self._sweep is None:
+            self._sweep = asyncio.get_running_loop().call_later(self._keepalive_s, self._expire)
         while self._idle_count > self._max_idle:
             # The host used longest ago gives up its oldest connection.
             oldest_key, oldest = next(iter(self._idle.items()))
@@ -447,6 +478,26 @@ class HttpClient:
             self._idle_count -= 1
             if not oldest:
                 del self._idle[oldest_key]
+
+    def _expire(self) -> None:
+        """Close the idle connections kept longer than ``keepalive_s`` (a receiver may keep
+        its end open for good), and come back when the next one expires."""
+        self._sweep = None
+        now = time.monotonic()
+        next_s: float | None = None
+        for key in list(self._idle):
+            conns = self._idle[key]
+            while conns and (conns[0].closed or now - conns[0].idle_since >= self._keepalive_s):
+                conns.popleft().close()  # oldest first: appended as given back
+                self._idle_count -= 1
+            if not conns:
+                del self._idle[key]
+                continue
+            due = conns[0].idle_since + self._keepalive_s - now
+            next_s = due if next_s is None else min(next_s, due)
+        if next_s is not None and not self._closed:
+            loop = asyncio.get_running_loop()
+            self._sweep = loop.call_later(max(next_s, 0.0), self._expire)
 
     async def _connect(self, target: Target, timeout_s: float) -> _Connection:
         loop = asyncio.get_running_loop()
@@ -482,6 +533,9 @@ class HttpClient:
 
     async def close(self) -> None:
         self._closed = True
+        if self._sweep is not None:
+            self._sweep.cancel()
+            self._sweep = None
         for conns in self._idle.values():
             for conn in conns:
                 conn.close()

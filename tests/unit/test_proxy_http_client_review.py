@@ -231,3 +231,21 @@ async def test_a_header_value_outside_latin_1_is_sent_as_utf_8(
         await client.close()
     assert answer.status == 200
     assert "\r\nTocsin-Schedule-Id: 订单-€1\r\n".encode() in got[0]
+
+
+async def test_an_expired_idle_connection_is_closed_without_a_next_request(
+    serve: Callable[[Handler], Awaitable[int]],
+) -> None:
+    port = await serve(answer_of(OK_HEAD + b"Content-Length: 0\r\n\r\n"))
+    client = HttpClient(keepalive_s=0.05)
+    try:
+        assert (await call(client, port)).status == 200
+        [idle] = list(vars(client)["_idle"].values())
+        [conn] = list(idle)
+        for _ in range(500):  # a receiver that keeps its end open holds it otherwise
+            if conn.closed:
+                break
+            await asyncio.sleep(0.01)
+        assert conn.closed and client.idle_connections == 0
+    finally:
+        await client.close()
