@@ -309,7 +309,8 @@ def _feed(conn: _Connection, parser: httptools.HttpResponseParser) -> None:
     try:
         parser.feed_data(conn.buf)
     except httptools.HttpParserUpgrade:
-        conn.done = True  # 101, or an answer naming an upgrade: the rest is not HTTP
+        # 101, or an answer naming an upgrade: what follows is not HTTP, never reused.
+        conn.done = conn.unasked = True
     except httptools.HttpParserError as exc:
         if conn.done:
             conn.unasked = True  # bytes after the answer (or a HEAD's): never reused

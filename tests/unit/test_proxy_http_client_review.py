@@ -249,3 +249,10 @@ async def test_an_expired_idle_connection_is_closed_without_a_next_request(
         assert conn.closed and client.idle_connections == 0
     finally:
         await client.close()
+
+
+async def test_a_switching_protocols_answer_never_leaves_the_connection_for_reuse() -> None:
+    answer, conn = await read_all_there(
+        b"HTTP/1.1 101 Switching\r\nUpgrade: ws\r\nConnection: upgrade\r\n\r\nnot http"
+    )
+    assert answer.status == 101 and conn.closed
