@@ -25,9 +25,9 @@ What it does:
   small answer). It has no size limits and cannot end a body framed by the connection's
   end, so this module keeps them: a head (or trailers) over ``MAX_HEAD_BYTES`` or
   ``MAX_HEADER_LINES``, in one read or many, is a ``ProtocolError``; a body without
-  Content-Length or chunked coding ends with the connection; interim 1xx answers are skipped; the body is read up to a cap, and a
-  connection whose body was not read to its end, or that sent bytes after the answer,
-  is closed, never reused;
+  Content-Length or chunked coding ends with the connection; interim 1xx answers are
+  skipped; the body is read up to a cap, and a connection whose body was not read to its
+  end, or that sent bytes after the answer, is closed, never reused;
 - TLS with the default verifying context and SNI;
 - ``resolve``: the addresses a host name may be connected to (the SSRF guard's filter,
   ``proxy.ssrf``); the client connects only to what it returns.
