@@ -9,18 +9,14 @@ link-local, shared, multicast, unspecified and reserved addresses are refused un
 (``proxy.http_client``) connects only to what it hands back, so a host name that resolves
 to 127.0.0.1 (``localhost``, a rebinding domain) is refused at connect time; create time
 can only judge literals. IP literals are checked by ``literal_refusal`` before any
-connection. ``GuardedResolver`` is the same filter as an aiohttp resolver.
+connection.
 
 A refused target is undeliverable: it is dead-lettered at once with the reason.
 """
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Sequence
-
-from aiohttp.abc import AbstractResolver, ResolveResult
-from aiohttp.resolver import DefaultResolver
 
 from base.errors import TocsinError
 from proxy.http_client import resolve_any
@@ -60,25 +56,6 @@ def literal_refusal(host: str) -> str | None:
         f"callback address {bare} is loopback, private, link-local or reserved; the proxy "
         "refuses it (TOCSIN_PROXY_ALLOW_PRIVATE_TARGETS=true allows it)"
     )
-
-
-class GuardedResolver(AbstractResolver):
-    """Resolves with aiohttp's default resolver and keeps only allowed addresses."""
-
-    def __init__(self, inner: AbstractResolver | None = None) -> None:
-        self._inner = inner if inner is not None else DefaultResolver()
-
-    async def resolve(
-        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
-    ) -> list[ResolveResult]:
-        results = await self._inner.resolve(host, port, family)
-        allowed = [r for r in results if address_allowed(str(r["host"]))]
-        if not allowed:
-            raise _blocked(host, [str(r["host"]) for r in results])
-        return allowed
-
-    async def close(self) -> None:
-        await self._inner.close()
 
 
 def blocked_reason(exc: BaseException) -> str | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 from typing import Any
 
 import orjson
@@ -16,7 +15,8 @@ from api import views
 from api.openapi import openapi_document
 from api.views import ApiError
 from base.errors import TocsinError
-from proxy.ssrf import BlockedAddress, GuardedResolver, literal_refusal
+from proxy import ssrf
+from proxy.ssrf import BlockedAddress, literal_refusal
 from streams.buckets import BucketKey
 from streams.decisions import index_changes
 from streams.model import BucketRow, ScheduleChange, ScheduleRow
@@ -182,27 +182,18 @@ def test_literal_refusal() -> None:
     assert literal_refusal("example.com") is None  # names are checked once resolved
 
 
-class FakeResolver:
-    def __init__(self, hosts: list[str]) -> None:
-        self.hosts = hosts
+def test_guarded_resolve_filters_resolved_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    resolved: list[str] = []
 
-    async def resolve(self, host: str, port: int = 0, family: Any = socket.AF_INET) -> Any:
-        return [
-            {"hostname": host, "host": h, "port": port, "family": family, "proto": 0, "flags": 0}
-            for h in self.hosts
-        ]
+    async def fake_resolve_any(host: str, port: int) -> list[str]:
+        return resolved
 
-    async def close(self) -> None:
-        pass
-
-
-def test_guarded_resolver_filters_resolved_addresses() -> None:
-    mixed = GuardedResolver(FakeResolver(["127.0.0.1", "93.184.216.34"]))  # type: ignore[arg-type]
-    got = asyncio.run(mixed.resolve("rebind.test", 80))
-    assert [r["host"] for r in got] == ["93.184.216.34"]
-    local = GuardedResolver(FakeResolver(["127.0.0.1"]))  # type: ignore[arg-type]
+    monkeypatch.setattr(ssrf, "resolve_any", fake_resolve_any)
+    resolved[:] = ["127.0.0.1", "93.184.216.34"]
+    assert asyncio.run(ssrf.guarded_resolve("rebind.test", 80)) == ["93.184.216.34"]
+    resolved[:] = ["127.0.0.1"]
     with pytest.raises(BlockedAddress, match=r"rebind\.test"):
-        asyncio.run(local.resolve("rebind.test", 80))
+        asyncio.run(ssrf.guarded_resolve("rebind.test", 80))
 
 
 # -- views ---------------------------------------------------------------------------------
