@@ -329,6 +329,34 @@ class ApiSettings:
 
 
 @dataclass(frozen=True, kw_only=True)
+class AdmissionSettings:
+    """The API-only admission key (topics.admission), held by the APIs and the workers and
+    never by a tenant. With a current key the API answers a synchronous one-shot create it
+    gave the id to once Kafka has acknowledged it, and the workers store such a create
+    without deciding it again; without one, every create waits for its worker's answer."""
+
+    # (key id, secret) the API stamps with and the workers accept; None: no admission.
+    current: tuple[str, str] | None = field(default=None, repr=False)
+    # (key id, secret) the workers still accept during a rotation.
+    previous: tuple[str, str] | None = field(default=None, repr=False)
+    # How many API instances share a tenant's create quota: each admits 1/this of it.
+    api_instances: int = 1
+
+
+def _admission_key(name: str, raw: str | None) -> tuple[str, str] | None:
+    if raw is None:
+        return None
+    key_id, sep, secret = raw.partition(":")
+    # The stamp is only as strong as its secret; ids name the key in the stamp.
+    if not sep or not key_id or len(key_id) > 32 or len(secret) < 32:
+        raise ConfigError(
+            f"TOCSIN_{name} must be <key id>:<secret>, an id of at most 32 characters and a "
+            "secret of at least 32"
+        )
+    return key_id, secret
+
+
+@dataclass(frozen=True, kw_only=True)
 class Settings:
     kafka: KafkaSettings = field(default_factory=KafkaSettings)
     cassandra: CassandraSettings = field(default_factory=CassandraSettings)
@@ -336,6 +364,7 @@ class Settings:
     stack: StackSettings = field(default_factory=StackSettings)
     scheduler: SchedulerSettings = field(default_factory=SchedulerSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
     log_level: str = "INFO"
     log_format: str = "json"  # json or text
     # The asyncio loop of the API, the proxy and the command line: "uvloop" (libuv; less
@@ -446,6 +475,13 @@ class Settings:
                     u.strip() for u in _get(e, "API_METRICS_URLS", "").split(",") if u.strip()
                 ),
                 metrics_scrape_s=_float(e, "API_METRICS_SCRAPE_S", 15.0),
+            ),
+            admission=AdmissionSettings(
+                current=_admission_key("ADMISSION_KEY", _opt(e, "ADMISSION_KEY")),
+                previous=_admission_key(
+                    "ADMISSION_PREVIOUS_KEY", _opt(e, "ADMISSION_PREVIOUS_KEY")
+                ),
+                api_instances=max(1, _int(e, "API_INSTANCES", 1)),
             ),
             log_level=_get(e, "LOG_LEVEL", "INFO"),
             log_format=_get(e, "LOG_FORMAT", "json"),

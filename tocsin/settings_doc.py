@@ -283,6 +283,27 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "the admin credential (tenant management); unset disables the admin endpoints",
     ),
     SettingDoc(
+        "ADMISSION_KEY",
+        C,
+        UNSET,
+        "`<key id>:<secret>` (secret of 32+ characters) held by the APIs and workers only, "
+        "never by a tenant: the API answers a one-shot create it gave the id to at Kafka's "
+        "acknowledgement and the workers honour its stamp; unset: every create waits for "
+        "its worker (docs/api.md)",
+    ),
+    SettingDoc(
+        "ADMISSION_PREVIOUS_KEY",
+        C,
+        UNSET,
+        "the admission key being rotated out, still accepted by the workers",
+    ),
+    SettingDoc(
+        "API_INSTANCES",
+        A,
+        "1",
+        "how many API instances admit creates: each enforces 1/this of a tenant's create quota",
+    ),
+    SettingDoc(
         "API_REQUEST_TIMEOUT_S",
         A,
         "10",
