@@ -44,6 +44,7 @@ from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer
 from streams.store import Store
 from streams.ticker import PartitionTicker, TickerConfig
+from topics.admission import keys_of
 from topics.catalog import catalog
 from topics.signing import TimestampType
 from topics.validation import Limits
@@ -128,6 +129,7 @@ class Worker:
             require_signed=sched.require_signed_commands,
             clock_ms=self.clock_ms,
             fired_retention_s=sched.fired_retention_s,
+            admission=keys_of(settings.admission.current, settings.admission.previous),
         )
         self.processor.unwithdrawn = self.ownership.unwithdrawn
         # Recurring schedules: one materialiser per owned partition, next to its ticker.

@@ -66,11 +66,12 @@ from streams.model import (
 from streams.partitioner import partition_for
 from streams.ports import CommandStore, CqlRow, TenantReader
 from streams.recurring_store import RecurringStore
-from streams.refusals import Refusal, RefusalBook, record_refusals
+from streams.refusals import COMMAND_REFUSED, Refusal, RefusalBook, record_refusals
 from streams.store import load_schedule_rows
 from streams.tenants import QuotaBook, TenantConfig
 from streams.ticker import PartitionTicker, TriggerSink
 from streams.tracing import NO_TRACES, CommandTraces
+from topics.admission import Admission, AdmissionKeys
 from topics.codec import encode_result
 from topics.codes import ACCEPTED_CODES, Code
 from topics.models import (
@@ -78,6 +79,7 @@ from topics.models import (
     Command,
     CommandResult,
     CommandType,
+    CreateCommand,
     PauseCommand,
     ResultStatus,
 )
@@ -189,8 +191,13 @@ class CommandProcessor:
         fired_retention_s: int = DEFAULT_RETENTION_S,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         assigned: Callable[[int], bool] | None = None,
+        admission: AdmissionKeys | None = None,
     ) -> None:
         self.sleep = sleep
+        # The API-only admission keys (topics.admission): a one-shot create an API stamped
+        # was answered 201 at Kafka's acknowledgement, so it is stored without deciding
+        # again what the API decided (``_honoured``). None: no stamp is honoured.
+        self.admission = admission or AdmissionKeys()
         # Whether the consumer group has this commands partition assigned to this worker
         # right now (the worker asks its Kafka consumer); None: every partition is (no
         # consumer group: tests, tools). See ``_still_assigned``.
@@ -223,6 +230,8 @@ class CommandProcessor:
         # Per partition (so bounded by the partition count): signatures of verified
         # commands within the freshness window, to refuse copies of them.
         self.seen_signatures: dict[int, SeenSignatures] = {}
+        # The same for admission stamps (a copy of an admitted record is refused).
+        self.seen_admissions: dict[int, SeenSignatures] = {}
         # Tocsin's own topics: a Kafka callback may never produce into them.
         self.internal_topics = own_topics(results_topic)
         # Refusals of a proven tenant's existing schedule go to its history, bounded.
@@ -252,19 +261,18 @@ class CommandProcessor:
         policies: dict[str, TenantConfig] = {}
         # Index -> reply_nonce to echo: only for commands that proved their tenant.
         nonces: dict[int, str] = {}
+        # Indexes of creates an API admitted (answered 201 already): stored, not re-decided.
+        admitted: dict[int, bool] = {}
         for index, msg in enumerate(batch):
             command: Command | None = None
             try:
-                command = decode_command(
-                    msg.value or b"", key=msg.key, now_ms=now, limits=self.limits
-                )
+                command, honoured = self._decode(msg, now)
                 # One cache look-up per command for all three checks.
                 tenant = await self.tenants.entry(command.tenant)
-                self._check_sender(command, msg, tenant.row)
-                self._check_signature(command, msg, now, tenant.keys)
+                admitted[index] = self._check_origin(command, msg, now, tenant, honoured)
                 if command.reply_nonce is not None:
                     nonces[index] = command.reply_nonce
-                self._check_tenant_policy(command, now, tenant.config)
+                self._check_tenant_policy(command, now, tenant.config, admitted=admitted[index])
                 policies[command.tenant] = tenant.config
                 valid.append((index, command))
                 outcomes.append((command, Code.OK, ""))
@@ -290,9 +298,7 @@ class CommandProcessor:
             replay = is_replay(existing, msg.offset)
             command = with_default_retry(command, policies[command.tenant], existing)
             quota = policies[command.tenant].create_quota_per_s
-            if not replay and not self.quotas.allow(
-                command.tenant, msg.partition, quota, time.monotonic()
-            ):
+            if not replay and self._over_quota(command, msg.partition, quota, admitted[index]):
                 outcomes[index] = (
                     command,
                     Code.QUOTA_EXCEEDED,
@@ -316,6 +322,7 @@ class CommandProcessor:
             except CommandRejected as rej:
                 outcomes[index] = (command, Code(rej.code), rej.message)
                 _note_refusal(refused, command, current.get(key), *outcomes[index][1:], replay)
+                admitted_refused(msg, command, Code(rej.code), rej.message, admitted[index])
                 continue
             decision = traces.stamp(decision, command, msg)
             outcomes[index] = (command, decision.code, decision.text)
@@ -358,6 +365,82 @@ class CommandProcessor:
         await asyncio.gather(*acks)
         return results
 
+    def _decode(self, msg: RawCommand, now: int) -> tuple[Command, Admission | None]:
+        """The command, and its admission when it is a one-shot create an API admitted."""
+        honoured = self._honoured(msg)
+        if honoured is not None:
+            command = self._decode_admitted(msg, honoured)
+            if command is not None:
+                return command, honoured
+        command = decode_command(msg.value or b"", key=msg.key, now_ms=now, limits=self.limits)
+        return command, None
+
+    def _over_quota(self, command: Command, partition: int, quota: float, admitted: bool) -> bool:
+        """Whether the tenant's create quota refuses the command. An admitted create was
+        counted by the API's share of the quota: it is debited here, never refused, so the
+        tenant's creates produced to the topic directly still see the budget it used."""
+        if admitted:
+            self.quotas.debit(command.tenant, partition, quota, time.monotonic())
+            return False
+        return not self.quotas.allow(command.tenant, partition, quota, time.monotonic())
+
+    def _honoured(self, msg: RawCommand) -> Admission | None:
+        """The record's admission stamp when it verifies here; None when it has none or it
+        does not verify (then the command is decided like any other, logged and counted:
+        a tenant producing a forged stamp, or an admission key this worker lacks)."""
+        if not self.admission.enabled:
+            return None
+        got = self.admission.verify(
+            header_map(msg.headers),
+            record_key=msg.key,
+            value=msg.value or b"",
+            record_ms=msg.timestamp_ms,
+            timestamp_type=msg.timestamp_type,
+        )
+        if isinstance(got, str):
+            metrics.ADMISSIONS.labels("unverified").inc()
+            log.warning(
+                "admission stamp not honoured; deciding the command in full",
+                extra={"reason": got, "partition": msg.partition, "offset": msg.offset},
+            )
+            return None
+        return got
+
+    def _decode_admitted(self, msg: RawCommand, admission: Admission) -> Command | None:
+        """An admitted record decoded as the API decoded it, at its admission time (a due
+        time within the misfire tolerance then is not ``due_in_past`` after a worker
+        outage); None when it is not a one-shot create (only those are admitted), which is
+        then decoded and decided like any other."""
+        try:
+            command = decode_command(
+                msg.value or b"", key=msg.key, now_ms=admission.admitted_at_ms, limits=self.limits
+            )
+        except CommandRejected:
+            return None
+        if not isinstance(command, CreateCommand) or command.recurrence is not None:
+            return None
+        metrics.ADMISSIONS.labels("honoured").inc()
+        return command
+
+    def _check_admission_copy(self, msg: RawCommand, admission: Admission) -> None:
+        """A second record carrying an admission stamp already read at another offset of
+        the partition is a copy (``replayed_command``); the same offset is the same record."""
+        seen = self.seen_admissions.get(msg.partition)
+        if seen is None:
+            seen = self.seen_admissions[msg.partition] = SeenSignatures()
+        first = seen.first_offset(
+            admission.mac,
+            offset=msg.offset,
+            signed_at_ms=admission.admitted_at_ms,
+            record_ms=msg.timestamp_ms,
+        )
+        if first is not None:
+            raise CommandRejected(
+                Code.REPLAYED_COMMAND,
+                f"the same admitted record was read at offset {first} of partition "
+                f"{msg.partition}; a copy is not applied",
+            )
+
     def _check_sender(self, command: Command, msg: RawCommand, tenant: CqlRow | None) -> None:
         if tenant is None:
             raise CommandRejected(
@@ -365,6 +448,9 @@ class CommandProcessor:
             )
         if tenant.get("active") is False:
             raise CommandRejected(Code.INACTIVE_TENANT, f"tenant {command.tenant!r} is deactivated")
+        self._check_partition(command, msg)
+
+    def _check_partition(self, command: Command, msg: RawCommand) -> None:
         expected = partition_for(command.schedule_id.encode(), self.partitions)
         if expected != msg.partition:
             # Another partitioner than Kafka's default (murmur2) would split one schedule's
@@ -420,8 +506,32 @@ class CommandProcessor:
                 f"{msg.partition}; a copy is not applied (sign each command anew)",
             )
 
-    def _check_tenant_policy(self, command: Command, now: int, config: TenantConfig) -> None:
-        """The tenant's own limits (its cached configuration)."""
+    def _check_origin(
+        self,
+        command: Command,
+        msg: RawCommand,
+        now: int,
+        tenant: TenantEntry,
+        honoured: Admission | None,
+    ) -> bool:
+        """The command comes from its tenant, or from an API that admitted it (True)."""
+        if honoured is not None:
+            # The API decided the tenant, its limits, its quota and its key when it
+            # admitted the create; only what it cannot know is decided here.
+            self._check_partition(command, msg)
+            self._check_admission_copy(msg, honoured)
+            return True
+        self._check_sender(command, msg, tenant.row)
+        self._check_signature(command, msg, now, tenant.keys)
+        return False
+
+    def _check_tenant_policy(
+        self, command: Command, now: int, config: TenantConfig, *, admitted: bool = False
+    ) -> None:
+        """The tenant's own limits (its cached configuration); an admitted create's were
+        judged by the API that admitted it."""
+        if admitted:
+            return
         check_tenant_limits(
             command,
             config,
@@ -576,6 +686,7 @@ class CommandProcessor:
                 extra={"partition": batch[0].partition, "offset": batch[0].offset},
             )
             code, text = Code.INTERNAL_ERROR, f"{type(failure).__name__}: {failure}"
+        await self._admitted_failed(batch[0], code, text)
         delay = RETRY_FIRST_S
         while True:
             if not self._still_assigned(batch, left):
@@ -590,6 +701,35 @@ class CommandProcessor:
                 )
                 await self.sleep(delay)
                 delay = min(delay * 2, RETRY_MAX_S)
+
+    async def _admitted_failed(self, msg: RawCommand, code: Code, text: str) -> None:
+        """An admitted create that failed on its own (the store refusing it for good, a
+        defect): its tenant was answered 201, so the refusal goes where the tenant sees it,
+        the schedule's history (``GET /v1/schedules/{id}`` answers 410 ``refused`` with
+        it), besides the alert (log, ``tocsin_admissions_total{outcome="refused"}``).
+        Best effort: the store may refuse that too, and the log and counter remain."""
+        if self._honoured(msg) is None:
+            return
+        try:
+            command = decode_command(msg.value or b"", key=msg.key, now_ms=0, limits=self.limits)
+        except CommandRejected:
+            command = None
+        if command is None:
+            return
+        admitted_refused(msg, command, code, text)
+        try:
+            await self.store.record_event(
+                command.tenant,
+                command.schedule_id,
+                COMMAND_REFUSED,
+                at_ms=self.clock_ms(),
+                detail=f"create admitted by the API, refused by the worker: {code}: {text}"[:512],
+            )
+        except TocsinError as exc:
+            log.error(
+                "cannot record an admitted create's refusal",
+                extra={"schedule_id": command.schedule_id, "error": str(exc)},
+            )
 
     def _still_assigned(
         self, batch: Sequence[RawCommand], left: list[RawCommand]
@@ -776,6 +916,27 @@ def _withdraw_replaced(ticker: PartitionTicker, d: Decision) -> None:
         row = d.change.row
         cancelled = row.state == ScheduleState.CANCELLED
         ticker.withdraw_backfill(row.tenant, row.schedule_id, stop, cancelled=cancelled)
+
+
+def admitted_refused(
+    msg: RawCommand, command: Command, code: Code, text: str, admitted: bool = True
+) -> None:
+    """A create answered 201 at Kafka's acknowledgement that the worker did not store: an
+    alert (its tenant was told it would fire). Nothing when ``admitted`` is false."""
+    if not admitted:
+        return
+    metrics.ADMISSIONS.labels("refused").inc()
+    log.error(
+        "an admitted create was refused",
+        extra={
+            "code": str(code),
+            "reason": text,
+            "tenant": command.tenant,
+            "schedule_id": command.schedule_id,
+            "partition": msg.partition,
+            "offset": msg.offset,
+        },
+    )
 
 
 def _note_refusal(

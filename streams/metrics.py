@@ -14,6 +14,13 @@ COMMANDS = Counter(
     "Commands processed, by type and outcome code",
     ["command", "status", "code"],
 )
+# Creates the API answered 201 at Kafka's acknowledgement (topics.admission): "honoured"
+# (stored without deciding again), "unverified" (a stamp that did not verify: decided like
+# any other command) and "refused" (an admitted create the worker could not store: an
+# alert, since its tenant was told it would fire).
+ADMISSIONS = Counter(
+    "tocsin_admissions_total", "Admission-stamped commands, by what the worker did", ["outcome"]
+)
 TRIGGERS_EMITTED = Counter(
     "tocsin_triggers_emitted_total", "Triggers acknowledged on the fire topic", ["partition"]
 )

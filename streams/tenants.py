@@ -231,6 +231,12 @@ class TokenBucket:
             return True
         return False
 
+    def debit(self, now_s: float, n: float = 1.0) -> None:
+        """Take ``n`` tokens whether or not they are there: the balance may go negative,
+        and then what comes after waits until it is paid back."""
+        self.take(now_s, 0.0)  # refill to now
+        self.tokens -= n
+
     def available(self, now_s: float) -> float:
         """Tokens there at ``now_s`` (without taking any)."""
         elapsed = max(0.0, now_s - self.stamp)
@@ -261,6 +267,13 @@ class QuotaBook:
         if bucket is None or bucket.rate != rate:
             bucket = self._buckets[key] = TokenBucket(rate, burst, now_s)
         return bucket.take(now_s)
+
+    def debit(self, tenant: str, partition: int, quota_per_s: float, now_s: float) -> None:
+        """Count a create an API admitted against the budget without refusing it
+        (topics.admission): the API enforced the quota already, and the tenant's creates
+        produced to the topic directly still see the budget it used."""
+        if quota_per_s > 0 and not self.allow(tenant, partition, quota_per_s, now_s):
+            self._buckets[(tenant, partition)].debit(now_s)
 
 
 # -- API keys ----------------------------------------------------------------------------
