@@ -227,6 +227,29 @@ class CommandBridge:
             if result is not None:
                 del self._pending[request_id]
 
+    async def send_admitted(
+        self, key: bytes, value: bytes, headers: list[tuple[str, bytes]], *, timeout_s: float
+    ) -> Position | None:
+        """Produce a command an API admitted (topics.admission) and return where Kafka
+        stored it once acknowledged (acks=all); None when no acknowledgement came within
+        ``timeout_s`` (the command may still be appended). Raises KafkaError when Kafka
+        refused it."""
+        trace, span = command_headers()
+        acked = self.producer.send(
+            self.catalog.commands.name,
+            key=key,
+            value=value,
+            headers=[*headers, *trace] if trace else headers,
+            partition=partition_for(key, self.partitions),
+        )
+        if span is not None:
+            acked.add_done_callback(lambda _: span.end())
+        try:
+            async with asyncio.timeout(timeout_s):
+                return await acked
+        except TimeoutError:
+            return None
+
     async def send_record(
         self,
         topic: str,

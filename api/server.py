@@ -42,7 +42,7 @@ async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
         if request.path.startswith("/goscheduler"):
             return goscheduler.error_response(exc)
         headers = {"WWW-Authenticate": "Bearer"} if exc.status == 401 else None
-        if exc.status == 429:
+        if exc.status in (429, 503):
             headers = {"Retry-After": "1"}
         return json_response(exc.body(), exc.status, headers)
     except web.HTTPRequestEntityTooLarge as exc:
@@ -132,6 +132,7 @@ async def _command(
     *,
     created: bool = False,
     cancel: bool = False,
+    admit: bool = False,
 ) -> web.Response:
     service = request.app[SERVICE]
     sid = command["schedule_id"]
@@ -147,7 +148,8 @@ async def _command(
             202,
             {"Location": f"/v1/schedules/{sid}"},
         )
-    result = await service.send(command, wait=True, timeout_s=_timeout(request, service.timeout_s))
+    timeout_s = _timeout(request, service.timeout_s)
+    result = await service.send(command, wait=True, timeout_s=timeout_s, admit=admit)
     code = result["code"]
     status = (
         200
@@ -171,15 +173,14 @@ async def create_schedule(request: web.Request) -> web.Response:
     tenant = who.require_tenant()
     body = await _body(request)
     service = request.app[SERVICE]
-    sid = (
-        service.check_schedule_id(body["schedule_id"])
-        if "schedule_id" in body
-        else service.new_schedule_id()
-    )
+    # Only an id generated here can be admitted (answered at Kafka's acknowledgement): a
+    # client's id may already be taken, which only its worker's store knows.
+    generated = "schedule_id" not in body
+    sid = service.new_schedule_id() if generated else service.check_schedule_id(body["schedule_id"])
     cmd = views.create_command(
         body, tenant=tenant, schedule_id=sid, request_id=service.bridge.new_request_id()
     )
-    return await _command(request, cmd, created=True)
+    return await _command(request, cmd, created=True, admit=generated)
 
 
 async def update_schedule(request: web.Request) -> web.Response:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -27,15 +28,18 @@ from api.views import (
     simple_command,
 )
 from base.clock import now_ms
-from base.errors import CommandRejected, StoreError, TocsinError
+from base.errors import CommandRejected, KafkaError, StoreError, TocsinError
 from base.settings import Settings
 from streams.cache import TtlCache
-from streams.commands import TenantCache
+from streams.commands import ADMITTED_REFUSED, TenantCache
+from streams.decisions import check_tenant_limits, own_topics
 from streams.model import ScheduleEvent, ScheduleRow, ScheduleState, trigger_for
 from streams.ports import CqlRow
+from streams.refusals import COMMAND_REFUSED
 from streams.store import Store
 from streams.tenant_admin import RegisteredTenant, TenantExists, issue_key, register_tenant
-from streams.tenants import TenantConfig, check_api_key, split_api_key
+from streams.tenants import AdmissionQuota, TenantConfig, check_api_key, split_api_key
+from topics.admission import keys_of, stamp
 from topics.codec import encode_trigger, trigger_headers
 from topics.codes import Code
 from topics.fields import check_text
@@ -95,6 +99,13 @@ class Service:
             self.store.get_api_key, ttl_s=lambda row: ttl if row else 1.0
         )
         self.timeout_s = settings.api.request_timeout_s
+        # Admission (topics.admission): with a key, a synchronous one-shot create whose id
+        # the API generated is answered at Kafka's acknowledgement, once this API has run
+        # every check its worker would, this instance's share of the create quota included.
+        adm = settings.admission
+        self.admission = keys_of(adm.current, adm.previous)
+        self.admission_quota = AdmissionQuota(adm.api_instances)
+        self.internal_topics = own_topics(self.bridge.catalog.command_results.name)
         self.started = False
 
     async def start(self) -> None:
@@ -214,20 +225,41 @@ class Service:
 
     @overload
     async def send(
-        self, command: dict[str, object], *, wait: Literal[True], timeout_s: float | None = None
+        self,
+        command: dict[str, object],
+        *,
+        wait: Literal[True],
+        timeout_s: float | None = None,
+        admit: bool = False,
     ) -> ResultDoc: ...
 
     @overload
     async def send(
-        self, command: dict[str, object], *, wait: Literal[False], timeout_s: float | None = None
+        self,
+        command: dict[str, object],
+        *,
+        wait: Literal[False],
+        timeout_s: float | None = None,
+        admit: bool = False,
     ) -> None: ...
 
     async def send(
-        self, command: dict[str, object], *, wait: bool, timeout_s: float | None = None
+        self,
+        command: dict[str, object],
+        *,
+        wait: bool,
+        timeout_s: float | None = None,
+        admit: bool = False,
     ) -> ResultDoc | None:
         """Validate locally (fast 4xx), sign with the tenant's key, produce; with ``wait``
         the command's result, else None once Kafka has it. Raises ApiError(504) when no
-        result arrives in time."""
+        result arrives in time.
+
+        ``admit``: the caller generated the schedule id (so no store but this create's can
+        hold it); with an admission key, a one-shot create is then admitted here and
+        answered at Kafka's acknowledgement (``_admit``)."""
+        if admit and wait and self.admission.enabled and _one_shot_create(command):
+            return await self._admit(command, timeout_s)
         tenant = str(command["tenant"])
         sid = str(command["schedule_id"])
         request_id = str(command["request_id"])
@@ -267,6 +299,74 @@ class Service:
             )
         return result
 
+    async def _admit(self, command: dict[str, object], timeout_s: float | None) -> ResultDoc:
+        """Decide a one-shot create as its worker would (decoded, the tenant active, its
+        limits, this instance's share of its create quota), produce it stamped with the
+        admission key, and answer once Kafka has acknowledged it (acks=all): the worker
+        stores it without deciding again (docs/api.md says what this 201 promises)."""
+        tenant = str(command["tenant"])
+        sid = str(command["schedule_id"])
+        request_id = str(command["request_id"])
+        value = orjson.dumps(command)
+        key = sid.encode("utf-8")
+        now = now_ms()
+        entry = await self.tenants.entry(tenant)
+        try:
+            decoded = decode_command(value, key=key, now_ms=now, limits=self.limits)
+            if entry.row is None or not entry.row.get("active"):
+                raise CommandRejected(Code.INACTIVE_TENANT, f"tenant {tenant!r} is deactivated")
+            check_tenant_limits(
+                decoded,
+                entry.config,
+                now_ms=now,
+                default_retention_s=self.settings.scheduler.fired_retention_s,
+                internal_topics=self.internal_topics,
+            )
+            quota = entry.config.create_quota_per_s
+            if not self.admission_quota.allow(tenant, quota, time.monotonic()):
+                raise CommandRejected(
+                    Code.QUOTA_EXCEEDED,
+                    f"tenant {tenant!r} exceeded its create quota of {quota:g} commands/s; "
+                    "nothing was applied, retry later",
+                )
+        except CommandRejected as exc:
+            raise ApiError(http_status(exc.code), exc.code, exc.message, schedule_id=sid) from None
+        headers: list[tuple[str, bytes]] = []
+        if entry.keys.current:
+            headers = sign_headers(entry.keys.current, signed_at_ms=now, key=key, value=value)
+        assert self.admission.current is not None  # enabled
+        headers.append(
+            stamp(self.admission.current, admitted_at_ms=now, record_key=key, value=value)
+        )
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        try:
+            position = await self.bridge.send_admitted(key, value, headers, timeout_s=timeout)
+        except KafkaError as exc:
+            if exc.retriable:
+                raise ApiError(503, "unavailable", str(exc), schedule_id=sid) from None
+            raise ApiError(500, "kafka_refused", str(exc), schedule_id=sid) from None
+        if position is None:
+            raise ApiError(
+                504,
+                "timeout",
+                f"Kafka did not acknowledge the create within {timeout:g}s; it may still be "
+                f"applied: GET /v1/schedules/{sid} to see",
+                schedule_id=sid,
+                request_id=request_id,
+            )
+        return ResultDoc(
+            schedule_id=sid,
+            tenant=tenant,
+            request_id=request_id,
+            command="create",
+            status="accepted",
+            code=Code.OK,
+            message="admitted: durable in Kafka; its worker stores it and it fires",
+            at_ms=now,
+            partition=position[0] if position[0] is not None else -1,
+            offset=position[1] if position[1] is not None else -1,
+        )
+
     def new_schedule_id(self) -> str:
         return uuid.uuid4().hex
 
@@ -281,9 +381,20 @@ class Service:
     async def get_schedule(self, tenant: str, sid: str) -> tuple[CqlRow, list[CqlRow]]:
         row = await self.store.get_schedule(tenant, sid)
         if row is None:
-            raise ApiError(404, "not_found", f"no schedule {sid!r}")
+            raise await self._missing(tenant, sid)
         events = await self.store.list_events(tenant, sid)
         return row, events
+
+    async def _missing(self, tenant: str, sid: str) -> ApiError:
+        """Why a schedule has no row: 410 ``refused`` for a create answered 201 at Kafka's
+        acknowledgement that its worker could not store (its history says why), else 404
+        (which, for a moment after such a 201, is also a create not stored yet)."""
+        if self.admission.enabled:
+            for event in await self.store.list_events(tenant, sid):
+                detail = str(event.get("detail") or "")
+                if event.get("event") == COMMAND_REFUSED and detail.startswith(ADMITTED_REFUSED):
+                    return ApiError(410, "refused", f"schedule {sid!r}: {detail}")
+        return ApiError(404, "not_found", f"no schedule {sid!r}")
 
     async def list_schedules(
         self,
@@ -493,6 +604,11 @@ class Service:
             due_ms=trig.due_ms,
             detail="re-fired by bulk reconcile" + was,
         )
+
+
+def _one_shot_create(command: dict[str, object]) -> bool:
+    """Whether a command (wire JSON) is a one-shot create: the only command admitted."""
+    return command.get("type") == "create" and command.get("recurrence") is None
 
 
 @dataclass

@@ -95,6 +95,9 @@ from topics.validation import Limits, decode_command, salvage_ids
 
 log = logging.getLogger("tocsin.commands")
 
+# How the history of a create answered 201 at Kafka's acknowledgement (topics.admission)
+# that its worker could not store begins (the API answers GET with it: 410 ``refused``).
+ADMITTED_REFUSED = "create admitted by the API, refused by the worker"
 # Backoff of a batch waiting for Cassandra or Kafka to come back.
 RETRY_FIRST_S = 0.5
 RETRY_MAX_S = 5.0
@@ -723,7 +726,7 @@ class CommandProcessor:
                 command.schedule_id,
                 COMMAND_REFUSED,
                 at_ms=self.clock_ms(),
-                detail=f"create admitted by the API, refused by the worker: {code}: {text}"[:512],
+                detail=f"{ADMITTED_REFUSED}: {code}: {text}"[:512],
             )
         except TocsinError as exc:
             log.error(
@@ -891,6 +894,7 @@ class CommandProcessor:
 
 
 __all__ = [
+    "ADMITTED_REFUSED",
     "CommandProcessor",
     "RawCommand",
     "TenantCache",

@@ -24,6 +24,7 @@ import hmac
 import math
 import re
 import secrets
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 
@@ -274,6 +275,40 @@ class QuotaBook:
         produced to the topic directly still see the budget it used."""
         if quota_per_s > 0 and not self.allow(tenant, partition, quota_per_s, now_s):
             self._buckets[(tenant, partition)].debit(now_s)
+
+
+# The API's share of a tenant's create quota is kept for at most this many tenants (the
+# least recently used beyond it start again with a full bucket).
+MAX_ADMISSION_TENANTS = 10_000
+
+
+class AdmissionQuota:
+    """The create quota as an API instance enforces it for the creates it admits
+    (topics.admission): a token bucket per tenant refilled at ``create_quota_per_s /
+    instances``, so ``instances`` APIs together admit the tenant's quota. The workers debit
+    their own buckets for what was admitted, so creates the tenant produces to the topic
+    directly share the same budget. Bounded: at most ``max_tenants`` buckets."""
+
+    def __init__(self, instances: int = 1, max_tenants: int = MAX_ADMISSION_TENANTS) -> None:
+        self.instances = max(1, instances)
+        self.max_tenants = max_tenants
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def allow(self, tenant: str, quota_per_s: float, now_s: float) -> bool:
+        if quota_per_s <= 0:
+            return True
+        rate = quota_per_s / self.instances
+        burst = max(1.0, rate)  # one second's worth, at least one command
+        bucket = self._buckets.get(tenant)
+        if bucket is None or bucket.rate != rate:
+            bucket = self._buckets[tenant] = TokenBucket(rate, burst, now_s)
+            while len(self._buckets) > self.max_tenants:
+                self._buckets.popitem(last=False)
+        self._buckets.move_to_end(tenant)
+        return bucket.take(now_s)
 
 
 # -- API keys ----------------------------------------------------------------------------
