@@ -9,10 +9,11 @@ at the end. The machinery (receiver, tally, streams, verdict, ``RESULT`` lines) 
 bench/chaos.py's.
 
 Scenarios (``--only``): ``leader_kill`` SIGKILLs the broker leading a fires and a commands
-partition mid-firing (back after 30 s); ``broker_hang`` SIGSTOPs a broker for 30 s;
-``cassandra_kill`` SIGKILLs a Cassandra node for 2 minutes, then starts it (hints);
-``cassandra_hang`` SIGSTOPs a Cassandra node for 30 s; ``rolling_brokers`` and
-``rolling_cassandra`` restart every node of one cluster, one at a time, under load;
+partition mid-firing (back after 30 s); ``broker_hang`` SIGSTOPs a broker (the leader of
+fires partition 0) for 30 s; ``coordinator_hang`` SIGSTOPs the broker coordinating the
+proxies' group for 30 s; ``cassandra_kill`` SIGKILLs a Cassandra node for 2 minutes, then
+starts it (hints); ``cassandra_hang`` SIGSTOPs a Cassandra node for 30 s; ``rolling_brokers``
+and ``rolling_cassandra`` restart every node of one cluster, one at a time, under load;
 ``rolling_tocsin`` restarts the workers and proxies one at a time (SIGTERM: a graceful
 hand-over); ``controller_kill`` SIGKILLs the KRaft controller leader (back after 30 s);
 ``cassandra_quorum`` and ``kafka_quorum`` SIGKILL two nodes of one cluster for 60 s (no
@@ -158,6 +159,30 @@ def controller_leader(cluster: Cluster) -> int:
     return best[1]
 
 
+def group_coordinators(settings: Settings) -> dict[str, int]:
+    """The broker coordinating each of the scenario's two consumer groups (the workers'
+    and the proxies'), by group id."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient(settings.kafka.librdkafka())
+    groups = [f"{settings.topics.prefix}{name}" for name in ("scheduler", "proxy")]
+    futures = admin.describe_consumer_groups(groups, request_timeout=10)
+    return {group: int(f.result().coordinator.id) for group, f in futures.items()}
+
+
+def roles_note(cluster: Cluster, settings: Settings) -> str:
+    """Which broker leads the KRaft quorum and which coordinates each group: what decides
+    what a broker's fault costs (RELIABILITY.md). Never fails a scenario."""
+    parts = []
+    with contextlib.suppress(Exception):
+        parts.append(f"controller leader node {controller_leader(cluster)}")
+    with contextlib.suppress(Exception):
+        prefix = settings.topics.prefix
+        for group, node in group_coordinators(settings).items():
+            parts.append(f"{group.removeprefix(prefix)} group on node {node}")
+    return ", ".join(parts) or "roles unknown"
+
+
 def wait_isr_full(settings: Settings, prefix: str, replicas: int, timeout_s: float) -> float:
     """Until every partition of the scenario's topics has all ``replicas`` in sync (what
     an operator waits for between two nodes of a rolling restart); seconds waited."""
@@ -261,6 +286,7 @@ def world(chaos: ClusterChaos, name: str) -> Iterator[tuple[Scenario, Receiver, 
             s.client.signing_key_of(tenant)
         s._client = RetryingClient(s.client, s.extra)
         time.sleep(10)  # let both groups settle over their two members
+        s.notes.append(f"before the fault: {roles_note(chaos.cluster, s.settings)}")
         yield s, receiver, procs
     finally:
         receiver.stop()
@@ -348,6 +374,19 @@ def sc_broker_hang(chaos: ClusterChaos) -> dict[str, Any]:
         return window, {"broker_down_s": (window.end_ms - window.start_ms) / 1000}
 
     return run_with_fault(chaos, "broker_hang", fault)
+
+
+def sc_coordinator_hang(chaos: ClusterChaos) -> dict[str, Any]:
+    """SIGSTOP for 30 s the broker coordinating the proxies' consumer group: its members'
+    heartbeats and offset commits go unanswered until they find the group's new
+    coordinator."""
+
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        node = group_coordinators(s.settings)[f"{s.settings.topics.prefix}proxy"]
+        window = _outage(s, chaos.cluster.kafka[node - 1], signal.SIGSTOP, 30, chaos)
+        return window, {"broker_down_s": (window.end_ms - window.start_ms) / 1000}
+
+    return run_with_fault(chaos, "coordinator_hang", fault)
 
 
 def sc_cassandra_kill(chaos: ClusterChaos) -> dict[str, Any]:
@@ -463,6 +502,7 @@ def sc_kafka_quorum(chaos: ClusterChaos) -> dict[str, Any]:
 SCENARIOS: dict[str, Callable[[ClusterChaos], dict[str, Any]]] = {
     "leader_kill": sc_leader_kill,
     "broker_hang": sc_broker_hang,
+    "coordinator_hang": sc_coordinator_hang,
     "cassandra_kill": sc_cassandra_kill,
     "cassandra_hang": sc_cassandra_hang,
     "rolling_brokers": sc_rolling_brokers,
