@@ -488,7 +488,12 @@ def _listing_params() -> list[Schema]:
 
 
 def _schedules_path() -> Schema:
-    created = _json(_ref("CommandResult"), "created")
+    created = _json(
+        _ref("CommandResult"),
+        "created: stored by its worker; or, with an admission key and no schedule_id in the "
+        "body, admitted and durable in Kafka (acks=all), to be stored and fired unless "
+        "cancelled (docs/api.md)",
+    )
     page = {
         "type": "object",
         "properties": {"schedules": _runs_of("Schedule"), "next_cursor": _nullable("string")},

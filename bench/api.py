@@ -432,23 +432,54 @@ CLIENTS: dict[str, type[RawClient] | type[AiohttpClient]] = {
 # Client clocks of the latency phase's creates (wall ms sent, wall ms answered), by
 # schedule id, for the per-hop breakdown; bounded by that phase's request count.
 CLIENT_CLOCKS: dict[str, tuple[int, int]] = {}
+# ``--generated-ids``: the body names no schedule id, so the API generates it and, with an
+# admission key (TOCSIN_ADMISSION_KEY), answers at Kafka's acknowledgement (docs/api.md).
+GENERATED_IDS = False
 
 
 async def create(client: Client, n: int, clocks: bool = False) -> tuple[bool, float]:
     """One synchronous create; True when answered 201 with the worker's ``ok`` result."""
-    body = {
-        "schedule_id": f"b-{n}",
+    body: dict[str, object] = {
         "due": now_ms() + 3_600_000 + n,
         "payload": {"n": n},
         "callback": {"type": "http", "url": "https://receiver.example/hook"},
     }
+    if not GENERATED_IDS:
+        body["schedule_id"] = f"b-{n}"
     sent_ms = now_ms()
     t0 = time.perf_counter()
     status, answer = await client.post("/v1/schedules", orjson.dumps(body))
     ms = (time.perf_counter() - t0) * 1000
-    if clocks:
-        CLIENT_CLOCKS[f"b-{n}"] = (sent_ms, now_ms())
-    return status == 201 and orjson.loads(answer).get("code") == "ok", ms
+    doc = orjson.loads(answer) if answer else {}
+    if clocks and isinstance(doc, dict):
+        CLIENT_CLOCKS[str(doc.get("schedule_id") or f"b-{n}")] = (sent_ms, now_ms())
+    return status == 201 and isinstance(doc, dict) and doc.get("code") == "ok", ms
+
+
+def wait_drained(settings: Settings, timeout_s: float = 120.0) -> float:
+    """Seconds until the workers have answered every command produced so far (as many
+    results as commands: one each); with admitted creates the API answers before its
+    worker, so a phase's CPU is measured until then."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    topics = catalog(settings.topics)
+    consumer = Consumer({**settings.kafka.librdkafka(), "group.id": f"drain-{uuid.uuid4()}"})
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < timeout_s:
+            ends = [
+                sum(
+                    consumer.get_watermark_offsets(TopicPartition(t.name, p), 10)[1]
+                    for p in range(t.partitions)
+                )
+                for t in (topics.commands, topics.command_results)
+            ]
+            if ends[1] >= ends[0]:
+                break
+            time.sleep(0.05)
+    finally:
+        consumer.close()
+    return time.monotonic() - t0
 
 
 async def phase_rate(
@@ -506,6 +537,13 @@ async def phase_latency(
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rate-s", type=float, default=20)
+    parser.add_argument(
+        "--generated-ids",
+        action="store_true",
+        help="creates name no schedule id (the API generates it): with TOCSIN_ADMISSION_KEY "
+        "set they are answered at Kafka's acknowledgement, and each phase's CPU is "
+        "measured until the workers have answered every command",
+    )
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--latency-rate", type=int, default=500)
     parser.add_argument("--latency-s", type=float, default=20)
@@ -606,6 +644,8 @@ def measure(
     t0 = time.monotonic()
     rate = asyncio.run(phase_rate(base, key, args.rate_s, args.concurrency, args.client))
     rate_creates = round(rate * (time.monotonic() - t0))
+    if GENERATED_IDS:
+        print(f"[rate] workers drained {wait_drained(settings):.1f} s after the phase", flush=True)
     rate_cpu = meter.ms_per_create(rate_creates)
     rate_threads = meter.threads_line(rate_creates)
     print(
@@ -623,6 +663,9 @@ def measure(
     lat, failed = asyncio.run(
         phase_latency(base, key, args.latency_rate, args.latency_s, args.client)
     )
+    if GENERATED_IDS:
+        drained = wait_drained(settings)
+        print(f"[latency] workers drained {drained:.1f} s after the phase", flush=True)
     latency_cpu = meter.ms_per_create(len(lat) + failed)
     latency_threads = meter.threads_line(len(lat) + failed)
     print(
@@ -656,7 +699,9 @@ def stop_api(api: subprocess.Popen[bytes]) -> None:
 
 
 def main() -> int:
+    global GENERATED_IDS
     args = parse_args()
+    GENERATED_IDS = args.generated_ids
     pinning.begin(args.pin)
 
     run = uuid.uuid4().hex[:6]
