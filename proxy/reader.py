@@ -54,6 +54,20 @@ BATCH = 500
 # How long one turn of the poll loop waits when no record is there: the idle tick at which
 # stop, partition changes and commit requests are seen. A record that arrives ends the wait.
 IDLE_WAIT_S = 0.1
+# How often the consumer asks a broker which one coordinates its group (librdkafka's
+# coordinator.query.interval.ms, stock 10 minutes). librdkafka gives a heartbeat the whole
+# session timeout to be answered, so a member whose coordinator hangs (a stopped broker
+# keeps its connections open) learns nothing until its session has run out; it then loses
+# its partitions and rejoins under a fresh member id, and the group's new coordinator holds
+# that rejoin until the abandoned id has expired too, a second session timeout. Asked
+# every second, the member finds the new coordinator within a second of the controller
+# fencing the hung broker, moves its heartbeats there and keeps its membership. One small
+# request a second per consumer.
+COORDINATOR_QUERY_INTERVAL_MS = 1000
+# Heartbeats per session timeout. A session runs from the last answered heartbeat, so the
+# more often they go, the more of it is left when a coordinator stops answering, for the
+# member to find the next one in.
+HEARTBEATS_PER_SESSION = 10
 
 TP = tuple[str, int]
 
@@ -119,7 +133,10 @@ def consumer_config(kafka_conf: KafkaConfig, s: ProxySettings) -> KafkaConfig:
             "partition.assignment.strategy": "cooperative-sticky",
             "max.poll.interval.ms": int(s.max_poll_interval_s * 1000),
             "session.timeout.ms": int(s.session_timeout_s * 1000),
-            "heartbeat.interval.ms": max(100, int(s.session_timeout_s * 1000 / 4)),
+            "heartbeat.interval.ms": max(
+                100, int(s.session_timeout_s * 1000 / HEARTBEATS_PER_SESSION)
+            ),
+            "coordinator.query.interval.ms": COORDINATOR_QUERY_INTERVAL_MS,
             # librdkafka prefetches on its own; keep that buffer small next to our bound so the
             # process's memory is governed by max_pending_bytes, not by the client library.
             "queued.max.messages.kbytes": max(1024, min(4096, s.max_pending_bytes // 16384)),

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, Message, TopicPartition
 from proxy.envelope import Envelope, prepare_generic
 from proxy.metrics import ProxyMetrics
 from proxy.ordering import Bounds
-from proxy.reader import FlowPlan, Reader, flow_plan
+from proxy.reader import FlowPlan, Reader, consumer_config, flow_plan
 from proxy.settings import ProxySettings
 from proxy.state import SharedState
 
@@ -260,3 +260,18 @@ def test_with_nothing_fetched_the_reader_waits_for_one_record_then_takes_what_ca
     # Only the wait for the first record blocks; the rest of the batch is taken as it is.
     assert consumer.calls == [(500, 0), (1, 0.1), (499, 0)]
     assert state.snapshot(0.0).held == 1
+
+
+def test_the_consumer_finds_a_moved_coordinator_well_within_its_session() -> None:
+    # librdkafka gives a heartbeat the whole session to be answered: only a coordinator
+    # query tells a member that its hung coordinator has been replaced, and only
+    # heartbeats answered often keep most of the session for finding the new one.
+    for session_s in (6.0, 10.0, 30.0):
+        conf = consumer_config({}, ProxySettings(session_timeout_s=session_s))
+        query_ms = conf["coordinator.query.interval.ms"]
+        heartbeat_ms = conf["heartbeat.interval.ms"]
+        assert query_ms <= 1000
+        assert heartbeat_ms <= session_s * 1000 / 5
+        # What is left of the session when the coordinator stops answering, less the
+        # fencing (the operator's 3 s) and a query interval, still leaves a heartbeat.
+        assert session_s * 1000 - heartbeat_ms - 3000 - query_ms >= heartbeat_ms
