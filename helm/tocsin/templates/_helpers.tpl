@@ -68,6 +68,27 @@ app.kubernetes.io/part-of: tocsin
 {{- default (printf "%s-kafka-sasl" (include "tocsin.fullname" .)) .Values.kafka.sasl.existingSecret -}}
 {{- end -}}
 
+{{- define "tocsin.admissionSecret" -}}
+{{- default (printf "%s-admission" (include "tocsin.fullname" .)) .Values.admission.existingSecret -}}
+{{- end -}}
+
+{{/* The admission key (docs/api.md) of the API and worker pods, when one is configured. */}}
+{{- define "tocsin.admissionEnv" -}}
+{{- if or .Values.admission.existingSecret .Values.admission.key }}
+- name: TOCSIN_ADMISSION_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tocsin.admissionSecret" . }}
+      key: {{ .Values.admission.keyKey }}
+- name: TOCSIN_ADMISSION_PREVIOUS_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "tocsin.admissionSecret" . }}
+      key: {{ .Values.admission.previousKeyKey }}
+      optional: true
+{{- end }}
+{{- end -}}
+
 {{- define "tocsin.cassandraAuthEnabled" -}}
 {{- if or .Values.cassandra.auth.existingSecret .Values.cassandra.auth.username -}}true{{- end -}}
 {{- end -}}
