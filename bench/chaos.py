@@ -40,6 +40,8 @@ import sys
 import threading
 import time
 import traceback
+import urllib.error
+import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable
@@ -1422,6 +1424,115 @@ def sc_rolling_restart(chaos: Chaos) -> dict[str, Any]:
         s.close()
 
 
+class ApiClient:
+    """A ``tocsin api`` of a scenario, called over HTTP (blocking)."""
+
+    def __init__(self, base: str, admin_key: str) -> None:
+        self.base, self.admin_key = base, admin_key
+
+    def call(self, method: str, path: str, key: str, body: object = None) -> tuple[int, Any]:
+        data = None if body is None else orjson.dumps(body)
+        req = urllib.request.Request(
+            self.base + path,
+            data=data,
+            method=method,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+        )
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, orjson.loads(r.read() or b"null")
+        except urllib.error.HTTPError as exc:
+            return exc.code, orjson.loads(exc.read() or b"null")
+
+    def wait_ready(self, api: Proc, timeout_s: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            with (
+                contextlib.suppress(OSError),
+                urllib.request.urlopen(self.base + "/readyz", timeout=2) as r,
+            ):
+                if r.status == 200:
+                    return
+            if not api.alive():
+                break
+            time.sleep(0.3)
+        raise RuntimeError("the API did not become ready")
+
+
+# The admission key of the admitted scenario (topics.admission): the API's and workers'.
+ADMISSION_KEY = "chaos-1:" + "c" * 40
+
+
+def sc_admitted(chaos: Chaos) -> dict[str, Any]:
+    """Creates answered 201 at Kafka's acknowledgement (an admission key) while no worker
+    runs, their tenant deactivated after the 201s; the worker started as some fall due,
+    SIGKILLed while storing and firing them, started again: every 201 fires, none early."""
+    from topics.ids import trigger_id
+
+    s = Scenario(chaos, "admitted")
+    s.env["TOCSIN_ADMISSION_KEY"] = ADMISSION_KEY
+    receiver = Receiver(s.tally).start()
+    try:
+        w = s.worker("w")
+        s.proxy("proxy")
+        s.wait_ready()
+        port, admin = free_port(), uuid.uuid4().hex
+        api_env = dict(
+            s.env,
+            TOCSIN_API_PORT=str(port),
+            TOCSIN_ADMIN_KEY=admin,
+            TOCSIN_METRICS_PORT=str(next(_ports)),
+        )
+        api = Proc("api", [sys.executable, "-m", "tocsin.cli", "api"], api_env, s.logs / "api.log")
+        s.procs.append(api.start())
+        http = ApiClient(f"http://127.0.0.1:{port}", admin)
+        http.wait_ready(api)
+        tenant = f"adm-{uuid.uuid4().hex[:6]}"
+        st, reg = http.call("POST", "/v1/tenants", admin, {"tenant": tenant})
+        if st != 201:
+            raise RuntimeError(f"tenant registration answered {st}: {reg}")
+        say("admitted: SIGKILL the worker; creates answered by Kafka alone")
+        w.kill()
+        n, t0 = 300, now_ms() + 10_000
+        statuses: dict[str, int] = defaultdict(int)
+        for i, due in enumerate(spread(n, t0, 30_000)):
+            body = {
+                "due": due,
+                "payload": {"seq": i},
+                "callback": {"type": "http", "url": receiver.url},
+                "order_key": f"k{i % 20}",
+                "misfire_tolerance_s": 3600,
+            }
+            st, r = http.call("POST", "/v1/schedules", reg["api_key"], body)
+            statuses[str(st)] += 1
+            if st == 201 and r.get("message", "").startswith("admitted"):
+                s.tally.expect(trigger_id(tenant, r["schedule_id"], due), due)
+        say(f"admitted: answers {dict(statuses)}; deactivating the tenant")
+        st, _ = http.call("PATCH", f"/v1/tenants/{tenant}", admin, {"active": False})
+        s.extra["deactivated"] = st == 200
+        time.sleep(max(0, (t0 + 6_000 - now_ms()) / 1000))
+        say("admitted: start the worker (some creates are due already)")
+        w2 = s.worker("w2")
+        time.sleep(12)
+        say("admitted: SIGKILL it while it stores and fires them; start another")
+        w2.kill()
+        time.sleep(3)
+        s.worker("w3")
+        s.wait_all_seen(150)
+        # w killed (nothing owned yet that fires), w2 joining, w2 killed, w3 joining.
+        return s.report(
+            scheduled=n,
+            statuses=dict(statuses),
+            **receiver.order_figures(),
+            ok_every_create_admitted=statuses.get("201", 0) == n,
+            ok_tenant_deactivated=s.extra.pop("deactivated"),
+            duplicate_bound=duplicate_bound(rate_per_s=n / 30, worker_handovers=3),
+        )
+    finally:
+        receiver.stop()
+        s.close()
+
+
 SCENARIOS: dict[str, Callable[[Chaos], dict[str, Any]]] = {
     "workers": sc_workers,
     "broker": sc_broker,
@@ -1435,6 +1546,7 @@ SCENARIOS: dict[str, Callable[[Chaos], dict[str, Any]]] = {
     "hostile_tenant": sc_hostile_tenant,
     "cassandra_slow": sc_cassandra_slow,
     "rolling_restart": sc_rolling_restart,
+    "admitted": sc_admitted,
 }
 
 
