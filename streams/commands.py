@@ -415,14 +415,28 @@ class CommandProcessor:
         outage); None when it is not a one-shot create (only those are admitted), which is
         then decoded and decided like any other."""
         try:
-            command = decode_command(
-                msg.value or b"", key=msg.key, now_ms=admission.admitted_at_ms, limits=self.limits
+            command = self._admitted_create(msg, admission)
+        except CommandRejected as rej:
+            # The API decoded it at that time: only a worker configured with other limits
+            # (TOCSIN_MAX_PAYLOAD_BYTES...) than the API refuses it here.
+            metrics.ADMISSIONS.labels("refused").inc()
+            log.error(
+                "an admitted command does not decode here; deciding it in full",
+                extra={"code": rej.code, "reason": rej.message, "offset": msg.offset},
             )
-        except CommandRejected:
             return None
+        if command is not None:
+            metrics.ADMISSIONS.labels("honoured").inc()
+        return command
+
+    def _admitted_create(self, msg: RawCommand, admission: Admission) -> CreateCommand | None:
+        """The one-shot create of an admitted record, decoded at its admission time; None
+        for any other command (only those are admitted). Raises CommandRejected."""
+        command = decode_command(
+            msg.value or b"", key=msg.key, now_ms=admission.admitted_at_ms, limits=self.limits
+        )
         if not isinstance(command, CreateCommand) or command.recurrence is not None:
             return None
-        metrics.ADMISSIONS.labels("honoured").inc()
         return command
 
     def _check_admission_copy(self, msg: RawCommand, admission: Admission) -> None:
@@ -711,10 +725,17 @@ class CommandProcessor:
         the schedule's history (``GET /v1/schedules/{id}`` answers 410 ``refused`` with
         it), besides the alert (log, ``tocsin_admissions_total{outcome="refused"}``).
         Best effort: the store may refuse that too, and the log and counter remain."""
-        if self._honoured(msg) is None:
+        admission = self.admission.verify(
+            header_map(msg.headers),
+            record_key=msg.key,
+            value=msg.value or b"",
+            record_ms=msg.timestamp_ms,
+            timestamp_type=msg.timestamp_type,
+        )
+        if not isinstance(admission, Admission):
             return
         try:
-            command = decode_command(msg.value or b"", key=msg.key, now_ms=0, limits=self.limits)
+            command = self._admitted_create(msg, admission)
         except CommandRejected:
             command = None
         if command is None:

@@ -212,3 +212,11 @@ def test_an_admitted_create_the_store_refuses_is_in_its_history() -> None:
     (event,) = [e for e in store.events if e["event"] == "command_refused"]
     assert (event["tenant"], event["schedule_id"]) == ("acme", "s1")
     assert "admitted" in str(event["detail"]) and "store_rejected" in str(event["detail"])
+
+
+def test_a_stamped_command_that_is_not_admitted_gets_no_admission_refusal() -> None:
+    store = FakeStore()
+    store.inject("apply_schedule_changes", StoreError("refused for good", retriable=False))
+    recurring = create("r1", due_ms=None, recurrence=Recurrence(cron="* * * * *"))
+    asyncio.run(processor(store).process_until_answered([record(recurring, 1)]))
+    assert not [e for e in store.events if e["event"] == "command_refused"]
