@@ -6,24 +6,16 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
-import pytest
 from faust.types import TP
 
 from base.settings import Settings
 from streams.app import Worker, commands_assigned
 from streams.ticker import PartitionTicker
+from tests.unit.rebalance_rig import DUE, MOVED_TO, Rig, reschedule
 from tests.unit.test_fault_properties import PARTITIONS
 from tests.unit.test_streams_isolation import record
-from tests.unit.test_ticker_suspend_review import DUE, MOVED_TO, Rig, reschedule
-
-
-@pytest.fixture
-async def rig() -> Any:
-    r = Rig()
-    yield r
-    await r.close()
 
 
 async def test_a_ticker_suspended_before_reading_its_checkpoint_is_replaced_not_resumed(
@@ -63,10 +55,7 @@ async def test_a_command_of_a_suspended_partition_is_left_and_replayed_on_the_re
     every_partition(rig)
     create = record("moved", 1, due_ms=DUE)
     partition = create.partition
-    await rig.ownership.assigned({partition}, 1)
-    ticker = rig.tickers[partition]
-    await asyncio.wait_for(ticker.ready.wait(), 5)
-    assert await rig.processor.process_until_answered([create]) == []
+    ticker = await rig.holding(create)
 
     await rig.ownership.revoked({partition}, 1)
     move = reschedule("moved", 2, MOVED_TO)
@@ -83,12 +72,7 @@ async def test_a_command_of_a_suspended_partition_is_left_and_replayed_on_the_re
     assert rig.codes() == ["ok", "ok"]
     assert rig.store.schedules[("acme", "moved")].due_ms == MOVED_TO
 
-    rig.now[0] = DUE + 1_000
-    ticker._wake.set()
-    for _ in range(50):
-        if "moved" in rig.fires.ids:
-            break
-        await asyncio.sleep(0.01)
+    await rig.wake_at(ticker, DUE + 1_000, until=lambda: "moved" in rig.fires.ids)
     assert "moved" not in rig.fires.ids
 
 
@@ -100,10 +84,7 @@ async def test_withdrawals_owed_to_a_partition_are_paid_to_a_fresh_ticker_before
     brings the old version; the withdrawal owed refuses it."""
     create = record("moved", 1, due_ms=DUE)
     partition = create.partition
-    await rig.ownership.assigned({partition}, 1)
-    ticker = rig.tickers[partition]
-    await asyncio.wait_for(ticker.ready.wait(), 5)
-    assert await rig.processor.process_until_answered([create]) == []
+    ticker = await rig.holding(create)
     await rig.ownership.revoked({partition}, 1)
 
     landed = asyncio.Event()
@@ -123,12 +104,7 @@ async def test_withdrawals_owed_to_a_partition_are_paid_to_a_fresh_ticker_before
     assert await asyncio.wait_for(move, 5) == []
     assert rig.store.schedules[("acme", "moved")].due_ms == MOVED_TO
 
-    rig.now[0] = DUE + 1_000
-    fresh._wake.set()
-    for _ in range(50):
-        if "moved" in rig.fires.ids:
-            break
-        await asyncio.sleep(0.01)
+    await rig.wake_at(fresh, DUE + 1_000, until=lambda: "moved" in rig.fires.ids)
     assert "moved" not in rig.fires.ids
 
 

@@ -5,8 +5,6 @@ reused, the bounded idle pool, and what the request carries."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 
 import pytest
 
@@ -18,78 +16,13 @@ from proxy.http_client import (
     ProtocolError,
     parse_target,
 )
+from tests.unit.loopback import Servers, call, fixed
 
 
-@dataclass
-class Raw:
-    """A server that reads one request head (and its Content-Length body) and writes what
-    ``answer`` gives for it; it counts the connections it accepted."""
-
-    answer: Callable[[bytes], bytes]
-    close_after: bool = False
-    connections: int = 0
-    requests: list[bytes] = field(default_factory=list)
-    port: int = 0
-
-    async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.connections += 1
-        try:
-            while True:
-                head = await reader.readuntil(b"\r\n\r\n")
-                length = 0
-                for line in head.split(b"\r\n"):
-                    if line.lower().startswith(b"content-length:"):
-                        length = int(line.split(b":", 1)[1])
-                body = await reader.readexactly(length)
-                self.requests.append(head + body)
-                writer.write(self.answer(head))
-                await writer.drain()
-                if self.close_after:
-                    break
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        writer.close()
-
-
-class Servers:
-    def __init__(self) -> None:
-        self.servers: list[asyncio.Server] = []
-
-    async def __call__(self, answer: Callable[[bytes], bytes], close_after: bool = False) -> Raw:
-        r = Raw(answer, close_after)
-        server = await asyncio.start_server(r.handle, "127.0.0.1", 0)
-        self.servers.append(server)
-        r.port = server.sockets[0].getsockname()[1]
-        return r
-
-
-@pytest.fixture
-async def raw() -> AsyncIterator[Servers]:
-    servers = Servers()
-    yield servers
-    for server in servers.servers:
-        server.close()
-
-
-async def call(client: HttpClient, port: int, path: str = "/cb", method: str = "POST") -> Answer:
-    async with asyncio.timeout(5):
-        return await client.request(
-            method,
-            f"http://127.0.0.1:{port}{path}",
-            [("Content-Type", "application/json")],
-            b'{"a":1}',
-            connect_timeout_s=2,
-            cap_2xx=64,
-            cap_other=8,
-        )
-
-
-def fixed(text: bytes) -> Callable[[bytes], bytes]:
-    return lambda _head: text
-
-
-async def test_a_keep_alive_answer_leaves_its_connection_for_the_next_request(raw: Servers) -> None:
-    srv = await raw(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+async def test_a_keep_alive_answer_leaves_its_connection_for_the_next_request(
+    loopback: Servers,
+) -> None:
+    srv = await loopback(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
     client = HttpClient()
     for _ in range(3):
         assert await call(client, srv.port) == Answer(200, None, b"ok")
@@ -97,9 +30,11 @@ async def test_a_keep_alive_answer_leaves_its_connection_for_the_next_request(ra
     await client.close()
 
 
-async def test_connection_close_or_http_1_0_is_not_reused(raw: Servers) -> None:
-    closing = await raw(fixed(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"))
-    old = await raw(fixed(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"))
+async def test_connection_close_or_http_1_0_is_not_reused(loopback: Servers) -> None:
+    closing = await loopback(
+        fixed(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n")
+    )
+    old = await loopback(fixed(b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n"))
     client = HttpClient()
     for srv in (closing, old):
         for _ in range(2):
@@ -109,23 +44,29 @@ async def test_connection_close_or_http_1_0_is_not_reused(raw: Servers) -> None:
     await client.close()
 
 
-async def test_a_chunked_body_is_read_whole_and_the_connection_reused(raw: Servers) -> None:
-    srv = await raw(
-        fixed(
-            b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\nRetry-After: 7\r\n\r\n"
-            b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n"
-        )
-    )
+async def read_twice_on_one_connection(loopback: Servers, answer: bytes, want: Answer) -> None:
+    """Two requests answered ``answer``: each read as ``want``, the second over the
+    connection the first left in the pool."""
+    srv = await loopback(fixed(answer))
     client = HttpClient()
     for _ in range(2):
-        assert await call(client, srv.port) == Answer(503, "7", b"abcde")
+        assert await call(client, srv.port) == want
     assert srv.connections == 1
     await client.close()
 
 
-async def test_a_body_over_the_cap_gives_its_start_and_the_connection_up(raw: Servers) -> None:
-    srv = await raw(fixed(b"HTTP/1.1 500 No\r\nContent-Length: 20\r\n\r\n" + b"e" * 20))
-    chunked = await raw(
+async def test_a_chunked_body_is_read_whole_and_the_connection_reused(loopback: Servers) -> None:
+    await read_twice_on_one_connection(
+        loopback,
+        b"HTTP/1.1 503 Busy\r\nTransfer-Encoding: chunked\r\nRetry-After: 7\r\n\r\n"
+        b"3;ext=1\r\nabc\r\n2\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n",
+        Answer(503, "7", b"abcde"),
+    )
+
+
+async def test_a_body_over_the_cap_gives_its_start_and_the_connection_up(loopback: Servers) -> None:
+    srv = await loopback(fixed(b"HTTP/1.1 500 No\r\nContent-Length: 20\r\n\r\n" + b"e" * 20))
+    chunked = await loopback(
         fixed(b"HTTP/1.1 500 No\r\nTransfer-Encoding: chunked\r\n\r\n14\r\n" + b"f" * 20)
     )
     client = HttpClient()
@@ -137,8 +78,8 @@ async def test_a_body_over_the_cap_gives_its_start_and_the_connection_up(raw: Se
     await client.close()
 
 
-async def test_a_body_to_the_end_of_the_connection(raw: Servers) -> None:
-    srv = await raw(fixed(b"HTTP/1.1 502 Bad\r\n\r\nbad gateway"), close_after=True)
+async def test_a_body_to_the_end_of_the_connection(loopback: Servers) -> None:
+    srv = await loopback(fixed(b"HTTP/1.1 502 Bad\r\n\r\nbad gateway"), close_after=True)
     client = HttpClient()
     for _ in range(2):
         assert await call(client, srv.port) == Answer(502, None, b"bad gate")
@@ -146,22 +87,21 @@ async def test_a_body_to_the_end_of_the_connection(raw: Servers) -> None:
     await client.close()
 
 
-async def test_interim_answers_are_skipped_and_bodiless_statuses_have_no_body(raw: Servers) -> None:
-    srv = await raw(
-        fixed(
-            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
-            b"HTTP/1.1 204 No Content\r\n\r\n"
-        )
+async def test_interim_answers_are_skipped_and_bodiless_statuses_have_no_body(
+    loopback: Servers,
+) -> None:
+    await read_twice_on_one_connection(
+        loopback,
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\n"
+        b"HTTP/1.1 204 No Content\r\n\r\n",
+        Answer(204, None, b""),
     )
-    client = HttpClient()
-    for _ in range(2):
-        assert await call(client, srv.port) == Answer(204, None, b"")
-    assert srv.connections == 1
-    await client.close()
 
 
-async def test_an_answer_cut_short_is_a_disconnection(raw: Servers) -> None:
-    srv = await raw(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"), close_after=True)
+async def test_an_answer_cut_short_is_a_disconnection(loopback: Servers) -> None:
+    srv = await loopback(
+        fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc"), close_after=True
+    )
     client = HttpClient()
     with pytest.raises(Disconnected):
         await call(client, srv.port)
@@ -179,8 +119,8 @@ async def test_an_answer_cut_short_is_a_disconnection(raw: Servers) -> None:
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     ],
 )
-async def test_what_is_not_http_is_a_protocol_error(raw: Servers, answer: bytes) -> None:
-    srv = await raw(fixed(answer))
+async def test_what_is_not_http_is_a_protocol_error(loopback: Servers, answer: bytes) -> None:
+    srv = await loopback(fixed(answer))
     client = HttpClient()
     with pytest.raises(ProtocolError):
         await call(client, srv.port)
@@ -188,8 +128,10 @@ async def test_what_is_not_http_is_a_protocol_error(raw: Servers, answer: bytes)
     await client.close()
 
 
-async def test_the_request_carries_host_length_defaults_and_an_encoded_target(raw: Servers) -> None:
-    srv = await raw(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+async def test_the_request_carries_host_length_defaults_and_an_encoded_target(
+    loopback: Servers,
+) -> None:
+    srv = await loopback(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
     client = HttpClient(user_agent="ua")
     await call(client, srv.port, path="/a b?x=é")
     sent = srv.requests[0]
@@ -213,8 +155,10 @@ async def test_the_request_carries_host_length_defaults_and_an_encoded_target(ra
     await client.close()
 
 
-async def test_the_idle_pool_is_bounded_across_hosts(raw: Servers) -> None:
-    servers = [await raw(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")) for _ in range(5)]
+async def test_the_idle_pool_is_bounded_across_hosts(loopback: Servers) -> None:
+    servers = [
+        await loopback(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")) for _ in range(5)
+    ]
     client = HttpClient(max_idle=2)
     for srv in servers:
         await call(client, srv.port)
@@ -227,8 +171,8 @@ async def test_the_idle_pool_is_bounded_across_hosts(raw: Servers) -> None:
     await client.close()
 
 
-async def test_an_expired_idle_connection_is_not_reused(raw: Servers) -> None:
-    srv = await raw(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
+async def test_an_expired_idle_connection_is_not_reused(loopback: Servers) -> None:
+    srv = await loopback(fixed(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"))
     client = HttpClient(keepalive_s=0.0)
     await call(client, srv.port)
     await asyncio.sleep(0.01)

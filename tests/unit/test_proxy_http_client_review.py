@@ -11,12 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from proxy.envelope import Envelope, prepare_generic
 from proxy.http_client import (
     MAX_HEAD_BYTES,
     Answer,
@@ -29,62 +26,8 @@ from proxy.http_sender import HttpSender
 from proxy.metrics import ProxyMetrics
 from proxy.retry import ConnectFailure
 from proxy.settings import ProxySettings
-
-Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-async def read_request(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readuntil(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n"):
-        if line.lower().startswith(b"content-length:"):
-            length = int(line.split(b":", 1)[1])
-    return head + await reader.readexactly(length)
-
-
-@pytest.fixture
-async def serve() -> AsyncIterator[Callable[[Handler], Awaitable[int]]]:
-    servers: list[asyncio.Server] = []
-
-    async def start(handler: Handler) -> int:
-        server = await asyncio.start_server(handler, "127.0.0.1", 0)
-        servers.append(server)
-        port: int = server.sockets[0].getsockname()[1]
-        return port
-
-    yield start
-    for server in servers:
-        server.close()
-        await server.wait_closed()
-
-
-def answer_of(data: bytes) -> Handler:
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            while True:
-                await read_request(reader)
-                writer.write(data)
-                await writer.drain()
-        except (asyncio.IncompleteReadError, ConnectionError):
-            pass
-        writer.close()
-
-    return handle
-
-
-async def call(
-    client: HttpClient, port: int, headers: list[tuple[str, str]] | None = None
-) -> Answer:
-    async with asyncio.timeout(5):
-        return await client.request(
-            "POST",
-            f"http://127.0.0.1:{port}/cb",
-            headers or [],
-            b"{}",
-            connect_timeout_s=2,
-            cap_2xx=64,
-            cap_other=64,
-        )
+from tests.unit.loopback import Servers, call, fixed, read_request
+from tests.unit.test_proxy_http_sender import envelope
 
 
 async def read_all_there(data: bytes) -> tuple[Answer, _Connection]:
@@ -100,7 +43,7 @@ OK_HEAD = b"HTTP/1.1 200 OK\r\n"
 
 
 async def test_an_idle_connection_does_not_buffer_what_the_receiver_sends_unasked(
-    serve: Callable[[Handler], Awaitable[int]],
+    loopback: Servers,
 ) -> None:
     flood = asyncio.Event()
 
@@ -113,7 +56,7 @@ async def test_an_idle_connection_does_not_buffer_what_the_receiver_sends_unaske
             await reader.read()  # until the client closes
         writer.close()
 
-    port = await serve(handle)
+    port = await loopback.serve(handle)
     client = HttpClient()
     try:
         assert (await call(client, port)).status == 200
@@ -190,53 +133,35 @@ async def test_a_number_int_cannot_read_is_a_protocol_error(data: bytes) -> None
 
 
 async def test_an_unreadable_content_length_is_retried_not_dead_lettered(
-    serve: Callable[[Handler], Awaitable[int]],
+    loopback: Servers,
 ) -> None:
-    port = await serve(answer_of(OK_HEAD + b"Content-Length: \xb2\r\n\r\nok"))
+    port = (await loopback(fixed(OK_HEAD + b"Content-Length: \xb2\r\n\r\nok"))).port
     settings = ProxySettings(
         mode="generic", source_topic="t", endpoint_url="http://x/", metrics_port=0
     )
-    env = Envelope(
-        topic="t",
-        partition=0,
-        offset=0,
-        key=b"k",
-        value=b"v",
-        headers=[],
-        timestamp_ms=None,
-        read_s=time.monotonic(),
-    )
-    prepare_generic(env, url=f"http://127.0.0.1:{port}/cb", timeout_s=5.0)
+    env = envelope(f"http://127.0.0.1:{port}/cb", timeout_s=5.0)
     async with HttpSender(settings, ProxyMetrics(), guard=False) as sender:
         outcome = await sender.send(env)
     assert isinstance(outcome, ConnectFailure), outcome
 
 
 async def test_a_header_value_outside_latin_1_is_sent_as_utf_8(
-    serve: Callable[[Handler], Awaitable[int]],
+    loopback: Servers,
 ) -> None:
-    got: list[bytes] = []
-
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        got.append(await read_request(reader))
-        writer.write(OK_HEAD + b"Content-Length: 0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-
-    port = await serve(handle)
+    srv = await loopback(fixed(OK_HEAD + b"Content-Length: 0\r\n\r\n"), close_after=True)
     client = HttpClient()
     try:
-        answer = await call(client, port, [("Tocsin-Schedule-Id", "订单-€1")])
+        answer = await call(client, srv.port, headers=[("Tocsin-Schedule-Id", "订单-€1")])
     finally:
         await client.close()
     assert answer.status == 200
-    assert "\r\nTocsin-Schedule-Id: 订单-€1\r\n".encode() in got[0]
+    assert "\r\nTocsin-Schedule-Id: 订单-€1\r\n".encode() in srv.requests[0]
 
 
 async def test_an_expired_idle_connection_is_closed_without_a_next_request(
-    serve: Callable[[Handler], Awaitable[int]],
+    loopback: Servers,
 ) -> None:
-    port = await serve(answer_of(OK_HEAD + b"Content-Length: 0\r\n\r\n"))
+    port = (await loopback(fixed(OK_HEAD + b"Content-Length: 0\r\n\r\n"))).port
     client = HttpClient(keepalive_s=0.05)
     try:
         assert (await call(client, port)).status == 200

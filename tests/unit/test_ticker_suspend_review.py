@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,95 +14,11 @@ import pytest
 from faust.types import TP
 
 from base.settings import Settings
-from streams.app import Ownership, Worker
-from streams.commands import CommandProcessor, RawCommand
-from streams.decisions import decide, parent_commits, plan_extension
-from streams.model import BucketRow, ScheduleRow
-from streams.partitioner import partition_for
-from streams.ticker import PartitionTicker, TickerConfig
-from tests.unit.test_fault_properties import NOW, PARTITIONS, SECRET, FakeSink, FakeStore
-from tests.unit.test_streams_handover import HeldSinkById
+from streams.app import Worker
+from tests.unit.rebalance_rig import DUE, MOVED_TO, Rig, hourly, reschedule
+from tests.unit.test_fault_properties import NOW
 from tests.unit.test_streams_isolation import record
-from tests.unit.test_streams_pause import At
 from tests.unit.test_streams_ticker import row
-from topics.codec import decode_result, encode_command
-from topics.models import CreateCommand, HttpCallback, PayloadType, Recurrence, UpdateCommand
-from topics.signing import sign_headers
-from topics.validation import Limits
-
-DUE = NOW + 30_000  # inside the loaded window (held in memory by the ticker)
-MOVED_TO = NOW + 3_600_000  # beyond the ticker's offer window: its minute is not loaded
-
-
-def reschedule(sid: str, offset: int, due_ms: int) -> RawCommand:
-    """A signed update moving ``sid`` to ``due_ms`` (same partition as ``record(sid)``)."""
-    base = record(sid, offset)
-    value = encode_command(UpdateCommand(tenant="acme", schedule_id=sid, due_ms=due_ms))
-    return replace(
-        base,
-        value=value,
-        headers=sign_headers(SECRET, signed_at_ms=NOW, key=base.key, value=value),
-    )
-
-
-class Rig:
-    """One worker's tickers (Ownership) and command processor sharing one fake store, the
-    consumer's assignment still listing the partition between revocation and assignment
-    (aiokafka keeps it until the join completes: streams.app's ``assigned``)."""
-
-    def __init__(self) -> None:
-        self.now = [NOW]
-        self.store = FakeStore()
-        self.store.checkpoint_ms = NOW - 1_000
-        self.fires = HeldSinkById()
-        self.results = FakeSink()
-        self.tickers: dict[int, PartitionTicker] = {}
-        self.ownership = Ownership(tickers=self.tickers, start=self._new, release_wait_s=0.0)
-        self.on_retry: list[Any] = []  # coroutines run at the processor's next back-off
-        self.processor = CommandProcessor(
-            store=self.store,
-            sink=self.results,
-            tickers=self.tickers,
-            results_topic="t.command-results",
-            partitions=PARTITIONS,
-            limits=Limits(),
-            clock_ms=lambda: self.now[0],
-            assigned=lambda partition: True,
-            sleep=self._sleep,
-        )
-        self.processor.unwithdrawn = self.ownership.unwithdrawn  # as the worker wires it
-
-    def _new(self, partition: int) -> PartitionTicker:
-        ticker = PartitionTicker(
-            partition,
-            store=self.store,
-            sink=self.fires,
-            config=TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0),
-            clock_ms=lambda: self.now[0],
-        )
-        ticker.start()
-        return ticker
-
-    async def _sleep(self, seconds: float) -> None:
-        while self.on_retry:
-            await self.on_retry.pop(0)
-        await asyncio.sleep(0)
-
-    def codes(self) -> list[str]:
-        return [str(decode_result(v).code) for _, _, v in self.results.sent]
-
-    async def close(self) -> None:
-        going = [*self.tickers.values(), *self.ownership.suspended.values()]
-        self.tickers.clear()
-        self.ownership.suspended.clear()
-        await asyncio.gather(*(t.stop(timeout_s=0.0) for t in going))
-
-
-@pytest.fixture
-async def rig() -> Any:
-    r = Rig()
-    yield r
-    await r.close()
 
 
 async def test_a_schedule_moved_later_while_suspended_does_not_fire_at_its_old_time(
@@ -111,10 +26,7 @@ async def test_a_schedule_moved_later_while_suspended_does_not_fire_at_its_old_t
 ) -> None:
     create = record("moved", 1, due_ms=DUE)
     partition = create.partition
-    await rig.ownership.assigned({partition}, 1)
-    ticker = rig.tickers[partition]
-    await asyncio.wait_for(ticker.ready.wait(), 5)
-    assert await rig.processor.process_until_answered([create]) == []
+    ticker = await rig.holding(create)
     assert ticker.timeline.get("acme", "moved") is not None  # held in memory
 
     # Generation 1 ends: the partition is revoked (the consumer still lists it).
@@ -130,12 +42,7 @@ async def test_a_schedule_moved_later_while_suspended_does_not_fire_at_its_old_t
     assert rig.store.schedules[("acme", "moved")].due_ms == MOVED_TO
 
     # The old due time passes: nothing of "moved" may fire now, an hour early.
-    rig.now[0] = DUE + 1_000
-    ticker._wake.set()
-    for _ in range(50):
-        if "moved" in rig.fires.ids:
-            break
-        await asyncio.sleep(0.01)
+    await rig.wake_at(ticker, DUE + 1_000, until=lambda: "moved" in rig.fires.ids)
     assert "moved" not in rig.fires.ids
 
 
@@ -144,45 +51,15 @@ async def test_control_the_same_move_with_a_fresh_ticker_does_not_fire_early(rig
     ticker reads the buckets): passes, so the test above fails for the resume alone."""
     create = record("moved", 1, due_ms=DUE)
     partition = create.partition
-    await rig.ownership.assigned({partition}, 1)
-    ticker = rig.tickers[partition]
-    await asyncio.wait_for(ticker.ready.wait(), 5)
-    assert await rig.processor.process_until_answered([create]) == []
+    ticker = await rig.holding(create)
     await rig.ownership.revoked({partition}, 1)
     rig.on_retry.append(rig.ownership.assigned({partition}, 3))
     assert await rig.processor.process_until_answered([reschedule("moved", 2, MOVED_TO)]) == []
     fresh = rig.tickers[partition]
     assert fresh is not ticker
     await asyncio.wait_for(fresh.ready.wait(), 5)
-    rig.now[0] = DUE + 1_000
-    fresh._wake.set()
-    for _ in range(50):
-        if "moved" in rig.fires.ids:
-            break
-        await asyncio.sleep(0.01)
+    await rig.wake_at(fresh, DUE + 1_000, until=lambda: "moved" in rig.fires.ids)
     assert "moved" not in rig.fires.ids
-
-
-def every_10s(partition: int) -> tuple[ScheduleRow, list[BucketRow]]:
-    """Tenant acme's recurring parent "r", every 10 s from NOW, and its runs written up to
-    NOW + 600 s (as its materialiser leaves them)."""
-    create = CreateCommand(
-        tenant="acme",
-        schedule_id="r",
-        payload=b"{}",
-        payload_type=PayloadType.JSON,
-        callback=HttpCallback(url="https://h.example/cb"),
-        misfire_tolerance_s=60,
-        recurrence=Recurrence(every_s=10, start_ms=NOW),
-    )
-    at = At(1, timestamp_ms=NOW, partition=partition)
-    d = decide(create, None, at, now_ms=NOW, shards=1, default_tolerance_s=3600, firing=False)
-    assert d.change is not None
-    ext = plan_extension(
-        [d.change.row], now_ms=NOW, horizon_ms=600_000, shards=1, max_runs=500, late_budget=500
-    )
-    [(row, _)] = parent_commits(ext.steps, now_ms=NOW, horizon_ms=600_000)
-    return row, [r for s in ext.steps for r in s.runs]
 
 
 def withdrawn_fired(rig: Rig) -> list[str]:
@@ -190,36 +67,11 @@ def withdrawn_fired(rig: Rig) -> list[str]:
     return [sid for sid in rig.fires.ids if sid.startswith("r@") and int(sid[2:]) > NOW + 2_000]
 
 
-def hourly(offset: int) -> RawCommand:
-    """A signed update of "r" to once an hour."""
-    key = b"r"
-    value = encode_command(
-        UpdateCommand(
-            tenant="acme", schedule_id="r", recurrence=Recurrence(every_s=3600, start_ms=NOW)
-        )
-    )
-    return replace(
-        record("r", offset),
-        key=key,
-        value=value,
-        partition=partition_for(key, PARTITIONS),
-        headers=sign_headers(SECRET, signed_at_ms=NOW, key=key, value=value),
-    )
-
-
 async def test_runs_withdrawn_by_an_update_while_suspended_do_not_fire_after_resume(
     rig: Rig,
 ) -> None:
-    partition = partition_for(b"r", PARTITIONS)
-    parent, runs = every_10s(partition)
-    rig.store.schedules[("acme", "r")] = parent
-    await rig.store.write_runs(runs, now_ms=NOW)
-    await rig.ownership.assigned({partition}, 1)
-    ticker = rig.tickers[partition]
-    await asyncio.wait_for(ticker.ready.wait(), 5)
-    for run in runs:
-        if run.due_ms > NOW + 1_000:
-            ticker.hand_over(run)  # the materialiser's hand-over (1. in its step)
+    ticker = await rig.holding_every_10s()
+    partition = ticker.partition
     assert len(ticker.timeline) > 0
 
     rig.now[0] = NOW + 2_000
@@ -231,28 +83,15 @@ async def test_runs_withdrawn_by_an_update_while_suspended_do_not_fire_after_res
     assert rig.tickers[partition] is ticker  # resumed
 
     # The old recurrence's next run time passes: no run of "r" is due for an hour now.
-    rig.now[0] = NOW + 10_500
-    ticker._wake.set()
-    for _ in range(50):
-        if withdrawn_fired(rig):
-            break
-        await asyncio.sleep(0.01)
+    await rig.wake_at(ticker, NOW + 10_500, until=lambda: withdrawn_fired(rig))
     assert withdrawn_fired(rig) == []
 
 
 async def test_control_the_same_update_with_a_fresh_ticker_fires_no_old_run(rig: Rig) -> None:
     """The same sequence with the partition back in a later generation (a fresh ticker
     reads the buckets the update cleared): passes."""
-    partition = partition_for(b"r", PARTITIONS)
-    parent, runs = every_10s(partition)
-    rig.store.schedules[("acme", "r")] = parent
-    await rig.store.write_runs(runs, now_ms=NOW)
-    await rig.ownership.assigned({partition}, 1)
-    ticker = rig.tickers[partition]
-    await asyncio.wait_for(ticker.ready.wait(), 5)
-    for run in runs:
-        if run.due_ms > NOW + 1_000:
-            ticker.hand_over(run)
+    ticker = await rig.holding_every_10s()
+    partition = ticker.partition
     rig.now[0] = NOW + 2_000
     await rig.ownership.revoked({partition}, 1)
     assert await rig.processor.process_until_answered([hourly(2)]) == []
@@ -260,31 +99,16 @@ async def test_control_the_same_update_with_a_fresh_ticker_fires_no_old_run(rig:
     fresh = rig.tickers[partition]
     assert fresh is not ticker
     await asyncio.wait_for(fresh.ready.wait(), 5)
-    rig.now[0] = NOW + 10_500
-    fresh._wake.set()
-    for _ in range(50):
-        if withdrawn_fired(rig):
-            break
-        await asyncio.sleep(0.01)
+    await rig.wake_at(fresh, NOW + 10_500, until=lambda: withdrawn_fired(rig))
     assert withdrawn_fired(rig) == []
 
 
 async def test_a_ticker_suspended_before_reading_its_checkpoint_resumes_cleanly(
-    caplog: pytest.LogCaptureFixture,
+    rig: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
-    now = [NOW]
-    store = FakeStore()
-    store.checkpoint_ms = NOW - 1_000
     gate = asyncio.Event()
-    store.hold("get_checkpoint", gate)  # Cassandra slow: the first read does not answer
-    ticker = PartitionTicker(
-        0,
-        store=store,
-        sink=HeldSinkById(),
-        config=TickerConfig(fire_topic="fires", owner="test", mark_linger_s=0.0),
-        clock_ms=lambda: now[0],
-    )
-    ticker.start()
+    rig.store.hold("get_checkpoint", gate)  # Cassandra slow: the first read does not answer
+    ticker = rig.new_ticker(0)
     for _ in range(5):
         await asyncio.sleep(0)
     assert ticker.fired_before_ms is None
