@@ -170,8 +170,7 @@ class Breaker:
         failed = verdict is HostVerdict.FAILED
         self._recent.append(failed)
         if not failed:
-            self.consecutive = 0
-            self.last_success_s = now_s
+            self._succeeded(now_s)
         elif started_s is None or self.last_success_s is None or started_s >= self.last_success_s:
             self.consecutive += 1
         if failed and self._tripped():
@@ -192,12 +191,18 @@ class Breaker:
         recent = self._recent
         return len(recent) >= p.window and sum(recent) >= p.failure_ratio * len(recent)
 
+    def _succeeded(self, now_s: float) -> None:
+        """The host answered at ``now_s`` (while closed, or the probe that closes it): the
+        consecutive count restarts, and a failure of an attempt begun before then is not
+        consecutive (``record``). The one place either is set on a success."""
+        self.consecutive = 0
+        self.last_success_s = now_s
+
     def _probe_result(self, verdict: HostVerdict, now_s: float) -> None:
         self.probing = False
         if verdict is HostVerdict.UP:
             self.state = BreakerState.CLOSED
-            self.consecutive = 0
-            self.last_success_s = now_s
+            self._succeeded(now_s)
             self._recent.clear()
             self.open_for_s = self.policy.open_s
         elif verdict is HostVerdict.FAILED:

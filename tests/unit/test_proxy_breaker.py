@@ -66,6 +66,25 @@ def test_failures_of_attempts_begun_before_the_last_success_are_not_consecutive(
     assert b.record(FAILED, 2.6, probe=False, started_s=2.2) is OPEN
 
 
+@pytest.mark.parametrize("probe", [False, True], ids=["closed", "probe"])
+def test_a_success_either_way_is_the_last_success(probe: bool) -> None:
+    # A success while closed and the probe's success that closes the breaker both restart
+    # the consecutive count from their time: failures of attempts begun before it are not
+    # consecutive, those begun after it are.
+    b = breaker()
+    for t in (0.0, 0.1, 0.2) if probe else (0.0, 0.1):
+        b.record(FAILED, t, probe=False)
+    if probe:
+        assert b.allow(2.2) == (True, True)
+    assert b.record(UP, 2.5, probe=probe, started_s=2.3) is CLOSED
+    for _ in range(3):
+        assert b.record(FAILED, 3.0, probe=False, started_s=2.4) is CLOSED
+    assert b.view(3.0).consecutive_failures == 0
+    for _ in range(2):
+        assert b.record(FAILED, 3.5, probe=False, started_s=2.6) is CLOSED
+    assert b.record(FAILED, 3.6, probe=False, started_s=2.6) is OPEN
+
+
 def test_it_opens_on_the_failure_ratio_of_a_full_window() -> None:
     b = breaker(failures=100, window=4, failure_ratio=0.5)
     for verdict in (FAILED, UP, FAILED):
