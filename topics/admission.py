@@ -38,7 +38,7 @@ import hashlib
 import hmac
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from topics.signing import MAX_SKEW_MS, TimestampType
 
@@ -55,7 +55,9 @@ class AdmissionKey:
     """One admission key: its id (named in the stamp, so rotation knows which) and secret."""
 
     key_id: str
-    secret: str
+    # Out of repr: a key (or the AdmissionKeys holding it) logged or shown in a traceback
+    # would hand out the secret that lets anyone skip a tenant's quota and limits.
+    secret: str = field(repr=False)
 
     @classmethod
     def parse(cls, text: str, what: str) -> AdmissionKey:
