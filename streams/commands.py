@@ -38,6 +38,8 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import orjson
+
 from base.clock import Clock, now_ms
 from base.errors import CommandRejected, KafkaError, TocsinError
 from streams import metrics
@@ -266,10 +268,14 @@ class CommandProcessor:
         nonces: dict[int, str] = {}
         # Indexes of creates an API admitted (answered 201 already): stored, not re-decided.
         admitted: dict[int, bool] = {}
+        # Records whose admission stamp verifies (an API answered them 201) refused before
+        # any decision: the refusal goes to the schedule's history (_record_admitted_refusal).
+        refused_admitted: list[tuple[RawCommand, CommandRejected]] = []
         for index, msg in enumerate(batch):
             command: Command | None = None
+            verified = self._honoured(msg)
             try:
-                command, honoured = self._decode(msg, now)
+                command, honoured = self._decode(msg, now, verified)
                 # One cache look-up per command for all three checks.
                 tenant = await self.tenants.entry(command.tenant)
                 admitted[index] = self._check_origin(command, msg, now, tenant, honoured)
@@ -281,6 +287,9 @@ class CommandProcessor:
                 outcomes.append((command, Code.OK, ""))
             except CommandRejected as rej:
                 outcomes.append((command, Code(rej.code), rej.message))
+                # A copy's original was decided on its own: no news for the tenant.
+                copy = rej.code == Code.REPLAYED_COMMAND
+                refused_admitted.extend([(msg, rej)] if verified and not copy else [])
 
         current = await load_schedule_rows(
             self.store, ((command.tenant, command.schedule_id) for _, command in valid)
@@ -335,6 +344,7 @@ class CommandProcessor:
 
         await self._persist(decisions, now, policies)
         await record_refusals(self.store, self.refusals, refused, policies, now)
+        await self._record_admitted_refusals(refused_admitted)
         results = [
             self._result(msg, *outcome, now, reply_nonce=nonces.get(index))
             for index, (msg, outcome) in enumerate(zip(batch, outcomes, strict=True))
@@ -368,9 +378,11 @@ class CommandProcessor:
         await asyncio.gather(*acks)
         return results
 
-    def _decode(self, msg: RawCommand, now: int) -> tuple[Command, Admission | None]:
-        """The command, and its admission when it is a one-shot create an API admitted."""
-        honoured = self._honoured(msg)
+    def _decode(
+        self, msg: RawCommand, now: int, honoured: Admission | None
+    ) -> tuple[Command, Admission | None]:
+        """The command, and its admission (``honoured``: its stamp verified) when it is a
+        one-shot create an API admitted."""
         if honoured is not None:
             command = self._decode_admitted(msg, honoured)
             if command is not None:
@@ -418,8 +430,8 @@ class CommandProcessor:
             command = self._admitted_create(msg, admission)
         except CommandRejected as rej:
             # The API decoded it at that time: only a worker configured with other limits
-            # (TOCSIN_MAX_PAYLOAD_BYTES...) than the API refuses it here.
-            metrics.ADMISSIONS.labels("refused").inc()
+            # (TOCSIN_MAX_PAYLOAD_BYTES...) than the API refuses it here. Counted as refused
+            # if the full decision refuses it too (_record_admitted_refusal).
             log.error(
                 "an admitted command does not decode here; deciding it in full",
                 extra={"code": rej.code, "reason": rej.message, "offset": msg.offset},
@@ -755,6 +767,51 @@ class CommandProcessor:
                 extra={"schedule_id": command.schedule_id, "error": str(exc)},
             )
 
+    async def _record_admitted_refusals(
+        self, refused: Sequence[tuple[RawCommand, CommandRejected]]
+    ) -> None:
+        for msg, rej in refused:
+            await self._record_admitted_refusal(msg, Code(rej.code), rej.message)
+
+    async def _record_admitted_refusal(self, msg: RawCommand, code: Code, text: str) -> None:
+        """A record whose admission stamp verified, refused before it was decided (decoded
+        under other limits than its API's, a partition count other than its API's): its
+        tenant was answered 201, and the answer on command-results reaches no one, so the
+        refusal goes to the schedule's history (``GET`` answers 410 ``refused``) besides
+        the alert. A retriable store error retries the batch (nothing else of it is
+        written twice: a replay is answered from the row)."""
+        ids = admitted_ids(msg)
+        if ids is None:
+            return
+        tenant, schedule_id = ids
+        metrics.ADMISSIONS.labels("refused").inc()
+        log.error(
+            "an admitted create was refused",
+            extra={
+                "code": str(code),
+                "reason": text,
+                "tenant": tenant,
+                "schedule_id": schedule_id,
+                "partition": msg.partition,
+                "offset": msg.offset,
+            },
+        )
+        try:
+            await self.store.record_event(
+                tenant,
+                schedule_id,
+                COMMAND_REFUSED,
+                at_ms=self.clock_ms(),
+                detail=f"{ADMITTED_REFUSED}: {code}: {text}"[:512],
+            )
+        except TocsinError as exc:
+            if exc.retriable:
+                raise
+            log.error(
+                "cannot record an admitted create's refusal",
+                extra={"schedule_id": schedule_id, "error": str(exc)},
+            )
+
     def _still_assigned(
         self, batch: Sequence[RawCommand], left: list[RawCommand]
     ) -> Sequence[RawCommand]:
@@ -941,6 +998,21 @@ def _withdraw_replaced(ticker: PartitionTicker, d: Decision) -> None:
         row = d.change.row
         cancelled = row.state == ScheduleState.CANCELLED
         ticker.withdraw_backfill(row.tenant, row.schedule_id, stop, cancelled=cancelled)
+
+
+def admitted_ids(msg: RawCommand) -> tuple[str, str] | None:
+    """The (tenant, schedule id) of a record that reads as a one-shot create, the only
+    command an API admits, even one that does not decode here; None for anything else."""
+    try:
+        obj = orjson.loads(msg.value or b"")
+    except orjson.JSONDecodeError:
+        return None
+    if not isinstance(obj, dict) or obj.get("type") != "create" or "recurrence" in obj:
+        return None
+    ids = salvage_ids(msg.value or b"", msg.key)
+    if ids.tenant is None or ids.schedule_id is None:
+        return None
+    return ids.tenant, ids.schedule_id
 
 
 def admitted_refused(
