@@ -313,7 +313,11 @@ class Service:
         entry = await self.tenants.entry(tenant)
         try:
             decoded = decode_command(value, key=key, now_ms=now, limits=self.limits)
-            if entry.row is None or not entry.row.get("active"):
+            # As its worker decides (streams.commands._check_sender): only active=false is
+            # a deactivated tenant; a row whose column is unset is an active one.
+            if entry.row is None:
+                raise CommandRejected(Code.UNKNOWN_TENANT, f"tenant {tenant!r} is not registered")
+            if entry.row.get("active") is False:
                 raise CommandRejected(Code.INACTIVE_TENANT, f"tenant {tenant!r} is deactivated")
             check_tenant_limits(
                 decoded,

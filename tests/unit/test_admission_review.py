@@ -94,7 +94,6 @@ def test_a_forged_stamp_leaves_no_refusal_in_the_history() -> None:
     assert admitted_refusals(store) == []
 
 
-@pytest.mark.xfail(strict=True, reason="the API refuses a tenant the worker takes as active")
 def test_the_api_admits_a_tenant_its_worker_takes_as_active() -> None:
     # The worker refuses only active=False (streams.commands._check_sender): a row whose
     # active column is unset is an active tenant to it, so the API must not say 403.
