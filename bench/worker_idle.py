@@ -85,11 +85,14 @@ def wakeups(pid: int) -> int:
 
 
 def threads(pid: int) -> dict[str, int]:
-    """Voluntary context switches per thread name (thread names are not unique: summed)."""
+    """Voluntary context switches per thread, keyed by name and thread id (the main thread
+    as ``main``: where the event loop, and so every asyncio timer, runs; Python's other
+    threads are all named ``python``, librdkafka's ``rdk:*``)."""
     out: dict[str, int] = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            name = (task / "comm").read_text().strip()
+            comm = (task / "comm").read_text().strip()
+            name = "main" if task.name == str(pid) else f"{comm}/{task.name}"
             lines = (task / "status").read_text().splitlines()
         except OSError:
             continue
@@ -138,7 +141,7 @@ def measure(pids: dict[str, int], seconds: float, port: int) -> dict[str, float]
     per_thread = threads(worker)
     busiest = sorted(
         ((n - per_thread0.get(name, 0)) / wall, name) for name, n in per_thread.items()
-    )[::-1][:6]
+    )[::-1][:8]
     print(
         "[idle] wake-ups/s by thread: " + ", ".join(f"{name} {rate:.1f}" for rate, name in busiest),
         flush=True,

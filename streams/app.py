@@ -35,7 +35,7 @@ from base.health import Health
 from base.health import serve as serve_health
 from base.logs import setup_logging
 from base.settings import Settings
-from streams import drain, fetch_wait, metrics, recovery
+from streams import batches, drain, fetch_wait, metrics, recovery
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
 from streams.deadletter_store import DeadLetterStore, record_dead_letters
@@ -211,7 +211,8 @@ class Worker:
         @app.agent(commands, name="commands")
         async def command_agent(stream: StreamT[bytes]) -> None:
             await self._ensure_started()
-            async for events in _stream(stream).take_events(batch_size, within=batch_wait_s):
+            # Faust's batching, with no timer armed while nothing is buffered (streams.batches).
+            async for events in batches.take_events(_stream(stream), batch_size, batch_wait_s):
                 left = await self.processor.process_until_answered(
                     [_raw_command(e) for e in events]
                 )
@@ -237,7 +238,7 @@ class Worker:
         async def delivery_agent(stream: StreamT[bytes]) -> None:
             """Record the proxy's final delivery outcomes into each schedule's status."""
             await self._ensure_started()
-            async for events in _stream(stream).take_events(batch_size, within=0.05):
+            async for events in batches.take_events(_stream(stream), batch_size, 0.05):
                 outcomes = [o for e in events if (o := parse_outcome(e.message.value))]
                 tenants = self.processor.tenants
                 await asyncio.gather(*(record_outcome(self.store, tenants, o) for o in outcomes))
