@@ -353,8 +353,11 @@ class Service:
             raise ApiError(
                 504,
                 "timeout",
+                # The producer keeps retrying it (up to its message timeout), so a GET's 404
+                # now proves nothing, and the body re-sent without an id is a second schedule.
                 f"Kafka did not acknowledge the create within {timeout:g}s; it may still be "
-                f"applied: GET /v1/schedules/{sid} to see",
+                f'applied: re-send the same body with "schedule_id": "{sid}" (a duplicate '
+                "if it was)",
                 schedule_id=sid,
                 request_id=request_id,
             )

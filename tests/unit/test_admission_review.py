@@ -108,7 +108,6 @@ def test_the_api_admits_a_tenant_its_worker_takes_as_active() -> None:
     assert (err.value.status, err.value.code) == (403, "unknown_tenant")
 
 
-@pytest.mark.xfail(strict=True, reason="the 504 advises a GET, whose 404 proves nothing")
 def test_a_504_says_how_to_retry_without_making_a_second_schedule() -> None:
     # The create may still be appended (the producer retries it for up to its message
     # timeout) after the 504 and after a GET answered 404: a re-POST of the body without an
