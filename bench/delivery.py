@@ -43,7 +43,15 @@ import orjson
 
 from base.settings import REPO_ROOT, Settings
 from bench import pinning
-from bench.scheduler import TENANT, cleanup, now_ms, pct, send_and_count, start_workers
+from bench.scheduler import (
+    TENANT,
+    cleanup,
+    histogram,
+    now_ms,
+    pct,
+    send_and_count,
+    start_workers,
+)
 from streams.client import CommandClient, ResultWatcher
 from topics.models import CreateCommand, HttpCallback, PayloadType
 
@@ -166,6 +174,89 @@ def server_pids(settings: Settings) -> dict[str, int]:
 
 def loadavg() -> str:
     return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+
+
+def thread_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds of each of ``pid``'s threads by thread name (same names summed): the
+    Python threads are all named after the process, librdkafka's ``rdk:...``."""
+    out: dict[str, float] = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            name = (task / "comm").read_text().strip()
+            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # the thread ended meanwhile
+        secs = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        out[name] = out.get(name, 0.0) + secs
+    return out
+
+
+def gc_pauses() -> dict[str, tuple[float, float, float]]:
+    """The worker's collections so far by generation: (count, seconds paused, count over
+    50 ms), from its ``tocsin_gc_pause_seconds``."""
+    out = {}
+    for gen in ("0", "1", "2"):
+        h = histogram("tocsin_gc_pause_seconds", generation=gen)
+        count = h.get("+Inf", 0.0)
+        out[gen] = (count, h.get("sum", 0.0), count - h.get("0.05", 0.0))
+    return out
+
+
+def print_worker_detail(
+    threads: dict[str, float], fires: int, rx: dict[str, list[int]], t0: int
+) -> None:
+    for name, secs in sorted(threads.items(), key=lambda kv: -kv[1]):
+        if secs > 0:
+            print(f"[delivery]   worker thread {name}: {secs * 1000 / fires:.3f} ms/fire")
+    for line in worst_seconds(rx, t0):
+        print(f"[delivery] worst due -> emitted: {line}")
+
+
+def start_profiles(
+    pids: dict[str, int], seconds: int, out_dir: Path
+) -> list[subprocess.Popen[bytes]]:
+    """py-spy (a measuring tool, not a dependency: it must be in the venv) on each process
+    over the firing window, collapsed stacks in ``out_dir/<name>.txt``."""
+    spy = Path(sys.executable).with_name("py-spy")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return [
+        subprocess.Popen(
+            [
+                str(spy),
+                "record",
+                "--pid",
+                str(pid),
+                "--duration",
+                str(seconds),
+                "--rate",
+                "250",
+                "--format",
+                "raw",
+                "--nonblocking",
+                "--threads",
+                "--output",
+                str(out_dir / f"{name}.txt"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for name, pid in pids.items()
+    ]
+
+
+def worst_seconds(rx: dict[str, list[int]], t0: int, top: int = 5) -> list[str]:
+    """The due seconds with the worst due -> emitted p99: whether the worker's outliers
+    cluster (a minute's bucket read, the start) or spread."""
+    by_second: dict[int, list[int]] = {}
+    for due, emitted, _ in rx.values():
+        by_second.setdefault((due - t0) // 1000, []).append(emitted - due)
+    rows = sorted(by_second.items(), key=lambda kv: -pct(kv[1], 0.99))[:top]
+    return [
+        f"second {s:>3} (due minute {((t0 + s * 1000) // 60_000) % 60:02d}:"
+        f"{((t0 + s * 1000) // 1000) % 60:02d}): p50 {pct(v, 0.5):.0f} p99 {pct(v, 0.99):.0f}"
+        f" max {max(v)} ms"
+        for s, v in rows
+    ]
 
 
 # ---- the run ---------------------------------------------------------------------------------
@@ -308,11 +399,21 @@ def measure(
     time.sleep(max(0.0, (t0 - now_ms()) / 1000))
     cpu0 = {name: cpu_s(pid) for name, pid in pids.items()}
     rx_cpu0 = cpu_s(receiver_pid)
+    threads0 = thread_cpu_s(worker.pid)
+    gc0 = gc_pauses()
     load0 = loadavg()
+    profiles = []
+    if args.profile:
+        tocsin = {"worker": worker.pid, "proxy": proxy.pid}
+        profiles = start_profiles(tocsin, args.seconds, Path(args.profile))
     time.sleep(args.seconds + 1)  # the firing window and the last fire's delivery
     cpu = {name: cpu_s(pid) - cpu0[name] for name, pid in pids.items()}
     rx_cpu = cpu_s(receiver_pid) - rx_cpu0
+    threads = {k: v - threads0.get(k, 0.0) for k, v in thread_cpu_s(worker.pid).items()}
+    gc1 = gc_pauses()
     load1 = loadavg()
+    for spy in profiles:
+        spy.wait(30)
     deadline = time.monotonic() + 60
     while _get(port, "?count=1")["count"] < n and time.monotonic() < deadline:
         time.sleep(0.5)
@@ -336,6 +437,13 @@ def measure(
             f"[delivery] {name} CPU {secs / (args.seconds + 1):.2f} s/s, "
             f"{secs * 1000 / fires:.3f} ms/fire"
         )
+    print_worker_detail(threads, fires, rx, t0)
+    for gen, (count, secs, long) in gc1.items():
+        c0, s0, l0 = gc0[gen]
+        print(
+            f"[delivery] worker GC generation {gen} in the window: {count - c0:.0f} collections, "
+            f"{(secs - s0) * 1000:.0f} ms paused, {long - l0:.0f} over 50 ms"
+        )
     # The receiver shares the machine but is not counted in fire_cpu_ms (another service's).
     print(
         f"[delivery] receiver CPU {rx_cpu / (args.seconds + 1):.2f} s/s, "
@@ -358,6 +466,11 @@ def main() -> int:
     ap.add_argument("--receiver", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--rate", type=int, default=1000, help="fires per second")
     ap.add_argument("--seconds", type=int, default=30, help="firing window")
+    ap.add_argument(
+        "--profile",
+        metavar="DIR",
+        help="py-spy the worker and the proxy over the firing window (collapsed stacks in DIR)",
+    )
     pinning.add_argument(ap)
     args = ap.parse_args()
     if args.receiver:

@@ -39,7 +39,7 @@ from streams import batches, drain, fetch_wait, metrics, recovery
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
 from streams.deadletter_store import DeadLetterStore, record_dead_letters
-from streams.deliveries import parse_outcome, record_outcome
+from streams.deliveries import parse_outcome, record_outcomes
 from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer
 from streams.store import Store
@@ -241,7 +241,7 @@ class Worker:
             async for events in batches.take_events(_stream(stream), batch_size, 0.05):
                 outcomes = [o for e in events if (o := parse_outcome(e.message.value))]
                 tenants = self.processor.tenants
-                await asyncio.gather(*(record_outcome(self.store, tenants, o) for o in outcomes))
+                await record_outcomes(self.store, tenants, outcomes)
                 await record_dead_letters(self.dead_letters, tenants, outcomes)
 
     def _add_lifecycle_handlers(self, app: faust.App) -> None:

@@ -23,6 +23,7 @@ import orjson
 
 from base.errors import StoreError
 from streams import metrics
+from streams.model import DeliveryMark
 from streams.ports import DeliveryStore, TenantPolicies
 from topics.models import DeliveryOutcome
 
@@ -205,6 +206,61 @@ async def _stored(
             delay = min(delay * 2, RETRY_MAX_S)
 
 
+async def record_outcomes(
+    store: AttemptStore,
+    tenants: TenantPolicies,
+    outcomes: list[dict[str, Any]],
+    *,
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+) -> None:
+    """Record one batch of the deliveries topic; returns once every record is recorded or
+    dropped for good. Final outcomes go to the store together (``record_deliveries_many``:
+    a few requests, not one each); attempt records, outcomes that are not usable, and any
+    whose request failed go one by one through ``record_outcome``, which logs, counts and
+    waits out a retriable failure."""
+    marks: list[tuple[dict[str, Any], DeliveryMark]] = []
+    one_by_one: list[dict[str, Any]] = []
+    for outcome in outcomes:
+        if outcome.get("kind") == ATTEMPT:
+            one_by_one.append(outcome)
+            continue
+        try:
+            config = await tenants.config(outcome["tenant"])
+            marks.append((outcome, _delivery_mark(outcome, config.retention_s)))
+        except (KeyError, TypeError, ValueError, StoreError):
+            one_by_one.append(outcome)
+    results = await store.record_deliveries_many([m for _, m in marks]) if marks else []
+    for (outcome, _), failed in zip(marks, results, strict=True):
+        if failed is None:
+            _count_recorded(outcome)
+        else:
+            one_by_one.append(outcome)
+    if one_by_one:
+        await asyncio.gather(*(record_outcome(store, tenants, o, sleep=sleep) for o in one_by_one))
+
+
+def _delivery_mark(outcome: dict[str, Any], retention_s: int | None) -> DeliveryMark:
+    """The store's record of a final outcome (KeyError, TypeError, ValueError: unusable)."""
+    return DeliveryMark(
+        tenant=outcome["tenant"],
+        schedule_id=outcome["schedule_id"],
+        outcome=DeliveryOutcome(outcome["outcome"]),
+        status_code=outcome.get("status_code"),
+        attempts=int(outcome.get("attempts", 0)),
+        at_ms=int(outcome.get("delivered_ms") or outcome.get("dead_lettered_ms") or 0),
+        trigger_id=outcome.get("trigger_id"),
+        due_ms=outcome.get("due_ms"),
+        detail=delivery_detail(outcome),
+        retention_s=retention_s,
+    )
+
+
+def _count_recorded(outcome: dict[str, Any]) -> None:
+    metrics.DELIVERIES.labels(outcome["outcome"]).inc()
+    if outcome["outcome"] == DeliveryOutcome.DEAD_LETTERED:
+        metrics.count_dead_lettered(outcome["tenant"])
+
+
 async def record_outcome(
     store: AttemptStore,
     tenants: TenantPolicies,
@@ -221,21 +277,20 @@ async def record_outcome(
     while True:
         try:
             config = await tenants.config(outcome["tenant"])
+            mark = _delivery_mark(outcome, config.retention_s)
             await store.record_delivery(
-                outcome["tenant"],
-                outcome["schedule_id"],
-                outcome=DeliveryOutcome(outcome["outcome"]),
-                status_code=outcome.get("status_code"),
-                attempts=int(outcome.get("attempts", 0)),
-                at_ms=int(outcome.get("delivered_ms") or outcome.get("dead_lettered_ms") or 0),
-                trigger_id=outcome.get("trigger_id"),
-                due_ms=outcome.get("due_ms"),
-                detail=delivery_detail(outcome),
-                retention_s=config.retention_s,
+                mark.tenant,
+                mark.schedule_id,
+                outcome=mark.outcome,
+                status_code=mark.status_code,
+                attempts=mark.attempts,
+                at_ms=mark.at_ms,
+                trigger_id=mark.trigger_id,
+                due_ms=mark.due_ms,
+                detail=mark.detail,
+                retention_s=mark.retention_s,
             )
-            metrics.DELIVERIES.labels(outcome["outcome"]).inc()
-            if outcome["outcome"] == DeliveryOutcome.DEAD_LETTERED:
-                metrics.count_dead_lettered(outcome["tenant"])
+            _count_recorded(outcome)
             return True
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("unusable delivery outcome", extra={"error": repr(exc)})

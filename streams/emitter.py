@@ -37,8 +37,10 @@ class Emitter:
         kafka: KafkaSettings,
         *,
         client_id: str = "tocsin-worker",
-        linger_ms: int = 5,
+        linger_ms: int = 1,
         compression: str = "lz4",
+        poll_s: float = 0.2,
+        idle_wait_s: float = 5.0,
     ) -> None:
         self._producer = Producer(
             {
@@ -46,7 +48,11 @@ class Emitter:
                 "client.id": client_id,
                 "enable.idempotence": True,
                 "acks": "all",
-                # A few ms of linger turns a burst second into large batches.
+                # The ticker produces a due set in one turn of its loop, so a burst is
+                # queued at once and goes out in large batches (and while a request is in
+                # flight, what follows gathers behind it). The linger only holds a lone
+                # fire: 1 ms lets the partitions due in the same ms share one request,
+                # where 5 ms held each fire 5 ms for nothing at 1,000 fires/s.
                 "linger.ms": linger_ms,
                 "batch.num.messages": 10000,
                 # Any codec is readable by every consumer here (aiokafka reads lz4/zstd/
@@ -62,6 +68,16 @@ class Emitter:
         self._thread = threading.Thread(target=self._serve, name="emitter-poll", daemon=True)
         self._started = False
         self._reports: deque[_Report] = deque()
+        # librdkafka's poll returns as soon as a delivery report is queued, so its timeout
+        # adds no latency to an acknowledgement; it bounds how long ``close`` waits for the
+        # thread. (confluent-kafka splits a longer poll into 200 ms waits anyway.)
+        self._poll_s = poll_s
+        # With nothing queued, in flight or reported, no report can come before the next
+        # send, so the thread waits for that send (or ``close``) instead of polling: an idle
+        # worker's producers do not wake at all. librdkafka's own log lines (served by
+        # poll, since they go through our logger) wait at most ``idle_wait_s`` meanwhile.
+        self._sent = threading.Event()
+        self._idle_wait_s = idle_wait_s
 
     def start(self) -> None:
         if not self._started:
@@ -70,8 +86,17 @@ class Emitter:
             self._started = True
 
     def _serve(self) -> None:
+        producer, sent = self._producer, self._sent
         while not self._stop.is_set():
-            self._producer.poll(0.05)
+            # len(): messages queued or in flight plus reports and log lines not served.
+            if len(producer) == 0:
+                sent.wait(self._idle_wait_s)
+                # A send between the wake-up and this clear is not lost: the loop checks
+                # len() again before it waits.
+                sent.clear()
+                if len(producer) == 0:
+                    continue
+            producer.poll(self._poll_s)
             self._hand_over()
 
     def _hand_over(self) -> None:
@@ -79,10 +104,13 @@ class Emitter:
         # acknowledges tens of thousands of triggers.
         if self._reports and self._loop is not None:
             batch = []
-            while self._reports:
-                batch.append(self._reports.popleft())
-            with contextlib.suppress(RuntimeError):  # loop closed at shutdown
-                self._loop.call_soon_threadsafe(_settle_all, batch)
+            # ``close`` hands over too, maybe while this thread does: pop until empty.
+            with contextlib.suppress(IndexError):
+                while True:
+                    batch.append(self._reports.popleft())
+            if batch:
+                with contextlib.suppress(RuntimeError):  # loop closed at shutdown
+                    self._loop.call_soon_threadsafe(_settle_all, batch)
 
     def send(
         self,
@@ -117,6 +145,8 @@ class Emitter:
                     on_delivery=on_delivery,
                     **extra,
                 )
+                if not self._sent.is_set():
+                    self._sent.set()  # the poll thread may be waiting idle
                 return fut
             except BufferError:
                 # Local queue full: let the poll thread drain it (rare; sized for bursts).
@@ -133,8 +163,10 @@ class Emitter:
         if self._started:
             await self.flush(timeout_s)
         self._stop.set()
+        self._sent.set()
         if self._started:
-            self._thread.join(timeout=5)
+            # Off the loop: the thread may be inside a poll of up to ``poll_s``.
+            await asyncio.to_thread(self._thread.join, self._poll_s + 1)
             self._hand_over()
 
 

@@ -12,7 +12,7 @@ from cassandra.query import UNSET_VALUE
 
 from streams.cql import gather_all
 from streams.event_store import EventStore
-from streams.model import FiredMark, ScheduleEvent, ScheduleState, Stmt
+from streams.model import DeliveryMark, FiredMark, ScheduleEvent, ScheduleState, Stmt
 from topics.models import DeliveryOutcome
 
 _BY_SCHEDULE = "WHERE tenant = ? AND schedule_id = ?"
@@ -213,26 +213,64 @@ class FireRecordStore(EventStore):
     ) -> None:
         """Store the delivery outcome reported by the proxy and append an event named after
         it ('delivered' | 'dead_lettered'), kept ``retention_s`` (None: the global one)."""
+        mark = DeliveryMark(
+            tenant=tenant,
+            schedule_id=schedule_id,
+            outcome=outcome,
+            status_code=status_code,
+            attempts=attempts,
+            at_ms=at_ms,
+            trigger_id=trigger_id,
+            due_ms=due_ms,
+            detail=detail,
+            retention_s=retention_s,
+        )
+        await self.run_together("record_delivery", self._delivery_stmts(mark))
+
+    async def record_deliveries_many(
+        self, marks: Sequence[DeliveryMark]
+    ) -> list[BaseException | None]:
+        """``record_delivery`` for many outcomes; the outcome of each (None when recorded).
+        Up to ``commit_group_size`` outcomes share one unlogged batch, as in
+        ``mark_fired_many``: each outcome's update and event stay one mutation, the group is
+        one request instead of one per outcome (the driver's CPU per request was the largest
+        share of the worker's main thread at 1,000 deliveries/s)."""
+        groups = [self._delivery_stmts(m) for m in marks]
+        batches = self.pack(groups)
+        results = await asyncio.gather(
+            *(
+                self.run_together("record_delivery", [s for i in batch for s in groups[i]])
+                for batch in batches
+            ),
+            return_exceptions=True,
+        )
+        out: list[BaseException | None] = [None] * len(marks)
+        for batch, result in zip(batches, results, strict=True):
+            for i in batch:
+                out[i] = result if isinstance(result, BaseException) else None
+        return out
+
+    def _delivery_stmts(self, m: DeliveryMark) -> list[Stmt]:
         update: Stmt = (
             "record_delivery",
             [
-                self.keep_s(retention_s),
-                outcome,
-                UNSET_VALUE if status_code is None else status_code,
-                attempts,
-                at_ms,
-                tenant,
-                schedule_id,
+                self.keep_s(m.retention_s),
+                m.outcome,
+                UNSET_VALUE if m.status_code is None else m.status_code,
+                m.attempts,
+                m.at_ms,
+                m.tenant,
+                m.schedule_id,
             ],
         )
         event = self.event_stmt(
-            tenant,
-            schedule_id,
-            _EVENT_OF_OUTCOME[outcome],
-            at_ms,
-            detail,
-            trigger_id,
-            due_ms,
-            retention_s,
+            m.tenant,
+            m.schedule_id,
+            _EVENT_OF_OUTCOME[m.outcome],
+            m.at_ms,
+            m.detail,
+            m.trigger_id,
+            m.due_ms,
+            m.retention_s,
         )
-        await self.run_together("record_delivery", [update, event])
+        return [update, event]

@@ -15,7 +15,7 @@ from streams.buckets import BUCKET_MS, UNRECORDED_BUCKET_MS, BucketKey, shard_of
 from streams.buckets import minute_ms as minute_of
 from topics.codec import callback_from_json
 from topics.ids import trigger_id as make_trigger_id
-from topics.models import Callback, PayloadType, Trigger
+from topics.models import Callback, DeliveryOutcome, PayloadType, Trigger
 
 # How long fired rows and events are kept unless a tenant sets its own retention.
 DEFAULT_RETENTION_S = 7 * 24 * 3600
@@ -131,6 +131,23 @@ class FiredMark:
     fired_ms: int
     due_ms: int
     retention_s: int | None = None  # the tenant's retention (None: the global one)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliveryMark:
+    """One final delivery outcome to record (``Store.record_deliveries_many``; the fields
+    are ``record_delivery``'s)."""
+
+    tenant: str
+    schedule_id: str
+    outcome: DeliveryOutcome
+    status_code: int | None
+    attempts: int
+    at_ms: int
+    trigger_id: str | None = None
+    due_ms: int | None = None
+    detail: str | None = None
+    retention_s: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

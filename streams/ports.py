@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from streams.buckets import BucketKey
 from streams.model import (
     BucketRow,
+    DeliveryMark,
     Deployment,
     FiredMark,
     ScheduleChange,
@@ -210,6 +211,10 @@ class DeliveryStore(Protocol):
         detail: str | None = None,
         retention_s: int | None = None,
     ) -> None: ...
+
+    async def record_deliveries_many(
+        self, marks: Sequence[DeliveryMark]
+    ) -> list[BaseException | None]: ...
 
 
 class IndexReader(Protocol):

@@ -73,6 +73,9 @@ log = logging.getLogger("tocsin.ticker")
 
 T = TypeVar("T")
 
+# Bucket rows held per turn of the loop while a minute loads (about 3-5 ms of CPU).
+_HOLD_SLICE = 500
+
 
 class TriggerSink(Protocol):
     def send(
@@ -176,6 +179,12 @@ class PartitionTicker:
         self.emitted = 0
         self.missed = 0
         self._label = str(partition)
+        # The partition's series, looked up once: a labels() call per loop turn and per
+        # acknowledgement was a measurable share of the loop's CPU at 1,000 fires/s.
+        self._timeline_gauge = metrics.TIMELINE_SIZE.labels(self._label)
+        self._inflight_gauge = metrics.INFLIGHT.labels(self._label)
+        self._deferred_gauge = metrics.FIRES_DEFERRED.labels(self._label)
+        self._emitted_counter = metrics.TRIGGERS_EMITTED.labels(self._label)
         self._store_trouble_logged = 0.0
         # Bucket loads and checkpoint writes run beside the loop, not in it: awaiting a slow
         # Cassandra read there held up every trigger of the partition due meanwhile (the
@@ -590,9 +599,9 @@ class PartitionTicker:
             now = self.clock_ms()
             sent = self._emit_ready(now, limit=self.config.emit_slice)
             self._start_checkpoint(now)
-            metrics.TIMELINE_SIZE.labels(self._label).set(len(self.timeline))
-            metrics.INFLIGHT.labels(self._label).set(len(self._inflight))
-            metrics.FIRES_DEFERRED.labels(self._label).set(len(self.pacer))
+            self._timeline_gauge.set(len(self.timeline))
+            self._inflight_gauge.set(len(self._inflight))
+            self._deferred_gauge.set(len(self.pacer))
             if sent >= self.config.emit_slice:
                 await asyncio.sleep(0)  # more due now: yield to the loop, then go on
                 continue
@@ -675,14 +684,25 @@ class PartitionTicker:
             metrics.BUCKET_LOADS.inc()
             rows = [row for row in rows if row.due_ms >= self._load_floor_ms]
             stops = await self._stored_stops(rows)
-            # No await from here on: a stop told meanwhile (withdraw_backfill) is seen.
-            now = self.clock_ms()
-            for row in rows:
-                stop = self._backfills.stop_of(row, now) or stops.get((row.tenant, row.schedule_id))
-                if stop is not None and blocks(stop, row):
-                    self._backfills.tally(row, stop)
-                else:
-                    self._hold(row)
+            # Held in slices, the loop emitting what is due between them: a minute of 1,000
+            # fires/s is 7,500 rows a partition, and holding them in one go stalled every
+            # partition's emission for 50-70 ms. No await between a row's stop check and its
+            # hold: a stop or cancel told between slices is seen by the later rows
+            # (``stop_of``, the timeline's tombstones) and takes the held ones out
+            # (``withdraw_backfill``, ``withdraw``), as after a read held in one go. The
+            # minute counts as loaded only once every slice is held.
+            for start in range(0, len(rows), _HOLD_SLICE):
+                if start:
+                    await asyncio.sleep(0)
+                now = self.clock_ms()
+                for row in rows[start : start + _HOLD_SLICE]:
+                    stop = self._backfills.stop_of(row, now) or stops.get(
+                        (row.tenant, row.schedule_id)
+                    )
+                    if stop is not None and blocks(stop, row):
+                        self._backfills.tally(row, stop)
+                    else:
+                        self._hold(row)
             self._record_skips()
             self.timeline.mark_loaded(minute + BUCKET_MS)
             self._next_minute_ms = minute + BUCKET_MS
@@ -862,7 +882,7 @@ class PartitionTicker:
         if key in self._awaited:
             self._settle_awaited(key)  # durable in Kafka: its command may be answered
         self.emitted += 1
-        metrics.TRIGGERS_EMITTED.labels(self._label).inc()
+        self._emitted_counter.inc()
         metrics.FIRE_LATENESS.observe(max(0, emitted_ms - key[2]) / 1000)
         self._to_mark.append((key, trig_id, emitted_ms))
         self._mark_wake.set()

@@ -28,6 +28,7 @@ from streams.buckets import BucketKey
 from streams.decisions import DueEntry
 from streams.model import (
     BucketRow,
+    DeliveryMark,
     Deployment,
     FiredMark,
     ScheduleChange,
@@ -37,6 +38,7 @@ from streams.model import (
 )
 from streams.ports import CqlRow
 from streams.recurring_store import RecurringRuns
+from topics.models import DeliveryOutcome
 
 StatementHandler = Callable[[Sequence[Any]], list[CqlRow]]
 
@@ -96,6 +98,7 @@ class FakeStore:
         self.fired: list[str] = []
         self.missed: list[str] = []
         self.mark_requests: list[int] = []
+        self.delivery_requests: list[int] = []
         self.retention: dict[str, int | None] = {}
         self.deliveries: list[CqlRow] = []
         self.events: list[CqlRow] = []
@@ -387,17 +390,51 @@ class FakeStore:
         retention_s: int | None = None,
     ) -> None:
         await self._enter("record_delivery", tenant, schedule_id, outcome=outcome)
+        self._delivered(
+            DeliveryMark(
+                tenant=tenant,
+                schedule_id=schedule_id,
+                outcome=DeliveryOutcome(outcome),
+                status_code=status_code,
+                attempts=attempts,
+                at_ms=at_ms,
+                trigger_id=trigger_id,
+                due_ms=due_ms,
+                detail=detail,
+            )
+        )
+
+    def _delivered(self, m: DeliveryMark) -> None:
         self.deliveries.append(
             {
-                "tenant": tenant,
-                "schedule_id": schedule_id,
-                "outcome": outcome,
-                "status_code": status_code,
-                "attempts": attempts,
-                "at_ms": at_ms,
+                "tenant": m.tenant,
+                "schedule_id": m.schedule_id,
+                "outcome": m.outcome,
+                "status_code": m.status_code,
+                "attempts": m.attempts,
+                "at_ms": m.at_ms,
             }
         )
-        self._event(tenant, schedule_id, outcome, at_ms, due_ms, trigger_id, detail)
+        self._event(m.tenant, m.schedule_id, m.outcome, m.at_ms, m.due_ms, m.trigger_id, m.detail)
+
+    async def record_deliveries_many(
+        self, marks: Sequence[DeliveryMark]
+    ) -> list[BaseException | None]:
+        """One request per ``commit_group_size`` outcomes (``delivery_requests`` their
+        sizes); a fault injected on ``record_delivery`` fails a whole request."""
+        out: list[BaseException | None] = []
+        for start in range(0, len(marks), self.commit_group_size):
+            group = marks[start : start + self.commit_group_size]
+            self.delivery_requests.append(len(group))
+            try:
+                await self._enter("record_delivery", group[0].tenant, group[0].schedule_id)
+            except Exception as exc:
+                out += [exc] * len(group)
+                continue
+            for m in group:
+                self._delivered(m)
+                out.append(None)
+        return out
 
     async def bind_deployment(
         self, deployment: Deployment, *, owner: str, now_ms: int

@@ -377,6 +377,53 @@ async def test_record_delivery(store: Store) -> None:
     assert [e["event"] for e in await store.list_events("acme", "deliver")] == ["delivered"]
 
 
+async def test_record_deliveries_many_groups_outcomes_and_records_each(cql_session: Any) -> None:
+    from streams.model import DeliveryMark
+    from topics.models import DeliveryOutcome
+
+    s = Store(CassandraSettings(keyspace=KEYSPACE), retention_s=3600, commit_group_size=4)
+    await s.connect()
+    try:
+        now = now_ms()
+        ids = [f"delivered-{i}" for i in range(10)]  # 3 groups of 4, 4 and 2 outcomes
+        for sid in ids:
+            await s.put_schedule(schedule(sid, now), now_ms=now)
+        marks = [
+            DeliveryMark(
+                tenant="acme",
+                schedule_id=sid,
+                outcome=DeliveryOutcome.DEAD_LETTERED if i == 3 else DeliveryOutcome.DELIVERED,
+                status_code=None if i == 3 else 200 + i,
+                attempts=i + 1,
+                at_ms=now + i,
+                trigger_id=f"trig-{sid}",
+                due_ms=now,
+                detail=f"detail {i}",
+            )
+            for i, sid in enumerate(ids)
+        ]
+        assert await s.record_deliveries_many(marks) == [None] * len(ids)
+        for i, sid in enumerate(ids):
+            got = await s.get_schedule("acme", sid)
+            assert got is not None
+            outcome = "dead_lettered" if i == 3 else "delivered"
+            status = None if i == 3 else 200 + i
+            assert (
+                got["delivery_outcome"],
+                got["delivery_status_code"],
+                got["delivery_attempts"],
+            ) == (outcome, status, i + 1)
+            [event] = await s.list_events("acme", sid)
+            assert (event["event"], event["trigger_id"], event["due_ms"], event["detail"]) == (
+                outcome,
+                f"trig-{sid}",
+                now,
+                f"detail {i}",
+            )
+    finally:
+        await s.close()
+
+
 async def test_tenants(store: Store) -> None:
     assert await store.get_tenant("nobody") is None
     await store.put_tenant("acme", active=True, created_ms=T0, config='{"max": 1}')
