@@ -347,11 +347,14 @@ def _admission_key(name: str, raw: str | None) -> tuple[str, str] | None:
     if raw is None:
         return None
     key_id, sep, secret = raw.partition(":")
-    # The stamp is only as strong as its secret; ids name the key in the stamp.
-    if not sep or not key_id or len(key_id) > 32 or len(secret) < 32:
+    # The stamp is only as strong as its secret; ids name the key in the stamp, which
+    # carries [A-Za-z0-9_-] only (topics.admission): any other id would make every stamp
+    # malformed at the workers.
+    id_ok = key_id.isascii() and all(c.isalnum() or c in "_-" for c in key_id)
+    if not sep or not key_id or not id_ok or len(key_id) > 32 or len(secret) < 32:
         raise ConfigError(
-            f"TOCSIN_{name} must be <key id>:<secret>, an id of at most 32 characters and a "
-            "secret of at least 32"
+            f"TOCSIN_{name} must be <key id>:<secret>, an id of 1-32 characters of "
+            "A-Z a-z 0-9 _ - and a secret of at least 32"
         )
     return key_id, secret
 

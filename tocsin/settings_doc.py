@@ -286,7 +286,8 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "ADMISSION_KEY",
         C,
         UNSET,
-        "`<key id>:<secret>` (secret of 32+ characters) held by the APIs and workers only, "
+        "`<key id>:<secret>` (id: 1-32 of A-Z a-z 0-9 _ -; secret: 32+ characters) held by "
+        "the APIs and workers only, "
         "never by a tenant: the API answers a one-shot create it gave the id to at Kafka's "
         "acknowledgement and the workers honour its stamp; unset: every create waits for "
         "its worker (docs/api.md)",
