@@ -504,6 +504,13 @@ async def phase_rate(
         await client.close()
 
 
+# Answers of the latency phase slower than this, counted by the second of the phase they
+# were sent in: a stall of the machine shows as one or two seconds holding them all, a
+# tail of the code as a few in every second.
+SLOW_MS = 50.0
+SLOW_SECONDS: dict[int, int] = {}
+
+
 async def phase_latency(
     base: str, key: str, rate: int, seconds: float, kind: str = "raw"
 ) -> tuple[list[float], int]:
@@ -518,6 +525,8 @@ async def phase_latency(
             good, ms = await create(client, 10**8 + n, clocks=True)
             if good:
                 latencies.append(ms)
+                if ms > SLOW_MS:
+                    SLOW_SECONDS[n // rate] = SLOW_SECONDS.get(n // rate, 0) + 1
             else:
                 failed += 1
 
@@ -682,6 +691,8 @@ def measure(
         flush=True,
     )
     print(f"[latency] {cpu_line(latency_cpu)}", flush=True)
+    slow = ", ".join(f"s{sec}: {n}" for sec, n in sorted(SLOW_SECONDS.items()))
+    print(f"[latency] answers over {SLOW_MS:g} ms by second sent: {slow or 'none'}", flush=True)
     print(f"[latency] {latency_threads}", flush=True)
     hops = breakdown(settings, latency_from_ms, now_ms())
     print(f"[latency] per-hop breakdown:\n{hop_table(hops)}", flush=True)
