@@ -56,7 +56,11 @@ _RESULT_ERRORS: dict[str, Schema] = {
     "409": _json(_ref("CommandResult"), "rejected (state)"),
     "422": _json(_ref("CommandResult"), "rejected (tenant policy)"),
     "429": _json(_ref("CommandResult"), "quota_exceeded"),
-    "504": _json(_ref("Error"), "no result in time; check with GET"),
+    "504": _json(
+        _ref("Error"),
+        "no result in time; it may still be applied (even after a GET's 404): re-send a "
+        "create with the answer's schedule_id in its body, never without",
+    ),
 }
 _SID: Schema = {"name": "schedule_id", "in": "path", "required": True, "schema": _string()}
 _TENANT: Schema = {"name": "tenant", "in": "path", "required": True, "schema": _string()}
