@@ -6,6 +6,7 @@ Each test here failed on the code it was written against (see the commits that f
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 
 import pytest
@@ -20,6 +21,7 @@ from tests.unit.test_api_admission import FakeBridge, send, service, store
 from tests.unit.test_api_admission import create as api_create
 from tests.unit.test_fault_properties import PARTITIONS, FakeStore
 from topics.admission import Admission, AdmissionKey, AdmissionKeys, keys_of, stamp
+from topics.ids import format_iso_ms
 from topics.signing import TimestampType
 from topics.validation import Limits
 
@@ -139,3 +141,18 @@ def test_every_key_the_settings_take_makes_stamps_its_workers_verify(key_id: str
         timestamp_type=TimestampType.LOG_APPEND_TIME,
     )
     assert isinstance(got, Admission), got
+
+
+@pytest.mark.xfail(strict=True, reason="a create due within the pipeline's latency is admitted")
+def test_a_create_that_may_be_missed_before_its_worker_reads_it_waits_for_the_worker() -> None:
+    # Due in 1 s with no misfire tolerance: a worker reading it a second later (a batch
+    # window, a rebalance) stores it past due + tolerance and its ticker records it missed,
+    # never fired, after a 201; the synchronous path answers due_in_past instead.
+    soon = format_iso_ms(int(time.time() * 1000) + 1_000)
+    bridge = FakeBridge()
+    send(service(store(), bridge), api_create("gen-soon", due=soon, misfire_tolerance_s=0))
+    assert bridge.admitted == [] and bridge.waited == ["gen-soon"]
+    # With room to spare it is admitted.
+    later = format_iso_ms(int(time.time() * 1000) + 60_000)
+    send(service(store(), bridge), api_create("gen-later", due=later, misfire_tolerance_s=0))
+    assert len(bridge.admitted) == 1
