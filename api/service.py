@@ -39,10 +39,11 @@ from streams.refusals import COMMAND_REFUSED
 from streams.store import Store
 from streams.tenant_admin import RegisteredTenant, TenantExists, issue_key, register_tenant
 from streams.tenants import AdmissionQuota, TenantConfig, check_api_key, split_api_key
-from topics.admission import keys_of, stamp
+from topics.admission import admissible, keys_of, stamp
 from topics.codec import encode_trigger, trigger_headers
 from topics.codes import Code
 from topics.fields import check_text
+from topics.models import CreateCommand
 from topics.signing import sign_headers
 from topics.validation import Limits, decode_command
 
@@ -313,6 +314,11 @@ class Service:
         entry = await self.tenants.entry(tenant)
         try:
             decoded = decode_command(value, key=key, now_ms=now, limits=self.limits)
+            if isinstance(decoded, CreateCommand) and not admissible(
+                decoded.due_ms, decoded.misfire_tolerance_s, now
+            ):
+                # It may be missed before its worker reads it: the worker answers.
+                return await self.send(command, wait=True, timeout_s=timeout_s)
             # As its worker decides (streams.commands._check_sender): only active=false is
             # a deactivated tenant; a row whose column is unset is an active one.
             if entry.row is None:

@@ -48,6 +48,16 @@ _KEY_ID = re.compile(r"[A-Za-z0-9_-]{1,32}", re.ASCII)
 _STAMP = re.compile(r"v1=([A-Za-z0-9_-]{1,32})\.(\d{1,15})\.([0-9a-f]{64})", re.ASCII)
 # A secret shorter than this is refused at start: the stamp is only as strong as it.
 MIN_SECRET_CHARS = 32
+# A create is admitted only when its worker has at least this long to store it before its
+# ticker would record it missed (due + misfire tolerance): the worker's read may wait for a
+# batch window, a rebalance or a restart, and a 201 must not end in ``missed`` where the
+# synchronous path answers ``due_in_past``. A closer one waits for its worker's answer.
+MIN_SLACK_MS = 30_000
+
+
+def admissible(due_ms: int, misfire_tolerance_s: int, now_ms: int) -> bool:
+    """Whether a one-shot create due at ``due_ms`` may be admitted at ``now_ms``."""
+    return due_ms + misfire_tolerance_s * 1000 >= now_ms + MIN_SLACK_MS
 
 
 @dataclass(frozen=True, slots=True)

@@ -143,7 +143,6 @@ def test_every_key_the_settings_take_makes_stamps_its_workers_verify(key_id: str
     assert isinstance(got, Admission), got
 
 
-@pytest.mark.xfail(strict=True, reason="a create due within the pipeline's latency is admitted")
 def test_a_create_that_may_be_missed_before_its_worker_reads_it_waits_for_the_worker() -> None:
     # Due in 1 s with no misfire tolerance: a worker reading it a second later (a batch
     # window, a rebalance) stores it past due + tolerance and its ticker records it missed,
