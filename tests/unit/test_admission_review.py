@@ -14,6 +14,7 @@ import pytest
 from api.views import ApiError
 from base.errors import ConfigError, StoreError
 from base.settings import Settings
+from streams import metrics
 from streams.commands import ADMITTED_REFUSED
 from streams.partitioner import partition_for
 from tests.unit.test_admission_worker import ADMISSION, create, processor, record, run
@@ -56,14 +57,20 @@ def test_an_admitted_create_its_worker_cannot_decode_is_refused_visibly() -> Non
     assert "payload_too_large" in detail
 
 
-def test_an_admitted_create_on_another_partition_is_refused_visibly() -> None:
-    # The API partitioned it with another partition count than the worker's.
+@pytest.mark.xfail(strict=True, reason="a copy on another partition writes a false 410")
+def test_an_admitted_record_on_another_partition_is_an_alert_not_a_refusal_in_history() -> None:
+    # Either every command of the deployment goes astray (an API with another partition
+    # count: the alert) or someone who reads the commands topic copied the record onto
+    # another partition. The original is stored on its own: a refusal in its history would
+    # make GET answer 410 refused, and its client create it again (a second schedule).
     store = FakeStore()
     right = partition_for(b"s1", PARTITIONS)
+    refused = metrics.ADMISSIONS.labels("refused")
+    before = refused._value.get()
     results = run(processor(store), record(create("s1"), 1, partition=(right + 1) % PARTITIONS))
     assert [str(r.code) for r in results] == ["wrong_partition"]
-    (detail,) = admitted_refusals(store)
-    assert "wrong_partition" in detail
+    assert refused._value.get() == before + 1
+    assert admitted_refusals(store) == []
 
 
 def test_a_store_outage_while_recording_an_admitted_refusal_retries_the_batch() -> None:
