@@ -104,6 +104,8 @@ class MaterializerConfig:
     max_runs_per_step: int = 500
     parents_per_step: int = 200
     catchup_per_s: float = 200.0
+    # At most one pass per this many seconds while entries keep falling due, and the first
+    # back-off after a failed one.
     interval_s: float = 1.0
 
 
@@ -169,6 +171,8 @@ class PartitionMaterializer:
         self._pending: deque[tuple[str, str]] = deque()  # read, not handled yet
         self._hot: dict[tuple[str, str], None] = {}  # changed by a command just now
         self._read_slots: list[int] = []  # read to their end; deleted when handled
+        # When the loop's current sleep ends, unless a command's notify or a kick comes.
+        self.asleep_until_ms: int | None = None
 
     def start(self) -> None:
         # Supervised like its ticker (and with its health): an error restarts the loop.
@@ -203,20 +207,48 @@ class PartitionMaterializer:
         backoff = self.config.interval_s
         while not self._stopping:
             try:
-                busy = await self.tick(self.clock_ms())
+                now = self.clock_ms()
+                busy = await self.tick(now)
                 backoff = self.config.interval_s
+                if not busy:
+                    # Before the read below: a notify meanwhile is not lost.
+                    self._wake.clear()
+                    wake_at = await self._next_pass_ms(now)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 log.exception("materializer step failed", extra={"partition": self.partition})
                 busy = False
                 backoff = min(backoff * 2, 30.0)
+                self._wake.clear()
+                wake_at = self.clock_ms() + int(backoff * 1000)
             if busy:
                 await asyncio.sleep(0)
                 continue
-            self._wake.clear()
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=backoff)
+            # (1 ms late rather than early: the pass reads the queue up to its own clock.)
+            delay_s = max(0, wake_at - self.clock_ms() + 1) / 1000
+            self.asleep_until_ms = wake_at
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
+            finally:
+                self.asleep_until_ms = None
+
+    async def _next_pass_ms(self, pass_ms: int) -> int:
+        """When the next pass is due, after one at ``pass_ms`` that left nothing to do: at
+        the due time of the next entry of the due queue's current minute, or at the
+        minute's end (when the next minute's entries start to fall due), but not sooner
+        than ``interval_s`` after this pass, so that entries falling due one after another
+        are read together as by a poll every ``interval_s`` (and no later). Entries written
+        by this worker's command agent come with a ``notify``, which wakes the loop before
+        then; one written by another worker into this partition's queue during a
+        rebalance is read at the latest at the minute's end."""
+        assert self._slot_ms is not None
+        wake_at = self._slot_ms + BUCKET_MS
+        after = await self.store.next_due(self.partition, self._slot_ms, self._read_upto_ms)
+        if after is not None:
+            wake_at = min(wake_at, after)
+        return max(wake_at, pass_ms + int(self.config.interval_s * 1000))
 
     async def tick(self, now_ms: int) -> bool:
         """Extend the parents due at ``now_ms`` (up to one batch); True if more may be due."""

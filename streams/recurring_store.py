@@ -41,6 +41,8 @@ STATEMENTS = {
     "schedule_id) VALUES (?, ?, ?, ?, ?)",
     "rec_due_read": "SELECT tenant, schedule_id FROM {keyspace}.recurring_due "
     "WHERE partition = ? AND slot_ms = ? AND due_ms > ? AND due_ms <= ?",
+    "rec_due_next": "SELECT due_ms FROM {keyspace}.recurring_due "
+    "WHERE partition = ? AND slot_ms = ? AND due_ms > ? LIMIT 1",
     "rec_due_drop": "DELETE FROM {keyspace}.recurring_due WHERE partition = ? AND slot_ms = ?",
     "rec_cursor_get": "SELECT slot_ms, read_upto_ms FROM {keyspace}.materialize_checkpoints "
     "WHERE partition = ?",
@@ -104,6 +106,13 @@ class RecurringStore:
         await self.prepare()
         rows = await self.store.run("rec_due_read", (partition, slot_ms, after_ms, upto_ms))
         return [(str(r["tenant"]), str(r["schedule_id"])) for r in rows]
+
+    async def next_due(self, partition: int, slot_ms: int, after_ms: int) -> int | None:
+        """Due time of the first entry of one minute partition due after ``after_ms``, if
+        any (the materialiser sleeps until then)."""
+        await self.prepare()
+        rows = await self.store.run("rec_due_next", (partition, slot_ms, after_ms))
+        return int(rows[0]["due_ms"]) if rows else None
 
     async def drop_due(self, partition: int, slots: Sequence[int]) -> None:
         await self.prepare()
@@ -215,6 +224,8 @@ class RecurringRuns(Protocol):
     async def read_due(
         self, partition: int, slot_ms: int, after_ms: int, upto_ms: int
     ) -> list[tuple[str, str]]: ...
+
+    async def next_due(self, partition: int, slot_ms: int, after_ms: int) -> int | None: ...
 
     async def drop_due(self, partition: int, slots: Sequence[int]) -> None: ...
 

@@ -175,6 +175,11 @@ class PartitionTicker:
         self._parked: set[TriggerKey] = set()
         self._last_checkpoint_ms = 0
         self._written_checkpoint: int | None = None
+        # Triggers emitted or recorded missed (``emitted + missed``) when the stored
+        # checkpoint was last written: a write is skipped only if none was since.
+        self._fired_at_write = 0
+        # When the loop's current sleep ends, unless something wakes it first.
+        self.asleep_until_ms: int | None = None
         self.ready = asyncio.Event()  # set once catch-up has loaded up to "now"
         self.emitted = 0
         self.missed = 0
@@ -717,10 +722,15 @@ class PartitionTicker:
         assert self._next_minute_ms is not None
         wake_at = now + 1_000  # re-check at least once a second (checkpoint, clock jumps)
         if not self._loading():  # (a running load wakes the loop when it is done)
-            wake_at = min(
-                wake_at,
-                max(self._load_retry_at_ms, self._next_minute_ms - self.config.preload_ahead_ms),
+            next_load = max(
+                self._load_retry_at_ms, self._next_minute_ms - self.config.preload_ahead_ms
             )
+            # Holding nothing, nothing can fall due, be acknowledged or move the checkpoint
+            # before the next read; whatever comes sooner wakes the loop (an offer or
+            # hand-over, a suspension or resume). A wall clock stepped forward meanwhile by
+            # more than the preload delays that read past its minute's start by the excess
+            # (by a second at most, were the loop to re-check every second).
+            wake_at = next_load if self._holds_nothing() else min(wake_at, next_load)
         next_due = self._next_admissible_ms()
         if next_due is not None:
             wake_at = min(wake_at, next_due)
@@ -730,8 +740,17 @@ class PartitionTicker:
         delay_s = max(0.0, (wake_at - now) / 1000)
         self._wake.clear()
         if delay_s > 0:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
+            self.asleep_until_ms = wake_at
+            try:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
+            finally:
+                self.asleep_until_ms = None
+
+    def _holds_nothing(self) -> bool:
+        """Nothing loaded or offered is waiting, nothing is in flight or deferred, and no
+        command waits for a trigger (what an idle partition looks like)."""
+        return not (self.timeline or self._inflight or self.pacer or self._awaited)
 
     # -- the fair queue --------------------------------------------------------------------
 
@@ -1124,8 +1143,30 @@ class PartitionTicker:
         metrics.CHECKPOINT_LAG.labels(self._label).set(max(0, now - candidate) / 1000)
         if candidate == self._written_checkpoint:
             return
+        fired = self.emitted + self.missed
+        if not force and self._checkpoint_still_current(candidate, fired):
+            return
         await self.store.set_checkpoint(self.partition, candidate, self.config.owner, now_ms=now)
         self._written_checkpoint = candidate
+        self._fired_at_write = fired
+
+    def _checkpoint_still_current(self, candidate: int, fired: int) -> bool:
+        """Whether the stored checkpoint may stay as it is although ``candidate`` is higher:
+        nothing is held or in flight, nothing was emitted or recorded missed since it was
+        written, and it is in ``candidate``'s minute. A successor starts reading at the
+        stored checkpoint's minute (``_begin``: its first bucket read is that minute's,
+        from the checkpoint on), which is then ``candidate``'s minute too, so it reads
+        every row ``candidate`` would have it read; the rows between the two are none
+        that this ticker fired, so it fires nothing twice either. An idle partition then
+        writes once a minute, not once a second (8 writes a second per idle worker)."""
+        stored = self._written_checkpoint
+        return (
+            stored is not None
+            and stored <= candidate
+            and minute_ms(stored) == minute_ms(candidate)
+            and fired == self._fired_at_write
+            and self._holds_nothing()
+        )
 
 
 def _released() -> KafkaError:

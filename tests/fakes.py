@@ -658,6 +658,13 @@ class FakeStore:
         found = sorted(self.due.get((partition, slot_ms), set()))
         return [(t, s) for due, t, s in found if after_ms < due <= upto_ms]
 
+    async def next_due(self, partition: int, slot_ms: int, after_ms: int) -> int | None:
+        await self._enter("next_due", partition, slot_ms, after_ms)
+        return min(
+            (due for due, _, _ in self.due.get((partition, slot_ms), ()) if due > after_ms),
+            default=None,
+        )
+
     async def drop_due(self, partition: int, slots: Sequence[int]) -> None:
         await self._enter("drop_due", partition, slots)
         for slot in slots:

@@ -266,7 +266,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "200",
         "how fast missed recurring runs are re-fired per partition after an outage",
     ),
-    SettingDoc("RECURRING_INTERVAL_S", W, "1", "how often the materialiser looks for work"),
+    SettingDoc(
+        "RECURRING_INTERVAL_S",
+        W,
+        "1",
+        "at most how often the materialiser reads its due queue while entries fall due one "
+        "after another (it sleeps until the next one otherwise), and its first back-off "
+        "after a failure",
+    ),
     SettingDoc(
         "CLOCK_SKEW_MS",
         W,
