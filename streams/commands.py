@@ -775,11 +775,14 @@ class CommandProcessor:
 
     async def _record_admitted_refusal(self, msg: RawCommand, code: Code, text: str) -> None:
         """A record whose admission stamp verified, refused before it was decided (decoded
-        under other limits than its API's, a partition count other than its API's): its
-        tenant was answered 201, and the answer on command-results reaches no one, so the
-        refusal goes to the schedule's history (``GET`` answers 410 ``refused``) besides
-        the alert. A retriable store error retries the batch (nothing else of it is
-        written twice: a replay is answered from the row)."""
+        under other limits than its API's): its tenant was answered 201, and the answer on
+        command-results reaches no one, so the refusal goes to the schedule's history
+        (``GET`` answers 410 ``refused``) besides the alert. A retriable store error
+        retries the batch (nothing else of it is written twice: a replay is answered from
+        the row). ``wrong_partition`` is the alert only: either every command goes astray
+        (an API with another partition count) or the record is a copy someone who reads
+        the topic put on another partition, whose original is stored on its own and must
+        not read as refused."""
         ids = admitted_ids(msg)
         if ids is None:
             return
@@ -796,6 +799,8 @@ class CommandProcessor:
                 "offset": msg.offset,
             },
         )
+        if code == Code.WRONG_PARTITION:
+            return
         try:
             await self.store.record_event(
                 tenant,

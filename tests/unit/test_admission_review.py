@@ -57,7 +57,6 @@ def test_an_admitted_create_its_worker_cannot_decode_is_refused_visibly() -> Non
     assert "payload_too_large" in detail
 
 
-@pytest.mark.xfail(strict=True, reason="a copy on another partition writes a false 410")
 def test_an_admitted_record_on_another_partition_is_an_alert_not_a_refusal_in_history() -> None:
     # Either every command of the deployment goes astray (an API with another partition
     # count: the alert) or someone who reads the commands topic copied the record onto
