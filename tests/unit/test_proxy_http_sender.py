@@ -4,8 +4,9 @@ capped 2xx bodies, no map keyed by the tenant's timeout, and the SSRF guard."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import replace
 
 import pytest
@@ -16,6 +17,8 @@ from proxy.http_sender import HttpSender
 from proxy.metrics import ProxyMetrics
 from proxy.retry import ConnectFailure, HttpResult, TimeoutResult, Undeliverable
 from proxy.settings import ProxySettings
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 async def endless(request: web.Request) -> web.StreamResponse:
@@ -51,22 +54,36 @@ async def echo_attempt(request: web.Request) -> web.Response:
     return web.Response(status=200 + int(request.headers["Tocsin-Delivery-Attempt"]))
 
 
-@pytest.fixture
-async def server() -> AsyncIterator[str]:
+@contextlib.asynccontextmanager
+async def serving(routes: dict[str, Handler]) -> AsyncIterator[str]:
+    """An aiohttp server on a free loopback port answering POSTs to ``routes``; its base
+    URL."""
     app = web.Application()
-    app.router.add_post("/endless", endless)
-    app.router.add_post("/small", small)
-    app.router.add_post("/busy", busy)
-    app.router.add_post("/slow", slow)
-    app.router.add_post("/moved", moved)
-    app.router.add_post("/attempt", echo_attempt)
+    for path, handler in routes.items():
+        app.router.add_post(path, handler)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    yield f"http://127.0.0.1:{port}"
-    await runner.cleanup()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[str]:
+    routes: dict[str, Handler] = {
+        "/endless": endless,
+        "/small": small,
+        "/busy": busy,
+        "/slow": slow,
+        "/moved": moved,
+        "/attempt": echo_attempt,
+    }
+    async with serving(routes) as base:
+        yield base
 
 
 SETTINGS = ProxySettings(
@@ -180,21 +197,11 @@ async def test_the_pool_does_not_cap_a_host_in_fires_mode() -> None:
             return web.Response(status=500)
         return web.Response(status=200)
 
-    app = web.Application()
-    app.router.add_post("/gathered", gathered)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     fires = HttpSender(
         replace(SETTINGS, mode="fires", per_host_concurrency=3), ProxyMetrics(), guard=False
     )
-    try:
-        async with fires:
-            results = await asyncio.gather(
-                *(fires.send(envelope(f"http://127.0.0.1:{port}/gathered")) for _ in range(5))
-            )
-    finally:
-        await runner.cleanup()
+    async with serving({"/gathered": gathered}) as base, fires:
+        results = await asyncio.gather(
+            *(fires.send(envelope(f"{base}/gathered")) for _ in range(5))
+        )
     assert results == [HttpResult(status=200)] * 5
