@@ -234,9 +234,10 @@ class TokenBucket:
 
     def debit(self, now_s: float, n: float = 1.0) -> None:
         """Take ``n`` tokens whether or not they are there: the balance may go negative,
-        and then what comes after waits until it is paid back."""
+        down to one burst below zero, and then what comes after waits until it is paid
+        back (at most two bursts' refill)."""
         self.take(now_s, 0.0)  # refill to now
-        self.tokens -= n
+        self.tokens = max(-self.burst, self.tokens - n)
 
     def available(self, now_s: float) -> float:
         """Tokens there at ``now_s`` (without taking any)."""
@@ -272,7 +273,10 @@ class QuotaBook:
     def debit(self, tenant: str, partition: int, quota_per_s: float, now_s: float) -> None:
         """Count a create an API admitted against the budget without refusing it
         (topics.admission): the API enforced the quota already, and the tenant's creates
-        produced to the topic directly still see the budget it used."""
+        produced to the topic directly still see the budget it used. The debt stops at one
+        burst: APIs admitting more than the quota (``TOCSIN_API_INSTANCES`` set below the
+        instances running) would otherwise refuse the tenant's own creates for as long as
+        the excess takes to refill (minutes after a busy one)."""
         if quota_per_s > 0 and not self.allow(tenant, partition, quota_per_s, now_s):
             self._buckets[(tenant, partition)].debit(now_s)
 

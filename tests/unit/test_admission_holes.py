@@ -131,7 +131,6 @@ def test_a_finished_row_outlives_every_copy_of_its_create(state: str) -> None:
 # -- 3. the quota debt of admitted creates ---------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="the debt of admitted creates has no floor")
 def test_the_debt_of_admitted_creates_is_at_most_one_burst() -> None:
     # TOCSIN_API_INSTANCES=1 with 10 APIs admits 10x the quota: the workers' debit of it
     # must not lock the tenant's own-id creates out for minutes (100 over a 10/s quota: 9 s).
