@@ -286,7 +286,6 @@ def world(chaos: ClusterChaos, name: str) -> Iterator[tuple[Scenario, Receiver, 
             s.client.signing_key_of(tenant)
         s._client = RetryingClient(s.client, s.extra)
         time.sleep(10)  # let both groups settle over their two members
-        s.notes.append(f"before the fault: {roles_note(chaos.cluster, s.settings)}")
         yield s, receiver, procs
     finally:
         receiver.stop()
@@ -335,6 +334,10 @@ def _outage(
 ) -> Window:
     """``signum`` to ``node``, ``hold_s`` later SIGCONT or a start; the window from the
     signal until the node answers again."""
+    if isinstance(node, KafkaNode):
+        # Taken at the fault: a broker back from an earlier fault takes its preferred
+        # leaderships back (the groups' coordinators with them) at any moment.
+        s.notes.append(f"at the fault: {roles_note(chaos.cluster, s.settings)}")
     window = Window(start_ms=now_ms())
     say(f"{s.name}: signal {signal.Signals(signum).name} to {node.name}")
     signal_node(node, signum)

@@ -64,6 +64,12 @@ IDLE_WAIT_S = 0.1
 # fencing the hung broker, moves its heartbeats there and keeps its membership. One small
 # request a second per consumer.
 COORDINATOR_QUERY_INTERVAL_MS = 1000
+# How often, at most, the consumer re-reads the leaders of its partitions (librdkafka's
+# topic.metadata.refresh.interval.ms, for every other client TOCSIN_KAFKA_METADATA_REFRESH_MS,
+# 5 s). A fetch sent to a hung leader is never answered, so only this tells the consumer
+# that the controller has moved the partition: a hung broker's fires were read up to one
+# interval after its fencing. One small request a second per consumer.
+METADATA_REFRESH_MS = 1000
 # Heartbeats per session timeout. A session runs from the last answered heartbeat, so the
 # more often they go, the more of it is left when a coordinator stops answering, for the
 # member to find the next one in.
@@ -137,6 +143,10 @@ def consumer_config(kafka_conf: KafkaConfig, s: ProxySettings) -> KafkaConfig:
                 100, int(s.session_timeout_s * 1000 / HEARTBEATS_PER_SESSION)
             ),
             "coordinator.query.interval.ms": COORDINATOR_QUERY_INTERVAL_MS,
+            "topic.metadata.refresh.interval.ms": min(
+                METADATA_REFRESH_MS,
+                int(conf.get("topic.metadata.refresh.interval.ms", METADATA_REFRESH_MS)),
+            ),
             # librdkafka prefetches on its own; keep that buffer small next to our bound so the
             # process's memory is governed by max_pending_bytes, not by the client library.
             "queued.max.messages.kbytes": max(1024, min(4096, s.max_pending_bytes // 16384)),

@@ -275,3 +275,13 @@ def test_the_consumer_finds_a_moved_coordinator_well_within_its_session() -> Non
         # What is left of the session when the coordinator stops answering, less the
         # fencing (the operator's 3 s) and a query interval, still leaves a heartbeat.
         assert session_s * 1000 - heartbeat_ms - 3000 - query_ms >= heartbeat_ms
+
+
+def test_the_consumer_follows_a_moved_leader_within_a_second_and_never_slower_than_told() -> None:
+    # A fetch sent to a hung leader is never answered: only a metadata refresh tells the
+    # consumer where its partition went once the controller has fenced that broker.
+    conf = consumer_config({"topic.metadata.refresh.interval.ms": 5000}, ProxySettings())
+    assert conf["topic.metadata.refresh.interval.ms"] <= 1000
+    # An operator's shorter interval for every client is kept.
+    conf = consumer_config({"topic.metadata.refresh.interval.ms": 200}, ProxySettings())
+    assert conf["topic.metadata.refresh.interval.ms"] == 200
