@@ -46,8 +46,19 @@ from base.errors import StoreError
 from base.settings import CassandraSettings
 from streams.model import DEFAULT_RETENTION_S, Stmt
 from streams.ports import CqlRow
+from topics.signing import MAX_SKEW_MS
 
 DEFAULT_FETCH_SIZE = 5000
+# Whatever a tenant's retention, what it keeps (a finished schedule's row above all) lives
+# at least this long. A copy of a signed or admission-stamped create (anyone who reads the
+# commands topic can produce one) verifies while its broker time is within MAX_SKEW_MS of
+# the stamp, so up to 2 x MAX_SKEW_MS after the original's; the workers' copy checks are in
+# memory, and after a restart or rebalance only the row left by the original makes the
+# copy a duplicate instead of a schedule back from cancelled. The rest (50 min) is how far
+# the worker may fall behind between reading the original and its copy (a restart, an
+# outage) before a copy could outlive that row.
+MIN_KEEP_S = 3600
+assert MIN_KEEP_S > 2 * MAX_SKEW_MS // 1000
 DEFAULT_MAX_IN_FLIGHT = 256
 # Under Cassandra's default batch_size_fail_threshold (50 KiB). Batches above the warn
 # threshold (5 KiB) make the server log a warning; raise it in cassandra.yaml, the batches
@@ -334,8 +345,9 @@ class CqlExecutor:
     # -- running statements ----------------------------------------------------------------
 
     def keep_s(self, retention_s: int | None) -> int:
-        """A tenant's retention (seconds) or, for None, the global one."""
-        return max(1, self.retention_s if retention_s is None else retention_s)
+        """A tenant's retention (seconds) or, for None, the global one; at least
+        ``MIN_KEEP_S``."""
+        return max(MIN_KEEP_S, self.retention_s if retention_s is None else retention_s)
 
     def pack(self, groups: Sequence[Sequence[Stmt]]) -> list[list[int]]:
         """``pack_groups`` with this store's count and byte limits."""

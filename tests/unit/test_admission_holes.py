@@ -104,7 +104,6 @@ def test_a_stamp_the_worker_cannot_check_is_an_alert_by_its_cause(
 # -- 2. copy detection that a restart forgets ------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="a finished row lives only its tenant's retention")
 @pytest.mark.parametrize("state", [ScheduleState.CANCELLED, ScheduleState.FIRED])
 def test_a_finished_row_outlives_every_copy_of_its_create(state: str) -> None:
     # A copy of a stamped (or signed) create verifies while its broker time is within the

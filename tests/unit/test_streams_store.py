@@ -70,10 +70,10 @@ def test_bucket_row_for_schedule_copies_what_a_fire_needs() -> None:
 
 
 def test_schedule_ttl_depends_on_state() -> None:
-    store = Store(CassandraSettings(), retention_s=1000)
-    assert store.schedule_ttl_s(schedule(), T0) == 62 + 1000  # due + retention, rounded up
+    store = Store(CassandraSettings(), retention_s=5000)
+    assert store.schedule_ttl_s(schedule(), T0) == 62 + 5000  # due + retention, rounded up
     for state in ("cancelled", "fired", "missed"):
-        assert store.schedule_ttl_s(schedule(state=state), T0) == 1000
+        assert store.schedule_ttl_s(schedule(state=state), T0) == 5000
 
 
 @pytest.mark.parametrize("keyspace", ["tocsin; DROP", "1abc", "", "a-b"])

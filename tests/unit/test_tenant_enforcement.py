@@ -301,11 +301,11 @@ def test_schedule_rows_and_events_take_the_tenants_retention() -> None:
     store = Store(CassandraSettings(), retention_s=7 * 86_400)
     row = existing_row("{}")
     assert store.schedule_ttl_s(row, NOW) == 7 * 86_400
-    assert store.schedule_ttl_s(row, NOW, 600) == 600  # due now: retention from now
-    assert store.schedule_ttl_s(replace(row, due_ms=NOW + 10_000), NOW, 600) == 610
-    assert store.schedule_ttl_s(replace(row, state="fired"), NOW, 600) == 600
-    stmt = store.event_stmt("acme", "s1", "fired", NOW, None, None, NOW, 600)
-    assert stmt[1][-1] == 600
+    assert store.schedule_ttl_s(row, NOW, 6000) == 6000  # due now: retention from now
+    assert store.schedule_ttl_s(replace(row, due_ms=NOW + 10_000), NOW, 6000) == 6010
+    assert store.schedule_ttl_s(replace(row, state="fired"), NOW, 6000) == 6000
+    stmt = store.event_stmt("acme", "s1", "fired", NOW, None, None, NOW, 6000)
+    assert stmt[1][-1] == 6000
     assert store.event_stmt("acme", "s1", "fired", NOW, None, None, NOW)[1][-1] == 7 * 86_400
 
 
