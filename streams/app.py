@@ -326,7 +326,12 @@ class Worker:
         last: dict[TP, int] = {}
         for e in events:
             last[e.message.tp] = max(last.get(e.message.tp, -1), e.message.offset)
+        # A batch read before a rebalance can finish after it: a partition given away
+        # meanwhile has no highwater (aiokafka asserts it is assigned).
+        held = app.consumer.assignment()
         for tp, offset in last.items():
+            if tp not in held:
+                continue
             high = app.consumer.highwater(tp)
             if high is not None:
                 metrics.CONSUMER_LAG.labels(str(tp.partition)).set(max(0, high - offset - 1))
