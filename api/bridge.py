@@ -54,7 +54,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from api.tracing import command_headers
 from base.errors import KafkaError
 from base.settings import Settings
-from streams.emitter import Emitter, Position
+from streams.emitter import Appended, Emitter, Position
 from streams.partitioner import partition_for
 from topics.catalog import catalog
 
@@ -228,14 +228,25 @@ class CommandBridge:
                 del self._pending[request_id]
 
     async def send_admitted(
-        self, key: bytes, value: bytes, headers: list[tuple[str, bytes]], *, timeout_s: float
-    ) -> Position | None:
-        """Produce a command an API admitted (topics.admission) and return where Kafka
-        stored it once acknowledged (acks=all); None when no acknowledgement came within
-        ``timeout_s`` (the command may still be appended). Raises KafkaError when Kafka
-        refused it."""
+        self,
+        key: bytes,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+        *,
+        timeout_s: float,
+        request_id: str | None = None,
+        expected: Expected | None = None,
+    ) -> Appended | None:
+        """Produce a command an API admitted (topics.admission) and return where and when
+        Kafka stored it once acknowledged (acks=all); None when no acknowledgement came
+        within ``timeout_s`` (the command may still be appended). Raises KafkaError when
+        Kafka refused it. With ``expected`` its result is caught too, from before it is
+        produced: the caller then takes it with ``answer`` or drops it with ``forget``."""
+        if expected is not None and request_id is not None:
+            result: asyncio.Future[ResultDoc] = asyncio.get_running_loop().create_future()
+            self._pending[request_id] = (result, expected)
         trace, span = command_headers()
-        acked = self.producer.send(
+        acked = self.producer.send_appended(
             self.catalog.commands.name,
             key=key,
             value=value,
@@ -249,6 +260,24 @@ class CommandBridge:
                 return await acked
         except TimeoutError:
             return None
+
+    async def answer(self, request_id: str, timeout_s: float) -> ResultDoc | None:
+        """The result of a command sent with ``send_admitted(expected=...)``; None when it
+        did not come within ``timeout_s``."""
+        waiting = self._pending.get(request_id)
+        try:
+            if waiting is None:
+                return None
+            async with asyncio.timeout(timeout_s):
+                return await waiting[0]
+        except TimeoutError:
+            return None
+        finally:
+            self._pending.pop(request_id, None)
+
+    def forget(self, request_id: str) -> None:
+        """Stop waiting for the result of a command sent with ``send_admitted``."""
+        self._pending.pop(request_id, None)
 
     async def send_record(
         self,

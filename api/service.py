@@ -39,7 +39,7 @@ from streams.refusals import COMMAND_REFUSED
 from streams.store import Store
 from streams.tenant_admin import RegisteredTenant, TenantExists, issue_key, register_tenant
 from streams.tenants import AdmissionQuota, TenantConfig, check_api_key, split_api_key
-from topics.admission import admissible, keys_of, stamp
+from topics.admission import admissible, fresh, keys_of, stamp
 from topics.codec import encode_trigger, trigger_headers
 from topics.codes import Code
 from topics.fields import check_text
@@ -308,6 +308,9 @@ class Service:
         tenant = str(command["tenant"])
         sid = str(command["schedule_id"])
         request_id = str(command["request_id"])
+        # Its worker's answer is caught too: needed when the stamp turns out unverifiable.
+        expected = Expected(reply_nonce=new_reply_nonce(), tenant=tenant, schedule_id=sid)
+        command = {**command, "reply_nonce": expected.reply_nonce}
         value = orjson.dumps(command)
         key = sid.encode("utf-8")
         now = now_ms()
@@ -349,21 +352,47 @@ class Service:
             stamp(self.admission.current, admitted_at_ms=now, record_key=key, value=value)
         )
         timeout = self.timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout
+        # The producer keeps retrying an unanswered create (up to its message timeout), so
+        # a GET's 404 proves nothing, and the body re-sent without an id is a second one.
+        retry = (
+            f'it may still be applied: re-send the same body with "schedule_id": "{sid}" '
+            "(a duplicate if it was)"
+        )
         try:
-            position = await self.bridge.send_admitted(key, value, headers, timeout_s=timeout)
+            position = await self.bridge.send_admitted(
+                key, value, headers, timeout_s=timeout, request_id=request_id, expected=expected
+            )
+            if position is not None and not fresh(now, position[2]):
+                # No worker can check the stamp against the broker's time, so each decides
+                # the create in full: a 201 would promise what it may refuse. Its answer.
+                log.error(
+                    "admitted create appended outside the admission window of this API's "
+                    "clock; answering with its worker's result (check this host's clock "
+                    "and the commands topic's message.timestamp.type=LogAppendTime)",
+                    extra={"admitted_at_ms": now, "append_ms": position[2], "schedule_id": sid},
+                )
+                answer = await self.bridge.answer(request_id, deadline - time.monotonic())
+                if answer is None:
+                    raise ApiError(
+                        504,
+                        "timeout",
+                        f"no result within {timeout:g}s; {retry}",
+                        schedule_id=sid,
+                        request_id=request_id,
+                    )
+                return answer
         except KafkaError as exc:
             if exc.retriable:
                 raise ApiError(503, "unavailable", str(exc), schedule_id=sid) from None
             raise ApiError(500, "kafka_refused", str(exc), schedule_id=sid) from None
+        finally:
+            self.bridge.forget(request_id)
         if position is None:
             raise ApiError(
                 504,
                 "timeout",
-                # The producer keeps retrying it (up to its message timeout), so a GET's 404
-                # now proves nothing, and the body re-sent without an id is a second schedule.
-                f"Kafka did not acknowledge the create within {timeout:g}s; it may still be "
-                f'applied: re-send the same body with "schedule_id": "{sid}" (a duplicate '
-                "if it was)",
+                f"Kafka did not acknowledge the create within {timeout:g}s; {retry}",
                 schedule_id=sid,
                 request_id=request_id,
             )

@@ -413,10 +413,19 @@ class CommandProcessor:
             timestamp_type=msg.timestamp_type,
         )
         if isinstance(got, str):
-            metrics.ADMISSIONS.labels("unverified").inc()
-            log.warning(
+            # A stamp that matched no key here or no broker time is a 201 this worker now
+            # decides in full: a misconfiguration (docs/operations.md, the alert), unlike
+            # a stamp that does not match (a tenant's forgery).
+            metrics.ADMISSIONS.labels(got.outcome).inc()
+            log.log(
+                logging.WARNING if got.outcome == "unverified" else logging.ERROR,
                 "admission stamp not honoured; deciding the command in full",
-                extra={"reason": got, "partition": msg.partition, "offset": msg.offset},
+                extra={
+                    "reason": str(got),
+                    "outcome": got.outcome,
+                    "partition": msg.partition,
+                    "offset": msg.offset,
+                },
             )
             return None
         return got

@@ -12,19 +12,22 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from typing import TypedDict
+from typing import Any, TypedDict
 
+from confluent_kafka import TIMESTAMP_LOG_APPEND_TIME, KafkaException, Message, Producer
 from confluent_kafka import KafkaError as KafkaCode
-from confluent_kafka import KafkaException, Message, Producer
 
 from base.errors import KafkaError
 from base.settings import KafkaSettings
 
 # Where the broker stored an acknowledged record: (partition, offset).
 Position = tuple[int | None, int | None]
+# The same and when: the broker's append time (epoch ms) when the topic's timestamps are
+# the broker's (LogAppendTime), else None (the producer's time proves nothing).
+Appended = tuple[int | None, int | None, int | None]
 # One delivery report waiting for the event loop: the record's future, its topic, and
 # the error or the position.
-_Report = tuple[asyncio.Future[Position], str, KafkaCode | Position]
+_Report = tuple[asyncio.Future[Any], str, KafkaCode | Position | Appended]
 
 
 class _Partition(TypedDict, total=False):
@@ -134,6 +137,45 @@ class Emitter:
             # Runs on whichever thread polls librdkafka; deque.append is thread-safe.
             reports.append((fut, topic, err if err else (msg.partition(), msg.offset())))
 
+        self._produce(topic, key, value, headers, partition, on_delivery)
+        return fut
+
+    def send_appended(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+        partition: int | None = None,
+    ) -> asyncio.Future[Appended]:
+        """``send``, resolving to where and when the broker appended the record."""
+        loop = self._loop
+        if loop is None:
+            raise KafkaError("Emitter.start() was not called")
+        fut: asyncio.Future[Appended] = loop.create_future()
+        reports = self._reports
+
+        def on_delivery(err: KafkaCode | None, msg: Message[bytes, bytes]) -> None:
+            if err:
+                reports.append((fut, topic, err))
+                return
+            kind, at_ms = msg.timestamp()
+            at = at_ms if kind == TIMESTAMP_LOG_APPEND_TIME else None
+            reports.append((fut, topic, (msg.partition(), msg.offset(), at)))
+
+        self._produce(topic, key, value, headers, partition, on_delivery)
+        return fut
+
+    def _produce(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None,
+        partition: int | None,
+        on_delivery: Any,
+    ) -> None:
         extra: _Partition = {} if partition is None else {"partition": partition}
         while True:
             try:
@@ -147,7 +189,7 @@ class Emitter:
                 )
                 if not self._sent.is_set():
                     self._sent.set()  # the poll thread may be waiting idle
-                return fut
+                return
             except BufferError:
                 # Local queue full: let the poll thread drain it (rare; sized for bursts).
                 self._producer.poll(0.01)

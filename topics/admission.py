@@ -55,6 +55,31 @@ MIN_SECRET_CHARS = 32
 MIN_SLACK_MS = 30_000
 
 
+class Unverified(str):
+    """Why a stamp did not verify (the text the worker logs), and its ``outcome`` as the
+    workers count it (``tocsin_admissions_total``): ``unknown_key``, a key id this worker
+    does not hold (the key rolled out to the APIs before this worker, or a rotation's old
+    key dropped too early; or a forgery naming an unknown id); ``stale``, a broker time
+    the stamp cannot be checked against (an API clock more than the window off the
+    broker's, or a topic whose timestamps are the producer's); ``unverified``, malformed or
+    not matching the record (a forgery, a tampered record, another deployment's key)."""
+
+    outcome: str
+
+    def __new__(cls, text: str, outcome: str) -> Unverified:
+        self = super().__new__(cls, text)
+        self.outcome = outcome
+        return self
+
+
+def fresh(admitted_at_ms: int, append_ms: int | None, max_skew_ms: int = MAX_SKEW_MS) -> bool:
+    """Whether a record the broker appended at ``append_ms`` (None: a timestamp its
+    producer set, which proves nothing) is within the window of a stamp made at
+    ``admitted_at_ms``: the workers' check, which the API repeats on its delivery report
+    before it answers 201."""
+    return append_ms is not None and abs(append_ms - admitted_at_ms) <= max_skew_ms
+
+
 def admissible(due_ms: int, misfire_tolerance_s: int, now_ms: int) -> bool:
     """Whether a one-shot create due at ``due_ms`` may be admitted at ``now_ms``."""
     return due_ms + misfire_tolerance_s * 1000 >= now_ms + MIN_SLACK_MS
@@ -129,7 +154,7 @@ class AdmissionKeys:
         record_ms: int,
         timestamp_type: TimestampType,
         max_skew_ms: int = MAX_SKEW_MS,
-    ) -> Admission | str | None:
+    ) -> Admission | Unverified | None:
         """None when the record carries no stamp; the Admission when its stamp verifies
         under a key held here, on a broker-timestamped record within ``max_skew_ms`` of
         ``admitted_at``; otherwise why not (logged and counted by the worker, which then
@@ -139,18 +164,20 @@ class AdmissionKeys:
             return None
         m = _STAMP.fullmatch(raw.decode("latin-1"))
         if m is None:
-            return "malformed admission stamp"
+            return Unverified("malformed admission stamp", "unverified")
         key_id, at_text, mac = m.group(1), m.group(2), m.group(3)
         held = [k for k in (self.current, self.previous) if k is not None and k.key_id == key_id]
         if not held:
-            return f"admission key {key_id!r} is not held by this worker"
+            return Unverified(f"admission key {key_id!r} is not held by this worker", "unknown_key")
         at = int(at_text)
         if not hmac.compare_digest(_mac(held[0], at, record_key, value), mac):
-            return "admission stamp does not match the record"
+            return Unverified("admission stamp does not match the record", "unverified")
         if timestamp_type is not TimestampType.LOG_APPEND_TIME:
-            return "the record's timestamp is not the broker's (LogAppendTime)"
-        if abs(record_ms - at) > max_skew_ms:
-            return f"admitted {abs(record_ms - at)} ms away from the broker's append time"
+            return Unverified("the record's timestamp is not the broker's (LogAppendTime)", "stale")
+        if not fresh(at, record_ms, max_skew_ms):
+            return Unverified(
+                f"admitted {abs(record_ms - at)} ms away from the broker's append time", "stale"
+            )
         return Admission(key_id, at, bytes.fromhex(mac))
 
 

@@ -60,7 +60,6 @@ def admit(svc: Service, command: dict[str, object]) -> Any:
     return asyncio.run(svc.send(command, wait=True, admit=True))
 
 
-@pytest.mark.xfail(strict=True, reason="the API answers 201 whatever the append time")
 @pytest.mark.parametrize("off_ms", [MAX_SKEW_MS + 1_000, -(MAX_SKEW_MS + 1_000), None])
 def test_a_stamp_its_workers_will_not_verify_is_answered_by_the_worker(off_ms: int | None) -> None:
     # The API's clock is more than the workers' window off the broker's (or the topic's
@@ -74,7 +73,6 @@ def test_a_stamp_its_workers_will_not_verify_is_answered_by_the_worker(off_ms: i
     assert result["code"] == "callback_not_allowed" and bridge.answered
 
 
-@pytest.mark.xfail(strict=True, reason="every unverified stamp is one warning, 'unverified'")
 @pytest.mark.parametrize(
     ("worker_key", "append_after_ms", "outcome"),
     [

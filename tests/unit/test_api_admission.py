@@ -35,8 +35,8 @@ DUE = format_iso_ms(int(time.time() * 1000) + 3_600_000)
 
 @dataclass
 class FakeBridge:
-    """Acknowledges admitted creates at (3, n) (or raises ``fail``); answers synchronous
-    commands OK."""
+    """Acknowledges admitted creates at (3, n), appended now (or raises ``fail``); answers
+    synchronous commands OK."""
 
     fail: BaseException | None = None
     timeout: bool = False
@@ -45,15 +45,18 @@ class FakeBridge:
     waited: list[str] = field(default_factory=list)
 
     async def send_admitted(
-        self, key: bytes, value: bytes, headers: list[tuple[str, bytes]], *, timeout_s: float
-    ) -> tuple[int, int] | None:
+        self, key: bytes, value: bytes, headers: list[tuple[str, bytes]], **kw: Any
+    ) -> tuple[int, int, int] | None:
         await asyncio.sleep(0)
         if self.fail is not None:
             raise self.fail
         if self.timeout:
             return None
         self.admitted.append((key, value, headers))
-        return 3, len(self.admitted)
+        return 3, len(self.admitted), int(time.time() * 1000)
+
+    def forget(self, request_id: str) -> None:
+        pass
 
     async def send_command(
         self, key: bytes, value: bytes, headers: Any, **kw: Any
