@@ -175,8 +175,11 @@ class PartitionTicker:
         self._parked: set[TriggerKey] = set()
         self._last_checkpoint_ms = 0
         self._written_checkpoint: int | None = None
-        # Triggers emitted or recorded missed (``emitted + missed``) when the stored
-        # checkpoint was last written: a write is skipped only if none was since.
+        # Triggers recorded as fired or missed (and so out of flight): ``_settled`` counts
+        # them, ``_fired_at_write`` is that count when the stored checkpoint was computed.
+        # Not the count emitted: a trigger is emitted at its ack, while it still holds the
+        # checkpoint below it, so a write then counted it without passing it.
+        self._settled = 0
         self._fired_at_write = 0
         # When the loop's current sleep ends, unless something wakes it first.
         self.asleep_until_ms: int | None = None
@@ -729,8 +732,11 @@ class PartitionTicker:
             # before the next read; whatever comes sooner wakes the loop (an offer or
             # hand-over, a suspension or resume). A wall clock stepped forward meanwhile by
             # more than the preload delays that read past its minute's start by the excess
-            # (by a second at most, were the loop to re-check every second).
-            wake_at = next_load if self._holds_nothing() else min(wake_at, next_load)
+            # (by a second at most, were the loop to re-check every second). A trigger
+            # recorded since the stored checkpoint was computed keeps the 1 s re-check
+            # until a write passes it: a successor would fire it again meanwhile.
+            idle = self._holds_nothing() and self._settled == self._fired_at_write
+            wake_at = next_load if idle else min(wake_at, next_load)
         next_due = self._next_admissible_ms()
         if next_due is not None:
             wake_at = min(wake_at, next_due)
@@ -942,6 +948,7 @@ class PartitionTicker:
                             failed = True
                         elif key in self._inflight:
                             self._forget(key)
+                            self._settled += 1
                 finally:
                     # Taken but not settled (an unexpected error, or cancellation, midway):
                     # back to the front for the restarted loop. Dropped, these triggers
@@ -1011,6 +1018,7 @@ class PartitionTicker:
             return
         self._settle_awaited(key)  # recorded missed: that answer is durable too
         self._forget(key)
+        self._settled += 1
 
     def _retry_later(self, key: tuple[str, str, int], exc: BaseException | None) -> None:
         # Not acknowledged or not recorded: it stays in flight (holding the checkpoint below
@@ -1141,9 +1149,12 @@ class PartitionTicker:
         self._checkpoint_high_ms = max(self._checkpoint_high_ms, candidate)
         self._last_checkpoint_ms = now
         metrics.CHECKPOINT_LAG.labels(self._label).set(max(0, now - candidate) / 1000)
+        # Every trigger recorded by now is below ``candidate`` (due by now, below the
+        # loaded horizon, out of flight): a stored checkpoint equal to it passes them all.
+        fired = self._settled
         if candidate == self._written_checkpoint:
+            self._fired_at_write = fired
             return
-        fired = self.emitted + self.missed
         if not force and self._checkpoint_still_current(candidate, fired):
             return
         await self.store.set_checkpoint(self.partition, candidate, self.config.owner, now_ms=now)
@@ -1152,8 +1163,8 @@ class PartitionTicker:
 
     def _checkpoint_still_current(self, candidate: int, fired: int) -> bool:
         """Whether the stored checkpoint may stay as it is although ``candidate`` is higher:
-        nothing is held or in flight, nothing was emitted or recorded missed since it was
-        written, and it is in ``candidate``'s minute. A successor starts reading at the
+        nothing is held or in flight, no trigger was recorded fired or missed since it was
+        computed, and it is in ``candidate``'s minute. A successor starts reading at the
         stored checkpoint's minute (``_begin``: its first bucket read is that minute's,
         from the checkpoint on), which is then ``candidate``'s minute too, so it reads
         every row ``candidate`` would have it read; the rows between the two are none
