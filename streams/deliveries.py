@@ -229,14 +229,37 @@ async def record_outcomes(
             marks.append((outcome, _delivery_mark(outcome, config.retention_s)))
         except (KeyError, TypeError, ValueError, StoreError):
             one_by_one.append(outcome)
-    results = await store.record_deliveries_many([m for _, m in marks]) if marks else []
-    for (outcome, _), failed in zip(marks, results, strict=True):
-        if failed is None:
-            _count_recorded(outcome)
-        else:
-            one_by_one.append(outcome)
+    for round_ in _rounds(marks):
+        results = await store.record_deliveries_many([m for _, m in round_])
+        failed = [o for (o, _), exc in zip(round_, results, strict=True) if exc is not None]
+        for (outcome, _), exc in zip(round_, results, strict=True):
+            if exc is None:
+                _count_recorded(outcome)
+        # Recorded before the next round's outcomes of the same schedules are written.
+        await asyncio.gather(*(record_outcome(store, tenants, o, sleep=sleep) for o in failed))
     if one_by_one:
         await asyncio.gather(*(record_outcome(store, tenants, o, sleep=sleep) for o in one_by_one))
+
+
+def _rounds(
+    marks: list[tuple[dict[str, Any], DeliveryMark]],
+) -> list[list[tuple[dict[str, Any], DeliveryMark]]]:
+    """``marks`` in rounds holding each schedule at most once, in their order: the n-th
+    outcome of a schedule in the n-th round. Two outcomes of one schedule in one unlogged
+    batch carry one timestamp, and Cassandra then keeps the greater value of each status
+    cell (a mix of both); a round written after the one before ends wins whole, as the
+    later outcome must. One round unless a batch holds a schedule twice (a backlog of a
+    recurring schedule's runs, a redelivery)."""
+    rounds: list[list[tuple[dict[str, Any], DeliveryMark]]] = []
+    seen: dict[tuple[str, str], int] = {}  # at most one entry per mark of this batch
+    for item in marks:
+        key = (item[1].tenant, item[1].schedule_id)
+        n = seen.get(key, 0)
+        seen[key] = n + 1
+        if n == len(rounds):
+            rounds.append([])
+        rounds[n].append(item)
+    return rounds
 
 
 def _delivery_mark(outcome: dict[str, Any], retention_s: int | None) -> DeliveryMark:

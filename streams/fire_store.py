@@ -234,7 +234,9 @@ class FireRecordStore(EventStore):
         Up to ``commit_group_size`` outcomes share one unlogged batch, as in
         ``mark_fired_many``: each outcome's update and event stay one mutation, the group is
         one request instead of one per outcome (the driver's CPU per request was the largest
-        share of the worker's main thread at 1,000 deliveries/s)."""
+        share of the worker's main thread at 1,000 deliveries/s). At most one mark per
+        schedule: two in one batch share its timestamp, and Cassandra keeps the greater
+        value of each cell (``deliveries.record_outcomes`` writes them in rounds)."""
         groups = [self._delivery_stmts(m) for m in marks]
         batches = self.pack(groups)
         results = await asyncio.gather(

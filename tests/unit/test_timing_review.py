@@ -8,7 +8,6 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
-import pytest
 from cassandra.query import UNSET_VALUE
 
 from base.settings import CassandraSettings
@@ -148,7 +147,6 @@ def outcome(kind: DeliveryOutcome, status: int, attempts: int, at_ms: int) -> di
     }
 
 
-@pytest.mark.xfail(strict=True, reason="two outcomes of one schedule share a batch timestamp")
 async def test_two_outcomes_of_one_schedule_in_one_batch_leave_the_later_one() -> None:
     """A recurring schedule's run delivered and its next run dead-lettered, read in one
     batch of the deliveries topic (a backlog): their status updates went into one unlogged
