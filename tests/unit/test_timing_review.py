@@ -8,15 +8,19 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
 from cassandra.query import UNSET_VALUE
 
-from base.settings import CassandraSettings
+from base.settings import CassandraSettings, KafkaSettings
+from streams import emitter as emitter_module
 from streams.deliveries import record_outcomes
+from streams.emitter import Emitter
 from streams.model import Stmt
 from streams.store import Store
 from streams.tenants import TenantConfig
 from streams.ticker import PartitionTicker, TickerConfig
 from tests.fakes import FakeStore
+from tests.unit.test_emitter_poll import FakeProducer
 from tests.unit.test_streams_ticker import FakeSink, row, running, settle
 from tests.unit.test_ticker_idle import MINUTE, PRELOAD_MS, M, entry, idle_ticker, until
 from topics.models import DeliveryOutcome
@@ -165,3 +169,34 @@ async def test_two_outcomes_of_one_schedule_in_one_batch_leave_the_later_one() -
         "attempts": 5,
         "at": 120_000,
     }
+
+
+@pytest.mark.xfail(strict=True, reason="the delivery-report thread ends on any exception")
+async def test_the_delivery_report_thread_outlives_a_failed_poll(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """librdkafka's poll re-raises what a Python callback of its raised (its logger's, for
+    one). The thread that serves the delivery reports ended on it, silently, and from then
+    on no send's future was settled: every trigger stayed in flight, holding its ticker's
+    checkpoint, for good."""
+    made: list[FakeProducer] = []
+
+    def make(config: dict[str, Any]) -> FakeProducer:
+        made.append(FakeProducer(config))
+        return made[-1]
+
+    monkeypatch.setattr(emitter_module, "Producer", make)
+    emitter = Emitter(KafkaSettings())
+    producer = made[0]
+    real_poll, failures = producer.poll, [RuntimeError("a callback raised")]
+
+    def poll(timeout: float) -> int:
+        if failures:
+            raise failures.pop()
+        return real_poll(timeout)
+
+    producer.poll = poll  # type: ignore[method-assign]
+    emitter.start()
+    sent = emitter.send("fires", key=b"k", value=b"v")
+    assert await asyncio.wait_for(sent, 5) == (0, 0)
+    await emitter.close()
