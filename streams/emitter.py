@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import threading
 from collections import deque
 from typing import Any, TypedDict
@@ -19,6 +20,8 @@ from confluent_kafka import KafkaError as KafkaCode
 
 from base.errors import KafkaError
 from base.settings import KafkaSettings
+
+log = logging.getLogger("tocsin.emitter")
 
 # Where the broker stored an acknowledged record: (partition, offset).
 Position = tuple[int | None, int | None]
@@ -99,7 +102,14 @@ class Emitter:
                 sent.clear()
                 if len(producer) == 0:
                     continue
-            producer.poll(self._poll_s)
+            try:
+                producer.poll(self._poll_s)
+            except Exception:
+                # poll re-raises what a Python callback raised (our logger's, say); the
+                # reports left are served by the next poll. Ended here, this thread would
+                # settle no send's future again: every trigger would stay in flight.
+                log.exception("serving librdkafka's callbacks failed; polling on")
+                self._stop.wait(self._poll_s)
             self._hand_over()
 
     def _hand_over(self) -> None:

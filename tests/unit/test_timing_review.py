@@ -171,7 +171,6 @@ async def test_two_outcomes_of_one_schedule_in_one_batch_leave_the_later_one() -
     }
 
 
-@pytest.mark.xfail(strict=True, reason="the delivery-report thread ends on any exception")
 async def test_the_delivery_report_thread_outlives_a_failed_poll(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
