@@ -41,7 +41,7 @@ from streams.commands import CommandProcessor, RawCommand
 from streams.deadletter_store import DeadLetterStore, record_dead_letters
 from streams.deliveries import parse_outcome, record_outcomes
 from streams.emitter import Emitter
-from streams.materializer import MaterializerConfig, PartitionMaterializer
+from streams.materializer import MaterializerConfig, PartitionMaterializer, min_horizon_s
 from streams.store import Store
 from streams.ticker import PartitionTicker, TickerConfig
 from topics.admission import keys_of
@@ -81,6 +81,14 @@ class Worker:
             raise ConfigError(
                 "TOCSIN_WORKER_KAFKA_REQUEST_TIMEOUT_S must be at least TOCSIN_SESSION_TIMEOUT_S "
                 f"({sched.session_timeout_s}), got {sched.kafka_request_timeout_s}"
+            )
+        if sched.recurring_horizon_s <= min_horizon_s(sched.recurring_interval_s):
+            raise ConfigError(
+                "TOCSIN_RECURRING_HORIZON_S must be more than 2 x (60 s + "
+                f"TOCSIN_RECURRING_INTERVAL_S) = {min_horizon_s(sched.recurring_interval_s):g} "
+                f"s, got {sched.recurring_horizon_s:g}: a recurring schedule is extended half "
+                "a horizon before its next run, and an extension written by another worker "
+                "during a rebalance may be read up to a minute and an interval late"
             )
         self.settings = settings
         self.catalog = catalog(settings.topics)

@@ -87,6 +87,18 @@ STEP_SECONDS = Histogram(
 # A minute partition of the due queue is deleted this long after its end, not at once: a
 # command applied by another process in a rebalance may still be writing into it.
 SLOT_GRACE_MS = 10_000
+# The longest monotonic sleep between two reads of the wall clock by an idle materialiser
+# (0.1 wake-ups a second per partition, none a query).
+MAX_SLEEP_MS = 10_000
+
+
+def min_horizon_s(interval_s: float) -> float:
+    """The shortest ``TOCSIN_RECURRING_HORIZON_S`` that leaves no run unwritten when due
+    (the horizon must be more than this). A parent is extended at least half a horizon
+    before its first unwritten run (``streams.recurring.extend_at``), and its due-queue
+    entry is read up to a minute's end plus an interval late when another worker wrote it
+    in a rebalance (no notify wakes this one: ``_next_pass_ms``)."""
+    return 2 * (BUCKET_MS / 1000 + interval_s)
 
 
 class RunTicker(Protocol):
@@ -225,14 +237,27 @@ class PartitionMaterializer:
             if busy:
                 await asyncio.sleep(0)
                 continue
-            # (1 ms late rather than early: the pass reads the queue up to its own clock.)
-            delay_s = max(0, wake_at - self.clock_ms() + 1) / 1000
             self.asleep_until_ms = wake_at
             try:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=delay_s)
+                await self._sleep_until(wake_at)
             finally:
                 self.asleep_until_ms = None
+
+    async def _sleep_until(self, wake_at: int) -> None:
+        """Until the wall clock passes ``wake_at`` or a notify or kick wakes the loop. The
+        sleep is monotonic time, so it goes in steps of at most ``MAX_SLEEP_MS``, the wall
+        clock read again after each: after a VM pause (the wall clock goes on, the
+        monotonic one stops) the entries falling due are read at most that much later,
+        not up to a minute later. A step that ends early is no pass (no query)."""
+        while not self._wake.is_set():
+            left_ms = wake_at - self.clock_ms()
+            if left_ms <= 0:
+                return
+            # (1 ms late rather than early: the pass reads the queue up to its own clock.)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(
+                    self._wake.wait(), timeout=min(left_ms + 1, MAX_SLEEP_MS) / 1000
+                )
 
     async def _next_pass_ms(self, pass_ms: int) -> int:
         """When the next pass is due, after one at ``pass_ms`` that left nothing to do: at

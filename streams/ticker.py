@@ -730,13 +730,17 @@ class PartitionTicker:
             )
             # Holding nothing, nothing can fall due, be acknowledged or move the checkpoint
             # before the next read; whatever comes sooner wakes the loop (an offer or
-            # hand-over, a suspension or resume). A wall clock stepped forward meanwhile by
-            # more than the preload delays that read past its minute's start by the excess
-            # (by a second at most, were the loop to re-check every second). A trigger
+            # hand-over, a suspension or resume). The sleep is monotonic time and the read
+            # is due at a wall-clock time: after a VM pause (the wall clock goes on, the
+            # monotonic one stops) the loop sees the wall clock again within the preload
+            # lead, not up to 50 s later, so the read is at most that late after the pause
+            # (0.1 wake-ups a second per idle ticker at the default 10 s). A trigger
             # recorded since the stored checkpoint was computed keeps the 1 s re-check
             # until a write passes it: a successor would fire it again meanwhile.
             idle = self._holds_nothing() and self._settled == self._fired_at_write
-            wake_at = next_load if idle else min(wake_at, next_load)
+            # (Never under the 1 s re-check: a preload lead of 0 would spin.)
+            idle_wake = min(next_load, now + max(1_000, self.config.preload_ahead_ms))
+            wake_at = idle_wake if idle else min(wake_at, next_load)
         next_due = self._next_admissible_ms()
         if next_due is not None:
             wake_at = min(wake_at, next_due)

@@ -256,7 +256,14 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "1000",
         "how long a revoked partition's ticker waits for its in-flight triggers",
     ),
-    SettingDoc("RECURRING_HORIZON_S", W, "600", "how far ahead recurring runs are written"),
+    SettingDoc(
+        "RECURRING_HORIZON_S",
+        W,
+        "600",
+        "how far ahead recurring runs are written; more than 2 x (60 + RECURRING_INTERVAL_S), "
+        "else the worker refuses to start (an extension written by another worker in a "
+        "rebalance is read up to a minute late)",
+    ),
     SettingDoc(
         "RECURRING_MAX_RUNS_PER_STEP", W, "500", "most runs written per recurring schedule and step"
     ),

@@ -21,7 +21,6 @@ from tests.unit.test_streams_ticker import FakeSink, row, running
 from tests.unit.test_ticker_idle import PRELOAD_MS, M, entry, idle_ticker, ticker_on, until
 
 
-@pytest.mark.xfail(strict=True)
 async def test_an_idle_tickers_sleep_is_capped_so_a_wall_clock_jump_is_seen() -> None:
     """A VM pause stops the monotonic clock, not the wall clock. An idle ticker asleep
     until the next minute's preload point (up to 50 s of monotonic time) read that minute
@@ -36,7 +35,6 @@ async def test_an_idle_tickers_sleep_is_capped_so_a_wall_clock_jump_is_seen() ->
     await ticker.stop(0)
 
 
-@pytest.mark.xfail(strict=True)
 async def test_a_materialisers_sleep_is_re_derived_from_the_wall_clock_at_least_every_10_s(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -63,7 +61,6 @@ async def test_a_materialisers_sleep_is_re_derived_from_the_wall_clock_at_least_
     assert store.count("read_due") == 1  # re-checking the clock is no pass
 
 
-@pytest.mark.xfail(strict=True)
 def test_a_recurring_horizon_too_short_for_the_materialisers_sleep_is_refused() -> None:
     """An entry another worker writes into this partition's due queue (a rebalance) is read
     at the latest at the minute's end, up to a minute late; a parent is extended when its
