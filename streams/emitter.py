@@ -209,7 +209,11 @@ class Emitter:
                 ) from exc
 
     async def flush(self, timeout_s: float = 30.0) -> int:
-        return await asyncio.to_thread(self._producer.flush, timeout_s)
+        left = await asyncio.to_thread(self._producer.flush, timeout_s)
+        # The reports flush served (on its own thread) are handed over here: the poll
+        # thread, finding nothing left to serve, may be waiting idle.
+        self._hand_over()
+        return left
 
     async def close(self, timeout_s: float = 30.0) -> None:
         if self._started:

@@ -101,3 +101,30 @@ async def test_close_ends_an_idle_thread_without_waiting_out_a_poll(
     emitter.start()
     await asyncio.wait_for(emitter.close(), 5)
     assert not emitter._thread.is_alive()
+
+
+class _FlushOnlyProducer(FakeProducer):
+    """Reports are served only by flush (on its caller's thread), and librdkafka counts
+    nothing outstanding: the poll thread idles throughout."""
+
+    def poll(self, timeout: float) -> int:
+        return 0
+
+    def flush(self, timeout: float) -> int:
+        FakeProducer.poll(self, 0)
+        return 0
+
+    def __len__(self) -> int:
+        return 0
+
+
+async def test_reports_served_by_a_flush_settle_while_the_thread_idles(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(emitter_module, "Producer", _FlushOnlyProducer)
+    emitter = Emitter(KafkaSettings(), idle_wait_s=30.0)
+    emitter.start()
+    sent = emitter.send("fires", key=b"k", value=b"v")
+    assert await emitter.flush(1.0) == 0
+    assert await asyncio.wait_for(sent, 2) == (0, 0)
+    await emitter.close()
