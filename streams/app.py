@@ -20,7 +20,7 @@ import logging
 import os
 import socket
 import ssl
-from collections.abc import Callable, Sequence, Set
+from collections.abc import Awaitable, Callable, Sequence, Set
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import cast
@@ -30,7 +30,7 @@ from faust.types import TP, AppT, EventT, StreamT
 from faust.types.auth import CredentialsT
 
 from base.clock import Clock, now_ms
-from base.errors import ConfigError
+from base.errors import ConfigError, TocsinError
 from base.health import Health
 from base.health import serve as serve_health
 from base.logs import setup_logging
@@ -50,6 +50,10 @@ from topics.signing import TimestampType
 from topics.validation import Limits
 
 log = logging.getLogger("tocsin.worker")
+
+# Tries of an agent's batch through retriable errors (backoff 1, 2, 4, 8 s between: about
+# 15 s) before it is left uncommitted as a non-retriable failure is (Worker._handle_batch).
+BATCH_ATTEMPTS = 5
 
 
 def faust_broker_credentials(settings: Settings) -> CredentialsT | None:
@@ -159,6 +163,7 @@ class Worker:
         self._lag_watch: asyncio.Future[None] | None = None
         self._start_lock = asyncio.Lock()
         self.health = Health()
+        self.batch_retry_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
 
     def _build_app(self) -> faust.App:
         app = self._faust_app()
@@ -221,17 +226,22 @@ class Worker:
             await self._ensure_started()
             # Faust's batching, with no timer armed while nothing is buffered (streams.batches).
             async for events in batches.take_events(_stream(stream), batch_size, batch_wait_s):
-                left = await self.processor.process_until_answered(
-                    [_raw_command(e) for e in events]
-                )
-                if left:
-                    unanswered = {(m.partition, m.offset) for m in left}
-                    for e in events:
-                        if (e.message.partition, e.message.offset) in unanswered:
-                            # Marked done without reaching the consumer's commit
-                            # bookkeeping: never committed here, the new owner replays it.
-                            e.message.acked = True
-                self._observe_lag(app, events)
+
+                async def handle(events: Sequence[EventT[bytes]] = events) -> None:
+                    left = await self.processor.process_until_answered(
+                        [_raw_command(e) for e in events]
+                    )
+                    if left:
+                        unanswered = {(m.partition, m.offset) for m in left}
+                        for e in events:
+                            if (e.message.partition, e.message.offset) in unanswered:
+                                # Marked done without reaching the consumer's commit
+                                # bookkeeping: never committed here, the new owner replays it.
+                                e.message.acked = True
+                    self._observe_lag(app, events)
+
+                # (process_until_answered raises nothing but cancellation, by design.)
+                await self._handle_batch("commands", events, handle)
 
     def _add_delivery_agent(self, app: faust.App) -> None:
         deliveries = app.topic(
@@ -247,10 +257,58 @@ class Worker:
             """Record the proxy's final delivery outcomes into each schedule's status."""
             await self._ensure_started()
             async for events in batches.take_events(_stream(stream), batch_size, 0.05):
-                outcomes = [o for e in events if (o := parse_outcome(e.message.value))]
-                tenants = self.processor.tenants
-                await record_outcomes(self.store, tenants, outcomes)
-                await record_dead_letters(self.dead_letters, tenants, outcomes)
+
+                async def handle(events: Sequence[EventT[bytes]] = events) -> None:
+                    outcomes = [o for e in events if (o := parse_outcome(e.message.value))]
+                    tenants = self.processor.tenants
+                    await record_outcomes(self.store, tenants, outcomes)
+                    await record_dead_letters(self.dead_letters, tenants, outcomes)
+
+                await self._handle_batch("deliveries", events, handle)
+
+    async def _handle_batch(
+        self, agent: str, events: Sequence[EventT[bytes]], handle: Callable[[], Awaitable[None]]
+    ) -> None:
+        """Run ``handle`` on one batch of ``agent`` until it returns. A retriable error
+        (``TocsinError.retriable``: Cassandra or Kafka unavailable for a moment) is retried
+        with backoff, ``BATCH_ATTEMPTS`` times in all. Anything else, or the last retriable
+        one, must not escape: the batch's generator acks its events whatever the handler
+        did (streams.batches, as Faust's), so the batch would be committed unhandled and
+        lost, silently, while Faust restarts the agent. Its events are instead marked done
+        without reaching the consumer's commit bookkeeping, as the command agent's
+        unanswered commands are: the partition's offset is never committed past them, and
+        this process's next start (or the partition's next owner) reads them again. The
+        error is logged and the worker marked dead (``/healthz`` 503) so that it is
+        restarted; the agent goes on meanwhile, committing nothing past the batch."""
+        delay = 1.0
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await handle()
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                retriable = isinstance(exc, TocsinError) and exc.retriable
+                if not retriable or attempt >= BATCH_ATTEMPTS:
+                    failure = exc
+                    break
+                log.warning(
+                    "agent batch failed; retrying it",
+                    extra={"agent": agent, "events": len(events), "error": str(exc)},
+                )
+                await self.batch_retry_sleep(delay)
+                delay = min(delay * 2, 30.0)
+        for e in events:
+            e.message.acked = True
+        offsets = sorted((e.message.partition, e.message.offset) for e in events)
+        log.error(
+            "agent batch failed for good; left uncommitted until the worker restarts",
+            exc_info=failure,
+            extra={"agent": agent, "events": len(events), "first": offsets[0]},
+        )
+        self.health.fail(f"{agent} agent", f"{agent} agent: a batch failed: {failure!r}")
 
     def _add_lifecycle_handlers(self, app: faust.App) -> None:
         s = self.settings
