@@ -83,6 +83,9 @@ async def _take_events(
     buffer_consumed = Event()
     stream_enable_acks = stream.enable_acks
     buffer_consuming: asyncio.Future[None] | None = None
+    # When the batch's first event was buffered: its window is the one Faust's loop was in
+    # then, however late this loop gets to run (under load, often after that window ended).
+    started_at = 0.0
     channel_it = aiter(stream.channel)
 
     async def add_to_buffer(value: T) -> T:
@@ -94,6 +97,8 @@ async def _take_events(
                     await buffer_consuming
                 finally:
                     buffer_consuming = None
+            nonlocal started_at
+            started_at = started_at if buffer else now()
             buffer.append(value)
             event = stream.current_event
             if event is None:
@@ -125,8 +130,7 @@ async def _take_events(
                 await stream.wait_for_stopped(buffer_started)
                 if not buffer:
                     continue  # stopped (or crashed): the loop's condition ends it
-            at = now()
-            timeout = window_end_s(anchor, at, within_s) - at
+            timeout = window_end_s(anchor, started_at, within_s) - now()
             await stream.wait_for_stopped(buffer_full, timeout=max(0.0, timeout))
             if buffer:
                 # Nothing is added to the buffer while it is read.

@@ -226,3 +226,27 @@ async def test_a_stopped_stream_ends_the_idle_wait() -> None:
 def test_a_window_must_be_positive() -> None:
     with pytest.raises(ValueError, match="within_s"):
         batches.take_events(None, 1, 0)  # type: ignore[arg-type]
+
+
+async def test_a_record_seen_after_its_window_ended_closes_the_batch_at_once() -> None:
+    """Under load the loop may get to a buffered record only after the window it came in
+    has ended: Faust's timer would have closed the batch at that window's end, so it
+    closes now, not at the end of the window this loop happens to run in."""
+    app, channel, stream = await a_stream()
+    waits = Waits(stream)
+    # Start at 1,000 s; the record is buffered at 1,099 s (window ends at 1,100 s); the loop
+    # looks at 1,130 s.
+    times = iter([1_000.0, 1_099.0])
+    last = [1_130.0]
+
+    def clock() -> float:
+        return next(times, last[0])
+
+    got = Got()
+    task = asyncio.ensure_future(collect(batches.take_events(stream, 10, 100.0, clock=clock), got))
+    await settle()
+    await channel.send(value="a")
+    await got.until(1)
+    assert [t for t in waits.timeouts if t is not None] == [0.0]
+    assert got.batches == [["a"]]
+    await finish(app, task)
