@@ -95,19 +95,7 @@ class FireRecordStore(EventStore):
                 m.retention_s,
             )
             groups.append([("mark_done", params), event])
-        batches = self.pack(groups)
-        results = await asyncio.gather(
-            *(
-                self.run_together("mark_fired", [s for i in batch for s in groups[i]])
-                for batch in batches
-            ),
-            return_exceptions=True,
-        )
-        out: list[BaseException | None] = [None] * len(marks)
-        for batch, result in zip(batches, results, strict=True):
-            for i in batch:
-                out[i] = result if isinstance(result, BaseException) else None
-        return out
+        return await self._run_packed("mark_fired", groups)
 
     async def mark_missed(
         self,
@@ -237,16 +225,20 @@ class FireRecordStore(EventStore):
         share of the worker's main thread at 1,000 deliveries/s). At most one mark per
         schedule: two in one batch share its timestamp, and Cassandra keeps the greater
         value of each cell (``deliveries.record_outcomes`` writes them in rounds)."""
-        groups = [self._delivery_stmts(m) for m in marks]
+        return await self._run_packed("record_delivery", [self._delivery_stmts(m) for m in marks])
+
+    async def _run_packed(
+        self, name: str, groups: Sequence[Sequence[Stmt]]
+    ) -> list[BaseException | None]:
+        """Each group's statements packed into unlogged batches (``pack``), the batches
+        sent concurrently; the outcome of each group (None when recorded, else its batch's
+        error)."""
         batches = self.pack(groups)
         results = await asyncio.gather(
-            *(
-                self.run_together("record_delivery", [s for i in batch for s in groups[i]])
-                for batch in batches
-            ),
+            *(self.run_together(name, [s for i in batch for s in groups[i]]) for batch in batches),
             return_exceptions=True,
         )
-        out: list[BaseException | None] = [None] * len(marks)
+        out: list[BaseException | None] = [None] * len(groups)
         for batch, result in zip(batches, results, strict=True):
             for i in batch:
                 out[i] = result if isinstance(result, BaseException) else None
