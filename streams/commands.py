@@ -73,7 +73,7 @@ from streams.store import load_schedule_rows
 from streams.tenants import QuotaBook, TenantConfig
 from streams.ticker import PartitionTicker, TriggerSink
 from streams.tracing import NO_TRACES, CommandTraces
-from topics.admission import Admission, AdmissionKeys
+from topics.admission import Admission, AdmissionKeys, Unverified
 from topics.codec import encode_result
 from topics.codes import ACCEPTED_CODES, Code
 from topics.models import (
@@ -399,19 +399,23 @@ class CommandProcessor:
             return False
         return not self.quotas.allow(command.tenant, partition, quota, time.monotonic())
 
-    def _honoured(self, msg: RawCommand) -> Admission | None:
-        """The record's admission stamp when it verifies here; None when it has none or it
-        does not verify (then the command is decided like any other, logged and counted:
-        a tenant producing a forged stamp, or an admission key this worker lacks)."""
-        if not self.admission.enabled:
-            return None
-        got = self.admission.verify(
+    def _verify_stamp(self, msg: RawCommand) -> Admission | Unverified | None:
+        """``AdmissionKeys.verify`` of the record's admission stamp."""
+        return self.admission.verify(
             header_map(msg.headers),
             record_key=msg.key,
             value=msg.value or b"",
             record_ms=msg.timestamp_ms,
             timestamp_type=msg.timestamp_type,
         )
+
+    def _honoured(self, msg: RawCommand) -> Admission | None:
+        """The record's admission stamp when it verifies here; None when it has none or it
+        does not verify (then the command is decided like any other, logged and counted:
+        a tenant producing a forged stamp, or an admission key this worker lacks)."""
+        if not self.admission.enabled:
+            return None
+        got = self._verify_stamp(msg)
         if isinstance(got, str):
             # A stamp that matched no key here or no broker time is a 201 this worker now
             # decides in full: a misconfiguration (docs/operations.md, the alert), unlike
@@ -746,13 +750,7 @@ class CommandProcessor:
         the schedule's history (``GET /v1/schedules/{id}`` answers 410 ``refused`` with
         it), besides the alert (log, ``tocsin_admissions_total{outcome="refused"}``).
         Best effort: the store may refuse that too, and the log and counter remain."""
-        admission = self.admission.verify(
-            header_map(msg.headers),
-            record_key=msg.key,
-            value=msg.value or b"",
-            record_ms=msg.timestamp_ms,
-            timestamp_type=msg.timestamp_type,
-        )
+        admission = self._verify_stamp(msg)
         if not isinstance(admission, Admission):
             return
         try:
