@@ -44,9 +44,9 @@ import secrets
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import NotRequired, TypedDict, cast
+from typing import NotRequired, TypedDict, TypeVar, cast
 
 import orjson
 from confluent_kafka import Consumer, KafkaException, TopicPartition
@@ -59,6 +59,8 @@ from streams.partitioner import partition_for
 from topics.catalog import catalog
 
 log = logging.getLogger("tocsin.api")
+
+_Acked = TypeVar("_Acked")
 
 
 def new_reply_nonce() -> str:
@@ -182,6 +184,28 @@ class CommandBridge:
     def new_request_id(self) -> str:
         return f"api-{self.instance}-{next(self._ids)}"
 
+    def _produce(
+        self,
+        send: Callable[..., asyncio.Future[_Acked]],
+        key: bytes,
+        value: bytes,
+        headers: list[tuple[str, bytes]],
+    ) -> asyncio.Future[_Acked]:
+        """``send`` (one of the producer's) to the commands topic, on the key's partition,
+        with the serving request's trace context (api.tracing) added to ``headers``:
+        signatures cover key and value only, so these headers change no signature."""
+        trace, span = command_headers()
+        acked = send(
+            self.catalog.commands.name,
+            key=key,
+            value=value,
+            headers=[*headers, *trace] if trace else headers,
+            partition=partition_for(key, self.partitions),
+        )
+        if span is not None:
+            acked.add_done_callback(lambda _: span.end())
+        return acked
+
     async def send_command(
         self,
         key: bytes,
@@ -200,19 +224,8 @@ class CommandBridge:
         if expected is not None:
             result = asyncio.get_running_loop().create_future()
             self._pending[request_id] = (result, expected)
-        # The serving request's trace context (api.tracing); signatures cover key and value
-        # only, so these headers change no signature.
-        trace, span = command_headers()
         try:
-            acked = self.producer.send(
-                self.catalog.commands.name,
-                key=key,
-                value=value,
-                headers=[*headers, *trace] if trace else headers,
-                partition=partition_for(key, self.partitions),
-            )
-            if span is not None:
-                acked.add_done_callback(lambda _: span.end())
+            acked = self._produce(self.producer.send, key, value, headers)
             async with asyncio.timeout(timeout_s):
                 if result is None:
                     await acked
@@ -245,16 +258,7 @@ class CommandBridge:
         if expected is not None and request_id is not None:
             result: asyncio.Future[ResultDoc] = asyncio.get_running_loop().create_future()
             self._pending[request_id] = (result, expected)
-        trace, span = command_headers()
-        acked = self.producer.send_appended(
-            self.catalog.commands.name,
-            key=key,
-            value=value,
-            headers=[*headers, *trace] if trace else headers,
-            partition=partition_for(key, self.partitions),
-        )
-        if span is not None:
-            acked.add_done_callback(lambda _: span.end())
+        acked = self._produce(self.producer.send_appended, key, value, headers)
         try:
             async with asyncio.timeout(timeout_s):
                 return await acked
