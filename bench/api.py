@@ -553,6 +553,12 @@ def parse_args() -> argparse.Namespace:
         "set they are answered at Kafka's acknowledgement, and each phase's CPU is "
         "measured until the workers have answered every command",
     )
+    parser.add_argument(
+        "--admission",
+        action="store_true",
+        help="run the API and workers with an admission key made for this run (implies "
+        "--generated-ids): creates are answered at Kafka's acknowledgement (docs/api.md)",
+    )
     parser.add_argument("--concurrency", type=int, default=256)
     parser.add_argument("--latency-rate", type=int, default=500)
     parser.add_argument("--latency-s", type=float, default=20)
@@ -719,7 +725,7 @@ def stop_api(api: subprocess.Popen[bytes]) -> None:
 def main() -> int:
     global GENERATED_IDS
     args = parse_args()
-    GENERATED_IDS = args.generated_ids
+    GENERATED_IDS = args.generated_ids or args.admission
     pinning.begin(args.pin)
 
     run = uuid.uuid4().hex[:6]
@@ -735,6 +741,8 @@ def main() -> int:
             "TOCSIN_ADMIN_KEY": admin,
         }
     )
+    if args.admission:
+        env["TOCSIN_ADMISSION_KEY"] = f"bench{run}:{uuid.uuid4().hex}{uuid.uuid4().hex}"
     settings = Settings.from_env(env)
     from schema.migrate import migrate
     from tocsin.topic_admin import ensure_topics
