@@ -19,9 +19,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -294,17 +295,24 @@ def api_stack(real_stack: Settings) -> Iterator[Settings]:
         yield settings
 
 
-@pytest.fixture(scope="session")
-def api_server(
-    api_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[ApiServer]:
+_Server = TypeVar("_Server", bound=ApiServer)
+
+
+@contextlib.contextmanager
+def running_api(
+    settings: Settings,
+    tenant: str,
+    env: dict[str, str],
+    logs: Path,
+    make: Callable[[Settings, str, str, WorkerProcess], _Server] = ApiServer,  # type: ignore[assignment]
+) -> Iterator[_Server]:
+    """A worker and a ``tocsin api`` on ``settings`` with ``env`` (logs in ``logs``), both
+    ready; ``make`` builds the server handed out. At the end the API is stopped, then the
+    server's worker (a test may have replaced it with a restarted one)."""
     import socket
     import urllib.request
 
-    logs = tmp_path_factory.mktemp("api")
-    env = _env_for(api_stack, next(_ports), next(_ports))
-    env["TOCSIN_TENANT_CACHE_TTL_S"] = "1"
-    worker = WorkerProcess(api_stack, env, logs / "worker.log").start()
+    worker = WorkerProcess(settings, env, logs / "worker.log").start()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -326,6 +334,7 @@ def api_server(
             start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"
+    server: _Server | None = None
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -338,8 +347,9 @@ def api_server(
             if api.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError("api did not start:\n" + api_log.read_text()[-3000:])
             time.sleep(0.2)
-        wait_worker_ready(api_stack, tenant, worker=worker)
-        yield ApiServer(api_stack, base, admin, worker)
+        wait_worker_ready(settings, tenant, worker=worker)
+        server = make(settings, base, admin, worker)
+        yield server
     finally:
         if api.poll() is None:
             os.killpg(api.pid, signal.SIGTERM)
@@ -347,4 +357,15 @@ def api_server(
                 api.wait(20)
             except subprocess.TimeoutExpired:
                 os.killpg(api.pid, signal.SIGKILL)
-        worker.stop()
+        (server.worker if server is not None and server.worker is not None else worker).stop()
+
+
+@pytest.fixture(scope="session")
+def api_server(
+    api_stack: Settings, tenant: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ApiServer]:
+    logs = tmp_path_factory.mktemp("api")
+    env = _env_for(api_stack, next(_ports), next(_ports))
+    env["TOCSIN_TENANT_CACHE_TTL_S"] = "1"
+    with running_api(api_stack, tenant, env, logs) as server:
+        yield server

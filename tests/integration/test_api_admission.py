@@ -7,13 +7,7 @@ No timing assertions: waits poll for an outcome with a generous deadline.
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from base.settings import REPO_ROOT, Settings
+from base.settings import Settings
 from tests.integration.conftest import (
     ApiServer,
     WorkerProcess,
     _env_for,
     _ports,
     isolated_stack,
-    wait_worker_ready,
+    running_api,
 )
 
 pytestmark = pytest.mark.integration
@@ -70,48 +64,10 @@ def admitted(
         env = _env_for(settings, next(_ports), next(_ports))
         env["TOCSIN_TENANT_CACHE_TTL_S"] = "1"
         env["TOCSIN_ADMISSION_KEY"] = ADMISSION_KEY
-        worker = WorkerProcess(settings, env, logs / "worker.log").start()
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        admin = "admin-" + os.urandom(8).hex()
-        api_env = dict(
-            env,
-            TOCSIN_API_PORT=str(port),
-            TOCSIN_ADMIN_KEY=admin,
-            TOCSIN_METRICS_PORT=str(next(_ports)),
-        )
-        with (logs / "api.log").open("ab") as out:
-            api = subprocess.Popen(
-                [sys.executable, "-m", "tocsin.cli", "api"],
-                env=api_env,
-                cwd=REPO_ROOT,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(base + "/readyz", timeout=2) as r:
-                        if r.status == 200:
-                            break
-                except OSError:
-                    pass
-                assert api.poll() is None and time.monotonic() < deadline, "api did not start"
-                time.sleep(0.2)
-            wait_worker_ready(settings, tenant, worker=worker)
-            dep = Deployment(settings, base, admin, worker)
+        with running_api(settings, tenant, env, logs, make=Deployment) as dep:
             dep.worker_env = env
             dep.worker_log = logs / "worker.log"
             yield dep
-        finally:
-            if api.poll() is None:
-                os.killpg(api.pid, signal.SIGTERM)
-                api.wait(20)
-            (dep.worker if "dep" in locals() else worker).stop()
 
 
 def register(dep: Deployment, **config: Any) -> dict[str, Any]:
