@@ -726,3 +726,22 @@ def _answers_every_port(
 ]:
     """Never called: ``mypy tests/fakes.py`` proves the fake answers every Protocol."""
     return (store, store, store, store, store, store, store, store, store)
+
+
+def bucket_row(sid: str, due_ms: int, *, version: int = 1, tolerance_s: int = 60) -> BucketRow:
+    """Tenant ``t``'s schedule ``sid`` in partition 0's bucket, due at ``due_ms`` (an HTTP
+    callback, a JSON payload)."""
+    return BucketRow(
+        partition=0,
+        minute_ms=due_ms - due_ms % 60_000,
+        shard=0,
+        due_ms=due_ms,
+        tenant="t",
+        schedule_id=sid,
+        version=version,
+        order_key=sid,
+        payload=b"{}",
+        payload_type="json",
+        callback='{"type":"http","url":"https://h/cb"}',
+        misfire_tolerance_s=tolerance_s,
+    )

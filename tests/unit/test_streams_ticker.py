@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from streams.model import BucketRow
 from streams.ticker import PartitionTicker, TickerConfig
 from streams.timeline import Entry
 from tests.fakes import FakeStore
+from tests.fakes import bucket_row as row
 
 
 class FakeSink:
@@ -30,23 +30,6 @@ class FakeSink:
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.sent.append((key, fut))
         return fut
-
-
-def row(sid: str, due_ms: int, tolerance_s: int = 60) -> BucketRow:
-    return BucketRow(
-        partition=0,
-        minute_ms=due_ms - due_ms % 60_000,
-        shard=0,
-        due_ms=due_ms,
-        tenant="t",
-        schedule_id=sid,
-        version=1,
-        order_key=sid,
-        payload=b"{}",
-        payload_type="json",
-        callback='{"type":"http","url":"https://h/cb"}',
-        misfire_tolerance_s=tolerance_s,
-    )
 
 
 def make(now: list[int], linger_s: float = 0.0) -> tuple[PartitionTicker, FakeStore, FakeSink]:

@@ -6,29 +6,12 @@ from __future__ import annotations
 import asyncio
 
 from streams import ticker as ticker_module
-from streams.model import BucketRow
 from streams.ticker import PartitionTicker, TickerConfig
 from tests.fakes import FakeStore
+from tests.fakes import bucket_row as row
 
 NOW = 1_000_000  # minute 960,000; the next minute starts at 1,020,000
 NEXT_MINUTE = 1_020_000
-
-
-def row(sid: str, due_ms: int, version: int = 1) -> BucketRow:
-    return BucketRow(
-        partition=0,
-        minute_ms=due_ms - due_ms % 60_000,
-        shard=0,
-        due_ms=due_ms,
-        tenant="t",
-        schedule_id=sid,
-        version=version,
-        order_key=sid,
-        payload=b"{}",
-        payload_type="json",
-        callback='{"type":"http","url":"https://h/cb"}',
-        misfire_tolerance_s=60,
-    )
 
 
 class _Sink:
