@@ -745,3 +745,12 @@ def bucket_row(sid: str, due_ms: int, *, version: int = 1, tolerance_s: int = 60
         callback='{"type":"http","url":"https://h/cb"}',
         misfire_tolerance_s=tolerance_s,
     )
+
+
+async def until_true(done: Callable[[], bool]) -> None:
+    """Yield to the event loop (1 ms at a time, 5,000 times at most) until ``done()``."""
+    for _ in range(5_000):
+        if done():
+            return
+        await asyncio.sleep(0.001)
+    raise AssertionError("never happened")

@@ -5,25 +5,15 @@ what that pass reads, never how long anything took."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-
 from streams.decisions import DueEntry
 from streams.materializer import MaterializerConfig, PartitionMaterializer
 from tests.fakes import FakeStore
+from tests.fakes import until_true as until
 from tests.unit.test_streams_materializer import FakeTicker
 
 MINUTE = 60_000
 NOW = 1_800_000_000_000  # a minute's start
 P = 3
-
-
-async def until(done: Callable[[], bool]) -> None:
-    for _ in range(5_000):
-        if done():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("never happened")
 
 
 def started(store: FakeStore, now: list[int], interval_s: float = 1.0) -> PartitionMaterializer:

@@ -7,12 +7,12 @@ emits and writes, never how long anything took."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from streams.model import BucketRow
 from streams.ticker import PartitionTicker, TickerConfig
 from streams.timeline import Entry
 from tests.fakes import FakeStore
+from tests.fakes import until_true as until
 from tests.unit.test_streams_ticker import FakeSink, row, running, settle
 
 MINUTE = 60_000
@@ -26,14 +26,6 @@ def config() -> TickerConfig:
 
 def ticker_on(store: FakeStore, sink: FakeSink, now: list[int]) -> PartitionTicker:
     return PartitionTicker(0, store=store, sink=sink, config=config(), clock_ms=lambda: now[0])
-
-
-async def until(done: Callable[[], bool]) -> None:
-    for _ in range(5_000):
-        if done():
-            return
-        await asyncio.sleep(0.001)
-    raise AssertionError("never happened")
 
 
 def entry(r: BucketRow) -> Entry[BucketRow]:
