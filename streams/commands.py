@@ -794,18 +794,7 @@ class CommandProcessor:
         if ids is None:
             return
         tenant, schedule_id = ids
-        metrics.ADMISSIONS.labels("refused").inc()
-        log.error(
-            "an admitted create was refused",
-            extra={
-                "code": str(code),
-                "reason": text,
-                "tenant": tenant,
-                "schedule_id": schedule_id,
-                "partition": msg.partition,
-                "offset": msg.offset,
-            },
-        )
+        _alert_refused(msg, tenant, schedule_id, code, text)
         if code == Code.WRONG_PARTITION:
             return
         try:
@@ -1034,14 +1023,19 @@ def admitted_refused(
     alert (its tenant was told it would fire). Nothing when ``admitted`` is false."""
     if not admitted:
         return
+    _alert_refused(msg, command.tenant, command.schedule_id, code, text)
+
+
+def _alert_refused(msg: RawCommand, tenant: str, schedule_id: str, code: Code, text: str) -> None:
+    """The alert for an admitted create that was refused: counted and logged."""
     metrics.ADMISSIONS.labels("refused").inc()
     log.error(
         "an admitted create was refused",
         extra={
             "code": str(code),
             "reason": text,
-            "tenant": command.tenant,
-            "schedule_id": command.schedule_id,
+            "tenant": tenant,
+            "schedule_id": schedule_id,
             "partition": msg.partition,
             "offset": msg.offset,
         },
