@@ -14,7 +14,13 @@ import orjson
 from base.errors import StoreError
 from streams.commands import CommandProcessor, RawCommand
 from streams.partitioner import partition_for
-from tests.unit.test_fault_properties import NOW, PARTITIONS, SECRET, FakeSink, FakeStore
+from tests.unit.test_fault_properties import (
+    NOW,
+    PARTITIONS,
+    SECRET,
+    FakeStore,
+    command_processor,
+)
 from topics.admission import AdmissionKey, AdmissionKeys, stamp
 from topics.codec import encode_command
 from topics.models import (
@@ -25,7 +31,6 @@ from topics.models import (
     Recurrence,
 )
 from topics.signing import TimestampType, new_signing_key, sign_headers
-from topics.validation import Limits
 
 ADMISSION = AdmissionKey("api-1", "a" * 40)
 FORGED = AdmissionKey("api-1", "f" * 40)
@@ -71,16 +76,7 @@ def record(
 
 
 def processor(store: FakeStore, keys: AdmissionKeys | None = None) -> CommandProcessor:
-    return CommandProcessor(
-        store=store,
-        sink=FakeSink(),
-        tickers={},
-        results_topic="t.command-results",
-        partitions=PARTITIONS,
-        limits=Limits(),
-        clock_ms=lambda: NOW,
-        admission=AdmissionKeys(current=ADMISSION) if keys is None else keys,
-    )
+    return command_processor(store, AdmissionKeys(current=ADMISSION) if keys is None else keys)
 
 
 def run(proc: CommandProcessor, *raws: RawCommand) -> list[CommandResult]:

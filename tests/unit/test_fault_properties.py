@@ -24,6 +24,7 @@ from proxy.envelope import Envelope, prepare_fire
 from streams.commands import CommandProcessor, RawCommand
 from streams.partitioner import partition_for
 from tests import fakes
+from topics.admission import AdmissionKeys
 from topics.codec import callback_from_json, decode_result, decode_trigger, encode_command
 from topics.codes import Code
 from topics.models import CreateCommand, HttpCallback, PayloadType
@@ -232,6 +233,22 @@ class FakeSink:
 
 
 NOW = int(time.time() * 1000)
+
+
+def command_processor(
+    store: fakes.FakeStore, admission: AdmissionKeys | None = None
+) -> CommandProcessor:
+    """A worker's command processor on ``store``, a FakeSink and default limits, at NOW."""
+    return CommandProcessor(
+        store=store,
+        sink=FakeSink(),
+        tickers={},
+        results_topic="t.command-results",
+        partitions=PARTITIONS,
+        limits=Limits(),
+        clock_ms=lambda: NOW,
+        admission=admission,
+    )
 
 
 def good_record(offset: int) -> RawCommand:

@@ -6,17 +6,17 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from streams.commands import CommandProcessor, RawCommand
+from streams.commands import RawCommand
 from streams.partitioner import partition_for
 from streams.refusals import Refusal, RefusalBook, record_refusals
 from tests.unit.test_fault_properties import (
     NOW,
     PARTITIONS,
     SECRET,
-    FakeSink,
     FakeStore,
     good_record,
 )
+from tests.unit.test_fault_properties import command_processor as processor
 from topics.codec import encode_command
 from topics.models import (
     CancelCommand,
@@ -27,7 +27,6 @@ from topics.models import (
     UpdateCommand,
 )
 from topics.signing import new_signing_key, sign_headers
-from topics.validation import Limits
 
 OTHER_SECRET = new_signing_key()
 
@@ -54,18 +53,6 @@ def store_with_globex() -> FakeStore:
         "signing_secret": OTHER_SECRET,
     }
     return store
-
-
-def processor(store: FakeStore) -> CommandProcessor:
-    return CommandProcessor(
-        store=store,
-        sink=FakeSink(),
-        tickers={},
-        results_topic="t.command-results",
-        partitions=PARTITIONS,
-        limits=Limits(),
-        clock_ms=lambda: NOW,
-    )
 
 
 def create(tenant: str, sid: str) -> CreateCommand:
