@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from tests.integration.conftest import (
     _ports,
     isolated_stack,
     running_api,
+    until,
 )
 
 pytestmark = pytest.mark.integration
@@ -36,16 +37,6 @@ def now_ms() -> int:
 
 def uid(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def until(check: Callable[[], Any], timeout_s: float = 90, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Deployment(ApiServer):
@@ -95,6 +86,7 @@ def fired(dep: Deployment, key: str, sid: str) -> Any:
             and v.get("status") == "fired"
             and v
         ),
+        timeout_s=90,
         what=f"schedule {sid} to fire",
     )
 
@@ -146,6 +138,7 @@ def test_a_tenant_deactivated_after_its_201_still_gets_it_fired(admitted: Deploy
     # The tenant cannot read it while deactivated: read the store.
     assert until(
         lambda: stored_status(admitted.settings, t["tenant"], r["schedule_id"]) == "fired",
+        timeout_s=90,
         what="the admitted create of a deactivated tenant to fire",
     )
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from base.settings import REPO_ROOT
+from tests.integration.conftest import until
 
 pytestmark = pytest.mark.integration
 
@@ -26,16 +27,6 @@ def now_ms() -> int:
 
 def uid(prefix: str = "s") -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def until(check: Callable[[], Any], timeout_s: float = 60, what: str = "") -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.2)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 @pytest.fixture(scope="module")
