@@ -15,7 +15,7 @@ import sys
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from tests.integration.conftest import (
     _env_for,
     _ports,
     isolated_stack,
+    until,
     wait_worker_ready,
 )
 from tests.integration.test_proxy_delivery import Hit, Receiver, fast_settings
@@ -38,16 +39,6 @@ pytestmark = pytest.mark.integration
 
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-def until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Stack:
