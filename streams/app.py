@@ -288,6 +288,12 @@ class Worker:
                 await handle()
                 return
             except asyncio.CancelledError:
+                # Stopped mid-batch: the generator's close would ack (commit) the batch
+                # unhandled, and an admitted create has no client left to re-send it.
+                # Kept out of the commit, the next owner reads it again (a duplicate
+                # decides as one).
+                for event in events:
+                    event.message.acked = True
                 raise
             except Exception as exc:
                 retriable = isinstance(exc, TocsinError) and exc.retriable
