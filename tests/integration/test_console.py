@@ -343,6 +343,10 @@ def test_pause_holds_a_schedule_past_its_due_time_and_resume_fires_it(console: C
     form = c.driver.find_element(By.CSS_SELECTOR, "form[role=search]")
     form.find_element(By.NAME, "id_prefix").send_keys("billing/")
     form.find_element(By.NAME, "order_key").send_keys("customer-7", Keys.ENTER)
+    # The unfiltered page lists the new schedule too: a link found there goes stale when
+    # the search's answer replaces the page.
+    until(lambda: "order_key=customer-7" in c.driver.current_url, 15, "the search's answer")
+    c.loaded()
     link = until(
         lambda: c.driver.find_elements(By.LINK_TEXT, sid), 10, "the schedule in the results"
     )[0]
