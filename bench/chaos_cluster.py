@@ -11,7 +11,8 @@ bench/chaos.py's.
 Scenarios (``--only``): ``leader_kill`` SIGKILLs the broker leading a fires and a commands
 partition mid-firing (back after 30 s); ``broker_hang`` SIGSTOPs a broker (the leader of
 fires partition 0) for 30 s; ``coordinator_hang`` SIGSTOPs the broker coordinating the
-proxies' group for 30 s; ``cassandra_kill`` SIGKILLs a Cassandra node for 2 minutes, then
+proxies' group for 30 s, ``worker_coordinator_hang`` the one coordinating the workers';
+``cassandra_kill`` SIGKILLs a Cassandra node for 2 minutes, then
 starts it (hints); ``cassandra_hang`` SIGSTOPs a Cassandra node for 30 s; ``rolling_brokers``
 and ``rolling_cassandra`` restart every node of one cluster, one at a time, under load;
 ``rolling_tocsin`` restarts the workers and proxies one at a time (SIGTERM: a graceful
@@ -392,6 +393,46 @@ def sc_coordinator_hang(chaos: ClusterChaos) -> dict[str, Any]:
     return run_with_fault(chaos, "coordinator_hang", fault)
 
 
+def worker_log_events(s: Scenario, since_ms: int) -> str:
+    """What the workers' logs say about their group since ``since_ms``: each assignment
+    (a rebalance; its generation) and each move to a new coordinator. Never fails."""
+    from datetime import datetime
+
+    assigned: list[str] = []
+    moves = 0
+    for worker in ("wa", "wb"):
+        with contextlib.suppress(OSError):
+            for line in (s.logs / f"{worker}.log").read_text().splitlines():
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    rec = json.loads(line)
+                    ts = datetime.fromisoformat(rec["ts"]).timestamp() * 1000
+                    if ts < since_ms:
+                        continue
+                    if rec["msg"] == "partitions assigned":
+                        assigned.append(f"{worker} gen {rec['generation']}")
+                    elif rec["msg"] == "group coordinator moved: leaving the old one":
+                        moves += 1
+    return (
+        f"workers' assignments during the fault: {', '.join(assigned) or 'none'}; "
+        f"workers' coordinator moves: {moves}"
+    )
+
+
+def sc_worker_coordinator_hang(chaos: ClusterChaos) -> dict[str, Any]:
+    """SIGSTOP for 30 s the broker coordinating the workers' consumer group (the proxies'
+    too when one broker holds both): the workers' heartbeats and offset commits go
+    unanswered until they find the group's new coordinator, and a worker that finds it
+    after the new coordinator has expired its member rebalances the group."""
+
+    def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
+        node = group_coordinators(s.settings)[f"{s.settings.topics.prefix}scheduler"]
+        window = _outage(s, chaos.cluster.kafka[node - 1], signal.SIGSTOP, 30, chaos)
+        s.notes.append(worker_log_events(s, window.start_ms))
+        return window, {"broker_down_s": (window.end_ms - window.start_ms) / 1000}
+
+    return run_with_fault(chaos, "worker_coordinator_hang", fault)
+
+
 def sc_cassandra_kill(chaos: ClusterChaos) -> dict[str, Any]:
     def fault(s: Scenario, _procs: list[Any]) -> tuple[Window, dict[str, Any]]:
         return _outage(s, chaos.cluster.cassandra[1], signal.SIGKILL, 120, chaos), {}
@@ -506,6 +547,7 @@ SCENARIOS: dict[str, Callable[[ClusterChaos], dict[str, Any]]] = {
     "leader_kill": sc_leader_kill,
     "broker_hang": sc_broker_hang,
     "coordinator_hang": sc_coordinator_hang,
+    "worker_coordinator_hang": sc_worker_coordinator_hang,
     "cassandra_kill": sc_cassandra_kill,
     "cassandra_hang": sc_cassandra_hang,
     "rolling_brokers": sc_rolling_brokers,
