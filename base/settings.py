@@ -97,9 +97,10 @@ class KafkaSettings:
     # How often clients re-read the cluster's metadata unasked (librdkafka's
     # topic.metadata.refresh.interval.ms and aiokafka's metadata_max_age_ms, stock 5 min).
     # A hung broker answers no request, so no error prompts a re-read: only this or a
-    # request timeout tells a client that its partitions have a new leader. One small
-    # request per client per period.
-    metadata_refresh_ms: int = 5000
+    # request timeout tells a client that its partitions have a new leader, and up to one
+    # period adds to the fencing time before a hung leader's partitions are written again.
+    # One small request per client per period.
+    metadata_refresh_ms: int = 1000
     # How long a request to a broker may stay unanswered before the connection is given up
     # and its requests re-sent elsewhere (librdkafka's socket.timeout.ms, stock 60 s). An
     # idempotent producer sends nothing to a partition's new leader while requests to its
@@ -282,6 +283,13 @@ class SchedulerSettings:
     # a revocation's length (ticker_release_wait_ms plus a checkpoint write) and above a
     # broker's fencing time (9 s stock), during which an offset commit waits.
     kafka_request_timeout_s: float = 15.0
+    # How often the worker asks a broker which node coordinates its group
+    # (streams.coordinator_watch; 0: never). aiokafka asks only after a request to the
+    # coordinator fails, and a hung coordinator fails nothing until the request timeout
+    # above, by when the new coordinator has expired the member; asked every second, the
+    # worker moves to the new one within a second of the hung broker's fencing, with its
+    # membership. One small request a second per worker.
+    coordinator_query_interval_s: float = 1.0
     # How long a ticker whose partition is revoked waits for its in-flight triggers'
     # acknowledgements before the rebalance goes on (streams.ticker.suspend). Every
     # member's rebalance waits for the slowest revocation, and while a lost broker is not
@@ -396,7 +404,7 @@ class Settings:
                 ssl_certificate_location=_opt(e, "KAFKA_SSL_CERTIFICATE_LOCATION"),
                 ssl_key_location=_opt(e, "KAFKA_SSL_KEY_LOCATION"),
                 reconnect_backoff_max_ms=_int(e, "KAFKA_RECONNECT_BACKOFF_MAX_MS", 1000),
-                metadata_refresh_ms=_int(e, "KAFKA_METADATA_REFRESH_MS", 5000),
+                metadata_refresh_ms=_int(e, "KAFKA_METADATA_REFRESH_MS", 1000),
                 socket_timeout_ms=_int(e, "KAFKA_SOCKET_TIMEOUT_MS", 10000),
             ),
             cassandra=CassandraSettings(
@@ -458,6 +466,7 @@ class Settings:
                 allow_private_targets=_bool(e, "ALLOW_PRIVATE_TARGETS", False),
                 session_timeout_s=_float(e, "SESSION_TIMEOUT_S", 10.0),
                 kafka_request_timeout_s=_float(e, "WORKER_KAFKA_REQUEST_TIMEOUT_S", 15.0),
+                coordinator_query_interval_s=_float(e, "WORKER_COORDINATOR_QUERY_INTERVAL_S", 1.0),
                 ticker_release_wait_ms=_int(e, "TICKER_RELEASE_WAIT_MS", 1000),
                 recurring_horizon_s=_float(e, "RECURRING_HORIZON_S", 600.0),
                 recurring_max_runs_per_step=_int(e, "RECURRING_MAX_RUNS_PER_STEP", 500),

@@ -35,7 +35,7 @@ from base.health import Health
 from base.health import serve as serve_health
 from base.logs import setup_logging
 from base.settings import Settings
-from streams import batches, drain, fetch_wait, metrics, recovery
+from streams import batches, coordinator_watch, drain, fetch_wait, metrics, recovery
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
 from streams.deadletter_store import DeadLetterStore, record_dead_letters
@@ -161,6 +161,7 @@ class Worker:
         self.app = self._build_app()
         self._started = False
         self._lag_watch: asyncio.Future[None] | None = None
+        self._coordinator_watch: coordinator_watch.CoordinatorWatch | None = None
         self._start_lock = asyncio.Lock()
         self.health = Health()
         self.batch_retry_sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
@@ -344,6 +345,11 @@ class Worker:
             )
             if s.scheduler.inline_handover:
                 drain.install(app.consumer)
+            if self._coordinator_watch is None and s.scheduler.coordinator_query_interval_s > 0:
+                # Started here, once the consumer's thread runs its loop.
+                self._coordinator_watch = coordinator_watch.follow(
+                    app.consumer, interval_s=s.scheduler.coordinator_query_interval_s
+                )
             await self._ensure_started()
             await self.ownership.assigned(mine, app.consumer_generation_id)
             # A materialiser hands rows to its own ticker: one whose ticker was replaced or
@@ -359,6 +365,8 @@ class Worker:
 
         @app.on_before_shutdown.connect  # type: ignore[arg-type]
         async def on_shutdown(sender: AppT, **kwargs: object) -> None:
+            if self._coordinator_watch is not None:
+                self._coordinator_watch.stop()
             await self._stop_materializers(set(self.materializers))
             await self.ownership.stop_all()
             await self.emitter.close()

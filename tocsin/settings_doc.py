@@ -76,7 +76,7 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc(
         "KAFKA_METADATA_REFRESH_MS",
         C,
-        "5000",
+        "1000",
         "how often clients re-read metadata unasked (finds a hung leader's successor)",
     ),
     SettingDoc(
@@ -249,6 +249,12 @@ SETTINGS: tuple[SettingDoc, ...] = (
         W,
         "15",
         "Kafka request timeout (a heartbeat to a hung coordinator); at least the session timeout",
+    ),
+    SettingDoc(
+        "WORKER_COORDINATOR_QUERY_INTERVAL_S",
+        W,
+        "1",
+        "how often the worker asks which broker coordinates its group (0: never)",
     ),
     SettingDoc(
         "TICKER_RELEASE_WAIT_MS",

@@ -17,7 +17,7 @@ def test_defaults_point_at_the_local_stack() -> None:
         "security.protocol": "PLAINTEXT",
         "socket.nagle.disable": True,
         "reconnect.backoff.max.ms": 1000,
-        "topic.metadata.refresh.interval.ms": 5000,
+        "topic.metadata.refresh.interval.ms": 1000,
         "socket.timeout.ms": 10000,
     }
 

@@ -1,0 +1,287 @@
+"""The worker's group coordinator, followed when it moves without an error.
+
+aiokafka looks for its group's coordinator only after a request to it fails. A hung broker
+(a stopped process, a frozen VM) keeps its connections open and answers nothing, so a
+worker whose coordinator hangs learns nothing until its heartbeat's request timeout (15 s,
+``TOCSIN_WORKER_KAFKA_REQUEST_TIMEOUT_S``, which Faust keeps at or above the session
+timeout). By then the new coordinator, which loaded the group when the hung broker was
+fenced, has expired the member: the group rebalances, or a worker whose reconnection also
+hangs keeps firing beside the one that took its partitions.
+
+``CoordinatorWatch`` does for the worker what librdkafka's ``coordinator.query.interval.ms``
+does for the proxy: every ``interval_s`` it asks a live broker (never the one it is
+heartbeating, which may be the hung one) which node coordinates the group. When the answer
+is another node, it first heartbeats that node with the member's id and generation; if the
+node has loaded the group (any answer but "loading" or "not the coordinator"), it closes the
+consumer's connections to the old node, so the heartbeat and commit waiting there fail at
+once, and aiokafka's own retry finds the new node through the answer the watch hands it
+(``coordinator_lookup`` is asked the watch first: the stock lookup asks a random broker,
+possibly the hung one). The member carries on with the same id and generation: no rebalance.
+
+It runs on the loop of Faust's consumer thread, which owns the aiokafka consumer
+(``start`` is called from the worker's loop and hands it there). It relies on aiokafka
+0.14's private ``_client``, ``_coordinator`` and ``_conns`` (constraints.txt pins it);
+``start`` logs and does nothing if they are not there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from aiokafka.client import ConnectionGroup, CoordinationType  # type: ignore[import-untyped]
+from aiokafka.conn import CloseReason  # type: ignore[import-untyped]
+from aiokafka.protocol.coordination import (  # type: ignore[import-untyped]
+    FindCoordinatorRequest,
+)
+from aiokafka.protocol.group import HeartbeatRequest  # type: ignore[import-untyped]
+
+log = logging.getLogger("tocsin.worker")
+
+# Kafka error codes of a heartbeat to the node that now says it coordinates the group,
+# after which the consumer must not move there yet: it is still loading the group
+# (COORDINATOR_LOAD_IN_PROGRESS), or it is not, or no longer, the coordinator
+# (COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR). Any other answer comes from a coordinator
+# that holds the group: no error or a rebalance in progress keeps the member, and an
+# unknown member or stale generation is for the consumer to handle there (it rejoins).
+NOT_READY_CODES = frozenset({14, 15, 16})
+# How long an answer stays the one handed to aiokafka's coordinator lookup: a few
+# intervals, so a lookup soon after the switch uses it, and a stale one is never used.
+HINT_TTL_INTERVALS = 3
+
+
+def moved(current: int | None, answer: int | None) -> bool:
+    """Whether the consumer must leave its coordinator: a live broker names another node.
+    With no coordinator (aiokafka is looking for one itself) or no answer, nothing moves."""
+    return current is not None and answer is not None and answer != current
+
+
+def ready_to_switch(error_code: int) -> bool:
+    """Whether a heartbeat's answer shows that the node holds the group (``NOT_READY_CODES``)."""
+    return error_code not in NOT_READY_CODES
+
+
+def ask_order(brokers: Iterable[int], coordinator: int | None, turn: int) -> list[int]:
+    """The brokers to ask which node coordinates the group, in order: every known broker
+    but the current coordinator (a hung one would hold the question until the request
+    timeout), starting one further along each turn so that a hung one is not always first."""
+    nodes = sorted({b for b in brokers if b != coordinator})
+    if not nodes:
+        return []
+    k = turn % len(nodes)
+    return nodes[k:] + nodes[:k]
+
+
+def gone_nodes(connected: Iterable[object], brokers: Iterable[int]) -> set[int]:
+    """The nodes the client holds connections to that the cluster's metadata no longer
+    lists (KRaft leaves a fenced broker out): a request waiting on such a node, a fetch
+    from a hung leader say, is failed at once and re-planned on the new leaders. With no
+    brokers listed (no metadata yet), none."""
+    known = set(brokers)
+    if not known:
+        return set()
+    return {n for n in connected if isinstance(n, int) and n not in known}
+
+
+def follow(faust_consumer: Any, *, interval_s: float) -> CoordinatorWatch | None:
+    """A started ``CoordinatorWatch`` on the aiokafka consumer of Faust's ``faust_consumer``
+    (its consumer thread's), run on that thread's loop; None, logged, if the consumer is
+    not where the pinned Faust keeps it or has not started."""
+    try:
+        thread = faust_consumer._thread
+        consumer, loop = thread._consumer, thread.thread_loop
+    except AttributeError as exc:
+        log.warning("cannot follow the group coordinator", extra={"error": repr(exc)})
+        return None
+    if consumer is None or loop is None:
+        return None
+    watch = CoordinatorWatch(consumer, interval_s=interval_s, ask_timeout_s=interval_s)
+    if not watch.start(loop):
+        return None
+    log.info("following the group coordinator", extra={"interval_s": interval_s})
+    return watch
+
+
+class CoordinatorWatch:
+    """Follows the group coordinator of one aiokafka consumer (see the module's text)."""
+
+    def __init__(
+        self,
+        consumer: Any,
+        *,
+        interval_s: float,
+        ask_timeout_s: float,
+        clock: Any = time.monotonic,
+    ) -> None:
+        self._consumer = consumer
+        self._interval_s = interval_s
+        self._ask_timeout_s = ask_timeout_s
+        self._clock = clock
+        self._turn = 0
+        self._hint: tuple[int, float] | None = None  # (node, until) for the lookup
+        self._task: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.switches = 0
+
+    # --- set-up, from the worker's loop -------------------------------------------------
+
+    def start(self, thread_loop: asyncio.AbstractEventLoop) -> bool:
+        """Run the watch on ``thread_loop`` (the loop of the consumer's thread). False,
+        logged, if the consumer lacks what this relies on."""
+        missing = [
+            name
+            for obj, name in (
+                (self._consumer, "_client"),
+                (self._consumer, "_coordinator"),
+            )
+            if not hasattr(obj, name)
+        ]
+        client = getattr(self._consumer, "_client", None)
+        missing += [n for n in ("_conns", "coordinator_lookup", "send") if not hasattr(client, n)]
+        if missing:
+            log.warning(
+                "cannot follow the group coordinator", extra={"missing": ", ".join(missing)}
+            )
+            return False
+        if self._task is not None:
+            return True
+        self._loop = thread_loop
+        self._task = asyncio.wrap_future(
+            asyncio.run_coroutine_threadsafe(self._install_and_run(), thread_loop)
+        )
+        return True
+
+    def stop(self) -> None:
+        loop, task = self._loop, self._task
+        if loop is not None and task is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):  # the thread's loop already ended
+                loop.call_soon_threadsafe(self._cancel_on_thread)
+        self._task = None
+
+    # --- on the consumer's thread -------------------------------------------------------
+
+    _running: asyncio.Task[None] | None = None
+
+    def _cancel_on_thread(self) -> None:
+        if self._running is not None:
+            self._running.cancel()
+
+    async def _install_and_run(self) -> None:
+        self._running = asyncio.current_task()
+        self.install_lookup()
+        while True:
+            await asyncio.sleep(self._interval_s)
+            try:
+                await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a watch that dies would leave the stock behaviour
+                log.warning("group coordinator watch failed", extra={"error": repr(exc)})
+
+    def install_lookup(self) -> None:
+        """Make the consumer's coordinator lookup use the watch's answer while it is fresh."""
+        client = self._consumer._client
+        if getattr(client, "_tocsin_coordinator_watch", None) is self:
+            return
+        stock = client.coordinator_lookup
+        group_id = self._consumer._coordinator.group_id
+
+        async def coordinator_lookup(coordinator_type: Any, coordinator_key: Any) -> Any:
+            hint = self.hint()
+            if hint is not None and coordinator_key == group_id:
+                return hint
+            return await stock(coordinator_type, coordinator_key)
+
+        client.coordinator_lookup = coordinator_lookup
+        client._tocsin_coordinator_watch = self
+
+    def hint(self) -> int | None:
+        if self._hint is None:
+            return None
+        node, until = self._hint
+        if self._clock() > until:
+            self._hint = None
+            return None
+        return node
+
+    async def tick(self) -> None:
+        coordinator = self._consumer._coordinator
+        client = self._consumer._client
+        brokers = [b.nodeId for b in client.cluster.brokers()]
+        for node in gone_nodes(
+            [key[0] for key, conn in client._conns.items() if conn.connected()], brokers
+        ):
+            log.warning(
+                "closing the connections to a broker the metadata no longer lists",
+                extra={"node": node},
+            )
+            self._close_node(client, node)
+        current: int | None = getattr(coordinator, "coordinator_id", None)
+        if current is None:
+            return  # no group, or aiokafka is looking for its coordinator itself
+        nodes = ask_order(brokers, current, self._turn)
+        self._turn += 1
+        answer = await self._ask(client, coordinator.group_id, nodes)
+        if not moved(current, answer) or coordinator.coordinator_id != current:
+            return
+        assert answer is not None
+        code = await self._probe(client, coordinator, answer)
+        if code is None or not ready_to_switch(code) or coordinator.coordinator_id != current:
+            return
+        self._hint = (answer, self._clock() + HINT_TTL_INTERVALS * self._interval_s)
+        self.switches += 1
+        log.warning(
+            "group coordinator moved: leaving the old one",
+            extra={"group": coordinator.group_id, "old": current, "new": answer, "probe": code},
+        )
+        self._close_node(client, current)
+        # Also when nothing was in flight there: the next heartbeat must not reconnect to
+        # the old node. The lookup that follows gets the answer above.
+        coordinator.coordinator_dead()
+
+    async def _ask(self, client: Any, group_id: str, nodes: list[int]) -> int | None:
+        for node in nodes:
+            try:
+                resp = await asyncio.wait_for(
+                    client.send(
+                        node,
+                        FindCoordinatorRequest(group_id, CoordinationType.GROUP),
+                        group=ConnectionGroup.COORDINATION,
+                    ),
+                    self._ask_timeout_s,
+                )
+            except Exception:  # unanswered, refused or disconnected: all retriable, next
+                continue
+            if resp.error_code == 0:
+                node_id: int = resp.coordinator_id
+                return node_id
+        return None
+
+    async def _probe(self, client: Any, coordinator: Any, node: int) -> int | None:
+        if coordinator.member_id == "":  # not a member yet: nothing to keep
+            return 0
+        request = HeartbeatRequest(
+            coordinator.group_id, coordinator.generation, coordinator.member_id
+        )
+        try:
+            resp = await asyncio.wait_for(
+                client.send(node, request, group=ConnectionGroup.COORDINATION),
+                self._ask_timeout_s,
+            )
+        except Exception:  # unanswered or disconnected: retriable, asked again next turn
+            return None
+        code: int = resp.error_code
+        return code
+
+    @staticmethod
+    def _close_node(client: Any, node: int) -> None:
+        """Close every connection of the consumer's client to ``node``: what waits there
+        fails now (a heartbeat or commit is retried at the new coordinator, a fetch or a
+        metadata request on another broker) instead of at its request timeout."""
+        for key, conn in list(client._conns.items()):
+            if key[0] == node:
+                conn.close(reason=CloseReason.CONNECTION_BROKEN)

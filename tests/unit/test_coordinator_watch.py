@@ -1,0 +1,201 @@
+"""streams.coordinator_watch: a worker whose group coordinator moves away from a hung broker
+leaves it at once, keeping its member id and generation, instead of at its request timeout."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from streams.coordinator_watch import (
+    CoordinatorWatch,
+    ask_order,
+    gone_nodes,
+    moved,
+    ready_to_switch,
+)
+
+COORDINATION = 1
+
+
+class FakeConn:
+    """An aiokafka connection: ``close`` fails what waits on it, as aiokafka's does."""
+
+    def __init__(self) -> None:
+        self.closed = False
+        self.waiting: list[asyncio.Future[Any]] = []
+
+    def connected(self) -> bool:
+        return not self.closed
+
+    def close(self, reason: object = None) -> None:
+        self.closed = True
+        for fut in self.waiting:
+            if not fut.done():
+                fut.set_exception(ConnectionError("closed"))
+
+
+class FakeClient:
+    """The part of aiokafka's client the watch uses. ``answers``: what each node says
+    coordinates the group (absent: the node hangs); ``heartbeats``: the error code each
+    node gives a heartbeat (absent: it hangs)."""
+
+    def __init__(self, brokers: list[int], answers: dict[int, int], heartbeats: dict[int, int]):
+        self.cluster = SimpleNamespace(
+            brokers=lambda: [SimpleNamespace(nodeId=n) for n in self.brokers]
+        )
+        self.brokers = brokers
+        self.answers = answers
+        self.heartbeats = heartbeats
+        self._conns: dict[tuple[int, int], FakeConn] = {}
+        self.asked: list[tuple[int, str]] = []
+
+    async def coordinator_lookup(self, coordinator_type: object, key: object) -> str:
+        return "stock lookup"
+
+    def in_flight(self, node: int, group: int = COORDINATION) -> asyncio.Future[Any]:
+        """A request already waiting on ``node`` (a heartbeat to a hung coordinator)."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._conns.setdefault((node, group), FakeConn()).waiting.append(fut)
+        return fut
+
+    async def send(self, node: int, request: Any, *, group: int = 0) -> Any:
+        kind = type(request).__name__
+        self.asked.append((node, kind))
+        table = self.answers if kind == "FindCoordinatorRequest" else self.heartbeats
+        if node not in table:
+            await self.in_flight(node, group)  # never answered
+        code = table[node]
+        if kind == "FindCoordinatorRequest":
+            return SimpleNamespace(error_code=0, coordinator_id=code)
+        return SimpleNamespace(error_code=code)
+
+
+class FakeCoordinator:
+    def __init__(self, current: int | None) -> None:
+        self.group_id = "scheduler"
+        self.coordinator_id = current
+        self.generation = 7
+        self.member_id = "member-1"
+
+    def coordinator_dead(self) -> None:
+        self.coordinator_id = None
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def watch_of(
+    client: FakeClient, coordinator: FakeCoordinator, clock: Clock | None = None
+) -> CoordinatorWatch:
+    consumer = SimpleNamespace(_client=client, _coordinator=coordinator)
+    watch = CoordinatorWatch(consumer, interval_s=1.0, ask_timeout_s=0.05, clock=clock or Clock())
+    watch.install_lookup()
+    return watch
+
+
+def test_only_an_answer_naming_another_node_moves_the_coordinator() -> None:
+    assert moved(3, 2)
+    assert not moved(3, 3)
+    assert not moved(None, 2)  # aiokafka is looking itself
+    assert not moved(3, None)  # nobody answered
+
+
+def test_a_node_still_loading_or_not_coordinating_is_not_moved_to() -> None:
+    assert [c for c in (0, 14, 15, 16, 22, 25, 27) if ready_to_switch(c)] == [0, 22, 25, 27]
+
+
+def test_the_current_coordinator_is_never_asked_and_the_first_asked_rotates() -> None:
+    assert ask_order([1, 2, 3], 3, 0) == [1, 2]
+    assert ask_order([1, 2, 3], 3, 1) == [2, 1]
+    assert ask_order([3], 3, 0) == []
+    assert ask_order([1, 2, 3], None, 2) == [3, 1, 2]
+
+
+def test_connections_to_brokers_the_metadata_no_longer_lists_are_the_gone_ones() -> None:
+    assert gone_nodes([1, 2, 3, "bootstrap"], [1, 2]) == {3}
+    assert gone_nodes([1, 2, 3], []) == set()  # no metadata yet: nothing is gone
+
+
+async def test_a_moved_coordinator_fails_what_waits_on_the_old_one_and_lookup_finds_new() -> None:
+    client = FakeClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={2: 0})
+    coordinator = FakeCoordinator(current=3)
+    watch = watch_of(client, coordinator)
+    heartbeat = client.in_flight(3)  # to the hung coordinator
+
+    await watch.tick()
+
+    assert heartbeat.done() and heartbeat.exception() is not None
+    assert client._conns[(3, COORDINATION)].closed
+    assert coordinator.coordinator_id is None  # aiokafka looks it up again...
+    assert await client.coordinator_lookup(0, "scheduler") == 2  # ...and finds the new one
+    assert await client.coordinator_lookup(0, "other-group") == "stock lookup"
+    # Same member and generation: the new coordinator was heartbeated as the member.
+    assert (2, "HeartbeatRequest") in client.asked
+    assert coordinator.generation == 7 and coordinator.member_id == "member-1"
+    assert all(node != 3 for node, _ in client.asked)
+    assert watch.switches == 1
+
+
+async def test_a_new_coordinator_still_loading_the_group_is_not_moved_to() -> None:
+    client = FakeClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={2: 14})
+    coordinator = FakeCoordinator(current=3)
+    watch = watch_of(client, coordinator)
+    heartbeat = client.in_flight(3)
+
+    await watch.tick()
+
+    assert not heartbeat.done()
+    assert coordinator.coordinator_id == 3
+    assert await client.coordinator_lookup(0, "scheduler") == "stock lookup"
+
+
+async def test_the_same_answer_leaves_the_coordinator_alone() -> None:
+    client = FakeClient([1, 2, 3], answers={1: 3, 2: 3}, heartbeats={})
+    coordinator = FakeCoordinator(current=3)
+    watch = watch_of(client, coordinator)
+    heartbeat = client.in_flight(3)
+
+    await watch.tick()
+
+    assert not heartbeat.done() and coordinator.coordinator_id == 3
+    assert watch.switches == 0
+
+
+async def test_a_hung_broker_asked_is_passed_over_for_the_next() -> None:
+    client = FakeClient([1, 2, 3], answers={2: 2}, heartbeats={2: 0})  # node 1 hangs
+    coordinator = FakeCoordinator(current=3)
+    watch = watch_of(client, coordinator)
+    client.in_flight(3)
+
+    await watch.tick()  # node 1 first, unanswered, then node 2
+
+    assert (1, "FindCoordinatorRequest") in client.asked
+    assert watch.switches == 1
+
+
+async def test_the_answer_handed_to_the_lookup_goes_stale() -> None:
+    clock = Clock()
+    client = FakeClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={2: 0})
+    watch = watch_of(client, FakeCoordinator(current=3), clock)
+    await watch.tick()
+    assert await client.coordinator_lookup(0, "scheduler") == 2
+
+    clock.now += 10
+    assert await client.coordinator_lookup(0, "scheduler") == "stock lookup"
+
+
+async def test_a_broker_the_metadata_dropped_has_its_connections_closed() -> None:
+    client = FakeClient([1, 2], answers={1: 2, 2: 2}, heartbeats={})
+    watch = watch_of(client, FakeCoordinator(current=2))
+    fetch = client.in_flight(3, group=0)  # a fetch from a hung leader, since fenced
+
+    await watch.tick()
+
+    assert fetch.done() and fetch.exception() is not None
+    assert client._conns[(3, 0)].closed
