@@ -62,6 +62,11 @@ def refused_literal(host: str) -> str | None:
     literal a callback may not reach; None when it is allowed or a name (names are judged
     once resolved)."""
     bare = host.strip("[]")
+    if ":" not in bare and not _NUMERIC_HOST.fullmatch(bare):
+        # A name: no IPv6 literal lacks a colon, no IPv4 one (ipaddress's or inet_aton's)
+        # is more than numbers and dots. Said first, since ip_address refusing a name
+        # twice (v4, then v6) is most of this check's cost on every create.
+        return None
     try:
         ipaddress.ip_address(bare.split("%", 1)[0])
     except ValueError:
