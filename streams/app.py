@@ -39,11 +39,11 @@ from streams import batches, coordinator_watch, drain, fetch_wait, metrics, reco
 from streams.binding import check_keyspace
 from streams.commands import CommandProcessor, RawCommand
 from streams.deadletter_store import DeadLetterStore, record_dead_letters
-from streams.deliveries import parse_outcome, record_outcomes
+from streams.deliveries import BATCH_WAIT_S, parse_outcome, record_outcomes
 from streams.emitter import Emitter
 from streams.materializer import MaterializerConfig, PartitionMaterializer, min_horizon_s
 from streams.store import Store
-from streams.ticker import PartitionTicker, TickerConfig
+from streams.ticker import FIRE_ACK_GATHER_S, PartitionTicker, TickerConfig
 from topics.admission import keys_of
 from topics.catalog import catalog
 from topics.signing import TimestampType
@@ -105,7 +105,9 @@ class Worker:
             # not Cassandra, bounds ingest on small machines.
             commit_group_size=settings.scheduler.commit_group_size,
         )
-        self.emitter = Emitter(settings.kafka, client_id=f"tocsin-worker-{os.getpid()}")
+        self.emitter = Emitter(
+            settings.kafka, client_id=f"tocsin-worker-{os.getpid()}", gather_s=FIRE_ACK_GATHER_S
+        )
         # Command results: no linger. The command agent waits for their acknowledgement
         # before its next batch, and each answers a waiting client (the API); the fires
         # keep the shared emitter's linger, which batches burst seconds.
@@ -257,7 +259,7 @@ class Worker:
         async def delivery_agent(stream: StreamT[bytes]) -> None:
             """Record the proxy's final delivery outcomes into each schedule's status."""
             await self._ensure_started()
-            async for events in batches.take_events(_stream(stream), batch_size, 0.05):
+            async for events in batches.take_events(_stream(stream), batch_size, BATCH_WAIT_S):
 
                 async def handle(events: Sequence[EventT[bytes]] = events) -> None:
                     outcomes = [o for e in events if (o := parse_outcome(e.message.value))]

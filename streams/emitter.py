@@ -47,6 +47,7 @@ class Emitter:
         compression: str = "lz4",
         poll_s: float = 0.2,
         idle_wait_s: float = 5.0,
+        gather_s: float = 0.0,
     ) -> None:
         self._producer = Producer(
             {
@@ -84,6 +85,13 @@ class Emitter:
         # poll, since they go through our logger) wait at most ``idle_wait_s`` meanwhile.
         self._sent = threading.Event()
         self._idle_wait_s = idle_wait_s
+        # After a poll that served reports, the thread waits this long and serves what came
+        # meanwhile before handing them all to the event loop at once. Records sent one at a
+        # time (a fire per due millisecond) are acknowledged one at a time, and each
+        # hand-over is a write to the loop's wake-up pipe, a wake-up of the loop and a
+        # handle: a few acknowledgements per hand-over instead of one. 0: hand over at once
+        # (sends whose acknowledgement a caller waits for).
+        self._gather_s = gather_s
 
     def start(self) -> None:
         if not self._started:
@@ -104,6 +112,8 @@ class Emitter:
                     continue
             try:
                 producer.poll(self._poll_s)
+                if self._gather_s > 0 and self._reports and not self._stop.wait(self._gather_s):
+                    producer.poll(0)
             except Exception:
                 # poll re-raises what a Python callback raised (our logger's, say); the
                 # reports left are served by the next poll. Ended here, this thread would
