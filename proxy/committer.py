@@ -3,7 +3,8 @@
 Every ``commit_interval_s`` it has the reader commit, per partition, the highest offset
 below which every message is done (the consumer itself is only touched on the reader
 thread; see proxy.reader). Between commits it polls the producer so acknowledgements of dead letters
-and outcomes arrive (they are what lets offsets advance), and once a second it copies the
+and outcomes arrive (they are what lets offsets advance), every ``DEFER_S`` it produces the
+outcome records held for it (``Outbox.send_deferred``), and once a second it copies the
 shared state into the gauges. Never touches the pending queue's contents.
 """
 
@@ -15,10 +16,13 @@ import time
 from collections.abc import Callable
 
 from proxy.metrics import ProxyMetrics
-from proxy.outbox import Outbox
+from proxy.outbox import DEFER_S, Outbox
 from proxy.state import SharedState
 
 log = logging.getLogger("tocsin.proxy")
+
+# The longest wait for a producer event: how soon a stop is seen.
+POLL_S = 0.05
 
 
 class Committer:
@@ -53,10 +57,14 @@ class Committer:
     def _run(self) -> None:
         next_commit = time.monotonic() + self._interval_s
         next_gauges = 0.0
+        next_send = 0.0
         try:
             while not self._stop.is_set():
-                self._outbox.poll(0.05)
+                self._outbox.poll(max(0.0, min(POLL_S, next_send - time.monotonic())))
                 now = time.monotonic()
+                if now >= next_send:
+                    self._outbox.send_deferred()
+                    next_send = now + DEFER_S
                 if now >= next_commit:
                     self._request_commit()
                     next_commit = now + self._interval_s

@@ -149,12 +149,22 @@ class ProxyMetrics:
         )
 
         self._attempt_children: dict[str, Counter] = {}
+        self._delivery_children: dict[tuple[str, str], Counter] = {}
 
     def attempt(self, status_class: str) -> None:
         """Count one attempt (children cached: ``labels()`` takes a lock and builds a key)."""
         child = self._attempt_children.get(status_class)
         if child is None:
             child = self._attempt_children[status_class] = self.attempts.labels(status_class)
+        child.inc()
+
+    def delivery(self, outcome: str, status_class: str) -> None:
+        """Count one final outcome (children cached, as in ``attempt``; both labels come
+        from small fixed sets)."""
+        key = (outcome, status_class)
+        child = self._delivery_children.get(key)
+        if child is None:
+            child = self._delivery_children[key] = self.deliveries.labels(outcome, status_class)
         child.inc()
 
     def watch_hosts(self, gate: HostGate) -> None:

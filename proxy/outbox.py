@@ -40,6 +40,19 @@ Ack = Callable[[RdKafkaError | None, Message], None]
 
 PRODUCER_MAX_BYTES = 2_200_000
 
+# How often the records nobody waits for (``OutRecord.later``: delivery outcomes, dead
+# letters, attempt records) are produced, together, from the committer's thread. Only the
+# commit (every commit_interval_s) and the scheduler's history wait for them, so a few
+# produce requests a second can carry them all: produced one by one from the writer's loop
+# at 1,000 deliveries/s, the 5 ms linger sent about 200 produce requests a second, and each
+# acknowledgement woke the committer's thread (about 500 wake-ups a second). Parked messages
+# and Kafka callbacks are produced at once.
+DEFER_S = 0.05
+# Record groups held for the next round at most; past it a group is produced at once, after
+# those held (their order kept), on the caller's thread, which then waits on a full producer
+# queue as it always did: a committer thread that stopped draining cannot grow memory.
+MAX_DEFERRED = 10_000
+
 # Producing these again can never succeed: the record, not the moment, is the problem.
 PERMANENT_PRODUCE_ERRORS = frozenset(
     {
@@ -90,6 +103,9 @@ class OutRecord:
     on_topic_refused: Callable[[object], None] | None = None
     # The partition to write to; None: the producer's partitioner (by key).
     partition: int | None = None
+    # Nobody waits for it but the commit: it may be held until the next round of
+    # ``Outbox.send_deferred`` (at most ``DEFER_S`` or so).
+    later: bool = False
 
 
 class RecordSink(Protocol):
@@ -121,6 +137,11 @@ class Outbox:
             raise KafkaError(f"cannot create the proxy producer: {exc}") from exc
         self.closed = False
         self.metrics = metrics
+        # Groups of ``later`` records and their ``done``, in the order they were given.
+        self._deferred: list[tuple[Sequence[OutRecord], Callable[[], None]]] = []
+        self._deferred_lock = threading.Lock()
+        # Held while a round is produced: a flush on another thread waits for it.
+        self._sending = threading.Lock()
 
     def produce(
         self,
@@ -155,7 +176,26 @@ class Outbox:
 
     def send_all(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None:
         """Produce every record (retrying transient failures for ever); call ``done`` once
-        each is acknowledged or refused for good (see the module docstring)."""
+        each is acknowledged or refused for good (see the module docstring). A group of
+        ``later`` records only is held for the next ``send_deferred``."""
+        if records and all(rec.later for rec in records):
+            with self._deferred_lock:
+                if len(self._deferred) < MAX_DEFERRED:
+                    self._deferred.append((records, done))
+                    return
+            self.send_deferred()
+        self._send_now(records, done)
+
+    def send_deferred(self) -> None:
+        """Produce the held ``later`` records, in the order they came (thread-safe; the
+        committer's thread calls it every ``DEFER_S``, ``flush`` before it waits)."""
+        with self._sending:
+            with self._deferred_lock:
+                held, self._deferred = self._deferred, []
+            for records, done in held:
+                self._send_now(records, done)
+
+    def _send_now(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None:
         countdown = _Countdown(len(records), done)
         for rec in records:
             _Sending(self, rec, countdown).produce()
@@ -164,7 +204,9 @@ class Outbox:
         self.producer.poll(timeout_s)
 
     def flush(self, timeout_s: float) -> int:
-        """Wait for acknowledgements; returns how many records are still unacknowledged."""
+        """Produce what is held, then wait for acknowledgements; returns how many records
+        are still unacknowledged."""
+        self.send_deferred()
         return int(self.producer.flush(timeout_s))
 
     def close(self, timeout_s: float) -> None:

@@ -3,7 +3,9 @@
 Once ``proxy.retry.decide`` has said delivered or dead-lettered, the outcome is written: the
 dead letter (dead-letters topic) and, in fires mode, the delivery outcome (deliveries
 topic). The message's source offset counts as done only once Kafka has every one of them, so
-a crash before that reads the message again rather than losing its outcome.
+a crash before that reads the message again rather than losing its outcome. Nothing else
+waits for these records, so they go out with the outbox's next round (``OutRecord.later``),
+not one produce request each.
 """
 
 from __future__ import annotations
@@ -59,10 +61,10 @@ class OutcomePublisher:
         outcome: DeliveryOutcome
         reason: str | None = None
         if isinstance(decision, Done):
-            self._metrics.deliveries.labels("delivered", status_class).inc()
+            self._metrics.delivery("delivered", status_class)
             outcome = DeliveryOutcome.DELIVERED
         else:
-            self._metrics.deliveries.labels("dead_lettered", status_class).inc()
+            self._metrics.delivery("dead_lettered", status_class)
             kind = status_class if status_class != "timeout" else "poison"
             self._metrics.dead_letters.labels(kind).inc()
             records.append(self._dead_letter(env, decision, now_s, wall_ms))
@@ -77,7 +79,7 @@ class OutcomePublisher:
                 now_ms=wall_ms,
             )
             if rec is not None:
-                records.append(OutRecord(self._deliveries_topic, rec[0], rec[1]))
+                records.append(OutRecord(self._deliveries_topic, rec[0], rec[1], later=True))
         if records:
             self._outbox.send_all(records, lambda: self._offsets.offset_done(env))
         else:
@@ -135,7 +137,9 @@ class OutcomePublisher:
             now_ms=now_ms(),
         )
         if rec is not None:
-            self._outbox.send_all([OutRecord(self._deliveries_topic, rec[0], rec[1])], _nothing)
+            self._outbox.send_all(
+                [OutRecord(self._deliveries_topic, rec[0], rec[1], later=True)], _nothing
+            )
 
     def _dead_letter(
         self, env: Envelope, decision: DeadLetter, now_s: float, wall_ms: int
@@ -172,6 +176,7 @@ class OutcomePublisher:
             env.key,
             dead_letter(coordinates_only=False),
             fallback=OutRecord(self._dlq_topic, env.key, dead_letter(coordinates_only=True)),
+            later=True,
         )
 
 
