@@ -39,6 +39,7 @@ from aiokafka.protocol.coordination import (  # type: ignore[import-untyped]
     FindCoordinatorRequest,
 )
 from aiokafka.protocol.group import HeartbeatRequest  # type: ignore[import-untyped]
+from aiokafka.protocol.metadata import MetadataRequest  # type: ignore[import-untyped]
 
 log = logging.getLogger("tocsin.worker")
 
@@ -238,6 +239,7 @@ class CoordinatorWatch:
             "group coordinator moved: leaving the old one",
             extra={"group": coordinator.group_id, "old": current, "new": answer, "probe": code},
         )
+        await self._refresh_metadata(client, answer)
         self._close_node(client, current)
         # Also when nothing was in flight there: the next heartbeat must not reconnect to
         # the old node. The lookup that follows gets the answer above.
@@ -276,6 +278,25 @@ class CoordinatorWatch:
             return None
         code: int = resp.error_code
         return code
+
+    async def _refresh_metadata(self, client: Any, node: int) -> None:
+        """The cluster's metadata read from ``node`` (live: it just answered), before the old
+        coordinator's connections are closed. The closes make the fetcher re-plan and the
+        client re-read metadata at once; on the metadata from before the fencing, both went
+        back to the hung broker (it still led partitions and was listed), where a new
+        connection waits out the request timeout (15 s) and holds the client's connection
+        lock meanwhile. Read here, it no longer lists the fenced broker nor leaders on it."""
+        topics = getattr(client, "_topics", None)
+        request = MetadataRequest(list(topics) if topics else None)
+        try:
+            resp = await asyncio.wait_for(
+                client.send(node, request, group=ConnectionGroup.COORDINATION),
+                self._ask_timeout_s,
+            )
+        except Exception:  # retriable: the client's own re-read follows the closes
+            return
+        if resp.brokers:
+            client.cluster.update_metadata(resp)
 
     @staticmethod
     def _close_node(client: Any, node: int) -> None:

@@ -21,14 +21,17 @@ COORDINATION = 1
 class FakeConn:
     """An aiokafka connection: ``close`` fails what waits on it, as aiokafka's does."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: list[str] | None = None) -> None:
         self.closed = False
         self.waiting: list[asyncio.Future[Any]] = []
+        self.log = log
 
     def connected(self) -> bool:
         return not self.closed
 
     def close(self, reason: object = None) -> None:
+        if self.log is not None and not self.closed:
+            self.log.append("close")
         self.closed = True
         for fut in self.waiting:
             if not fut.done():
@@ -42,13 +45,19 @@ class FakeClient:
 
     def __init__(self, brokers: list[int], answers: dict[int, int], heartbeats: dict[int, int]):
         self.cluster = SimpleNamespace(
-            brokers=lambda: [SimpleNamespace(nodeId=n) for n in self.brokers]
+            brokers=lambda: [SimpleNamespace(nodeId=n) for n in self.brokers],
+            update_metadata=self._update_metadata,
         )
+        self.events: list[str] = []
         self.brokers = brokers
         self.answers = answers
         self.heartbeats = heartbeats
         self._conns: dict[tuple[int, int], FakeConn] = {}
         self.asked: list[tuple[int, str]] = []
+
+    def _update_metadata(self, metadata: Any) -> None:
+        self.brokers = list(metadata.brokers)
+        self.events.append(f"metadata {self.brokers}")
 
     async def coordinator_lookup(self, coordinator_type: object, key: object) -> str:
         return "stock lookup"
@@ -56,12 +65,14 @@ class FakeClient:
     def in_flight(self, node: int, group: int = COORDINATION) -> asyncio.Future[Any]:
         """A request already waiting on ``node`` (a heartbeat to a hung coordinator)."""
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._conns.setdefault((node, group), FakeConn()).waiting.append(fut)
+        self._conns.setdefault((node, group), FakeConn(self.events)).waiting.append(fut)
         return fut
 
     async def send(self, node: int, request: Any, *, group: int = 0) -> Any:
         kind = type(request).__name__
         self.asked.append((node, kind))
+        if kind == "MetadataRequest":  # the live brokers: those a node answers for
+            return SimpleNamespace(brokers=sorted(set(self.answers) | set(self.heartbeats)))
         table = self.answers if kind == "FindCoordinatorRequest" else self.heartbeats
         if node not in table:
             await self.in_flight(node, group)  # never answered
@@ -140,6 +151,9 @@ async def test_a_moved_coordinator_fails_what_waits_on_the_old_one_and_lookup_fi
     assert coordinator.generation == 7 and coordinator.member_id == "member-1"
     assert all(node != 3 for node, _ in client.asked)
     assert watch.switches == 1
+    # The metadata the fetcher and the client's re-read go on is the live node's, read
+    # before the closes send them there: the hung broker is no longer listed.
+    assert client.events[:2] == ["metadata [1, 2]", "close"]
 
 
 async def test_a_new_coordinator_still_loading_the_group_is_not_moved_to() -> None:
@@ -171,12 +185,12 @@ async def test_a_hung_broker_asked_is_passed_over_for_the_next() -> None:
     client = FakeClient([1, 2, 3], answers={2: 2}, heartbeats={2: 0})  # node 1 hangs
     coordinator = FakeCoordinator(current=3)
     watch = watch_of(client, coordinator)
-    client.in_flight(3)
+    heartbeat = client.in_flight(3)
 
     await watch.tick()  # node 1 first, unanswered, then node 2
 
     assert (1, "FindCoordinatorRequest") in client.asked
-    assert watch.switches == 1
+    assert watch.switches == 1 and heartbeat.exception() is not None
 
 
 async def test_the_answer_handed_to_the_lookup_goes_stale() -> None:
