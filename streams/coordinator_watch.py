@@ -107,6 +107,14 @@ def follow(faust_consumer: Any, *, interval_s: float) -> CoordinatorWatch | None
     return watch
 
 
+def metadata_stale(now_ms: float, refreshed_ms: float, max_age_ms: float) -> bool:
+    """Whether the client's metadata has gone unrefreshed for three of its refresh periods:
+    its re-read is waiting on a hung broker (aiokafka asks the brokers one at a time and
+    gives each the request timeout, 15 s), so it neither sees the hung leader's partitions
+    move nor stops fetching from it."""
+    return now_ms - refreshed_ms > 3 * max_age_ms
+
+
 class CoordinatorWatch:
     """Follows the group coordinator of one aiokafka consumer (see the module's text)."""
 
@@ -142,7 +150,8 @@ class CoordinatorWatch:
             if not hasattr(obj, name)
         ]
         client = getattr(self._consumer, "_client", None)
-        missing += [n for n in ("_conns", "coordinator_lookup", "send") if not hasattr(client, n)]
+        needed = ("_conns", "_metadata_max_age_ms", "cluster", "coordinator_lookup", "send")
+        missing += [n for n in needed if not hasattr(client, n)]
         if missing:
             log.warning(
                 "cannot follow the group coordinator", extra={"missing": ", ".join(missing)}
@@ -212,21 +221,21 @@ class CoordinatorWatch:
     async def tick(self) -> None:
         coordinator = self._consumer._coordinator
         client = self._consumer._client
-        brokers = [b.nodeId for b in client.cluster.brokers()]
-        for node in gone_nodes(
-            [key[0] for key, conn in client._conns.items() if conn.connected()], brokers
-        ):
-            log.warning(
-                "closing the connections to a broker the metadata no longer lists",
-                extra={"node": node},
-            )
-            self._close_node(client, node)
         current: int | None = getattr(coordinator, "coordinator_id", None)
         if current is None:
+            self._close_gone(client)
             return  # no group, or aiokafka is looking for its coordinator itself
-        nodes = ask_order(brokers, current, self._turn)
+        nodes = ask_order([b.nodeId for b in client.cluster.brokers()], current, self._turn)
         self._turn += 1
-        answer = await self._ask(client, coordinator.group_id, nodes)
+        answer, responder = await self._ask(client, coordinator.group_id, nodes)
+        if responder is not None and metadata_stale(
+            time.time() * 1000,
+            client.cluster._last_successful_refresh_ms,
+            client._metadata_max_age_ms,
+        ):
+            log.warning("re-reading the metadata from a live broker", extra={"node": responder})
+            await self._refresh_metadata(client, responder)
+        self._close_gone(client)
         if not moved(current, answer) or coordinator.coordinator_id != current:
             return
         assert answer is not None
@@ -245,7 +254,21 @@ class CoordinatorWatch:
         # the old node. The lookup that follows gets the answer above.
         coordinator.coordinator_dead()
 
-    async def _ask(self, client: Any, group_id: str, nodes: list[int]) -> int | None:
+    def _close_gone(self, client: Any) -> None:
+        brokers = [b.nodeId for b in client.cluster.brokers()]
+        connected = [key[0] for key, conn in client._conns.items() if conn.connected()]
+        for node in gone_nodes(connected, brokers):
+            log.warning(
+                "closing the connections to a broker the metadata no longer lists",
+                extra={"node": node},
+            )
+            self._close_node(client, node)
+
+    async def _ask(
+        self, client: Any, group_id: str, nodes: list[int]
+    ) -> tuple[int | None, int | None]:
+        """Which node coordinates the group, and which node said so (live), asking
+        ``nodes`` in turn; (None, None) if none answered."""
         for node in nodes:
             try:
                 resp = await asyncio.wait_for(
@@ -260,8 +283,8 @@ class CoordinatorWatch:
                 continue
             if resp.error_code == 0:
                 node_id: int = resp.coordinator_id
-                return node_id
-        return None
+                return node_id, node
+        return None, None
 
     async def _probe(self, client: Any, coordinator: Any, node: int) -> int | None:
         if coordinator.member_id == "":  # not a member yet: nothing to keep
@@ -285,7 +308,9 @@ class CoordinatorWatch:
         client re-read metadata at once; on the metadata from before the fencing, both went
         back to the hung broker (it still led partitions and was listed), where a new
         connection waits out the request timeout (15 s) and holds the client's connection
-        lock meanwhile. Read here, it no longer lists the fenced broker nor leaders on it."""
+        lock meanwhile. Read here, it no longer lists the fenced broker nor leaders on it
+        (KRaft leaves fenced brokers out of metadata). Also when the client's own re-read is
+        stuck on a hung broker (``metadata_stale``)."""
         topics = getattr(client, "_topics", None)
         request = MetadataRequest(list(topics) if topics else None)
         try:

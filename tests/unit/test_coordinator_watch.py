@@ -4,6 +4,7 @@ leaves it at once, keeping its member id and generation, instead of at its reque
 from __future__ import annotations
 
 import asyncio
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +12,7 @@ from streams.coordinator_watch import (
     CoordinatorWatch,
     ask_order,
     gone_nodes,
+    metadata_stale,
     moved,
     ready_to_switch,
 )
@@ -47,7 +49,9 @@ class FakeClient:
         self.cluster = SimpleNamespace(
             brokers=lambda: [SimpleNamespace(nodeId=n) for n in self.brokers],
             update_metadata=self._update_metadata,
+            _last_successful_refresh_ms=time.time() * 1000,
         )
+        self._metadata_max_age_ms = 1000
         self.events: list[str] = []
         self.brokers = brokers
         self.answers = answers
@@ -57,6 +61,7 @@ class FakeClient:
 
     def _update_metadata(self, metadata: Any) -> None:
         self.brokers = list(metadata.brokers)
+        self.cluster._last_successful_refresh_ms = time.time() * 1000
         self.events.append(f"metadata {self.brokers}")
 
     async def coordinator_lookup(self, coordinator_type: object, key: object) -> str:
@@ -213,3 +218,32 @@ async def test_a_broker_the_metadata_dropped_has_its_connections_closed() -> Non
 
     assert fetch.done() and fetch.exception() is not None
     assert client._conns[(3, 0)].closed
+
+
+def test_metadata_unrefreshed_for_three_periods_is_stale() -> None:
+    assert not metadata_stale(now_ms=10_000, refreshed_ms=7_000, max_age_ms=1000)
+    assert metadata_stale(now_ms=10_001, refreshed_ms=7_000, max_age_ms=1000)
+
+
+async def test_metadata_stuck_on_a_hung_broker_is_read_from_a_live_one() -> None:
+    """The client's own re-read waits on the hung broker (node 3, leading partitions, not
+    coordinating): the watch reads the metadata from the broker that answered it, which no
+    longer lists the fenced node, and the fetch waiting there fails at once."""
+    client = FakeClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={})
+    client.cluster._last_successful_refresh_ms = time.time() * 1000 - 20_000
+    watch = watch_of(client, FakeCoordinator(current=2))
+    fetch = client.in_flight(3, group=0)
+
+    await watch.tick()
+
+    assert (1, "MetadataRequest") in client.asked
+    assert fetch.done() and fetch.exception() is not None
+
+
+async def test_fresh_metadata_is_not_read_again() -> None:
+    client = FakeClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={})
+    watch = watch_of(client, FakeCoordinator(current=2))
+
+    await watch.tick()
+
+    assert [kind for _, kind in client.asked] == ["FindCoordinatorRequest"]
