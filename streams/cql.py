@@ -162,11 +162,18 @@ async def gather_all(awaitables: Sequence[Awaitable[T]]) -> list[T]:
 
 def _stmt_bytes(stmt: Stmt) -> int:
     """A generous estimate of a statement's share of a batch (for packing): its values'
-    lengths plus a fixed cost per value and statement."""
-    size = 64
-    for value in stmt[1]:
-        size += 16 + (len(value) if isinstance(value, bytes | str) else 8)
+    lengths plus a fixed cost per value and statement: 64 + 16 a value + its length, or
+    8 for one that is not bytes or text. (Counted per value that has a length, half the
+    cost of the per-value sum, on every statement of every command batch.)"""
+    values = stmt[1]
+    size = 64 + 24 * len(values)
+    for value in values:
+        if isinstance(value, _SIZED):
+            size += len(value) - 8
     return size
+
+
+_SIZED = (bytes, str)
 
 
 def pack_groups(

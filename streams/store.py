@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import operator
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import fields
@@ -54,6 +55,9 @@ from streams.ports import CqlRow, ScheduleReader
 from streams.tenant_store import TenantStore
 
 _BUCKET_COLUMNS = tuple(f.name for f in fields(BucketRow))
+# A row's values in column order (attrgetter: one C call, not a getattr per column).
+_SCHEDULE_VALUES = operator.attrgetter(*SCHEDULE_COLUMNS)
+_BUCKET_VALUES = operator.attrgetter(*_BUCKET_COLUMNS)
 _BUCKET_WHERE = "partition = ? AND minute_ms = ? AND shard = ?"
 _BY_SCHEDULE = "WHERE tenant = ? AND schedule_id = ?"
 
@@ -145,11 +149,11 @@ class ScheduleStore(EventStore):
     def put_schedule_stmt(
         self, row: ScheduleRow, now_ms: int, retention_s: int | None = None
     ) -> Stmt:
-        values = unset_none([getattr(row, c) for c in SCHEDULE_COLUMNS])
+        values = unset_none(_SCHEDULE_VALUES(row))
         return ("put_schedule", [*values, self.schedule_ttl_s(row, now_ms, retention_s)])
 
     def _put_bucket_stmt(self, row: BucketRow, now_ms: int) -> Stmt:
-        values = unset_none([getattr(row, c) for c in _BUCKET_COLUMNS])
+        values = unset_none(_BUCKET_VALUES(row))
         return ("put_bucket", [*values, ttl_s(row.due_ms, now_ms, self.retention_s)])
 
     # -- buckets ---------------------------------------------------------------------------

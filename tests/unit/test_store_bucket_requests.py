@@ -7,8 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+from cassandra.query import UNSET_VALUE
+
 from base.settings import CassandraSettings
 from streams.buckets import BucketKey
+from streams.cql import _stmt_bytes
 from streams.model import Stmt
 from streams.store import Store, _row_bytes
 from tests.fakes import bucket_row
@@ -62,3 +65,9 @@ async def test_the_byte_cap_splits_requests_but_never_a_partitions_chunk() -> No
     await store.write_buckets(put=two, now_ms=M)
     assert [partitions_of(r) for r in store.requests] == [{0, 1}, {2, 3}]
     assert [len(r) for r in store.requests] == [4, 4]
+
+
+def test_a_statements_estimated_size() -> None:
+    # 64 a statement, 16 a value plus its length, or 8 for a value without one.
+    stmt: Stmt = ("put", ["ab", b"cde", 5, UNSET_VALUE, None])
+    assert _stmt_bytes(stmt) == 64 + (16 + 2) + (16 + 3) + 3 * (16 + 8)
