@@ -323,6 +323,13 @@ def _feed(conn: _Connection, parser: httptools.HttpResponseParser) -> None:
         conn.buf.clear()
 
 
+def _write(conn: _Connection, data: bytes) -> None:
+    transport = conn.transport
+    assert transport is not None
+    conn.busy = True
+    transport.write(data)
+
+
 async def read_answer(conn: _Connection, method: str, cap_2xx: int, cap_other: int) -> Answer:
     """Read one answer off ``conn``; closes it unless it may carry the next request."""
     parser = conn.parser
@@ -354,6 +361,26 @@ async def read_answer(conn: _Connection, method: str, cap_2xx: int, cap_other: i
         else:
             await conn.more()
     return Answer(status=conn.status, retry_after=conn.retry_after, body=bytes(conn.body))
+
+
+@dataclass(slots=True)
+class Exchange:
+    """A request begun (``HttpClient.begin``): written on an idle connection at once, or
+    waiting for a new one; ``HttpClient.finish`` connects if need be and reads the answer."""
+
+    target: Target
+    method: str
+    data: bytes
+    conn: _Connection | None = None  # the idle connection it was written on
+    error: Exception | None = None  # writing failed: ``finish`` raises it
+    settled: bool = False  # ``finish`` has taken it over
+
+    def abandon(self) -> None:
+        """``finish`` will never run (its attempt was cancelled before it started): the
+        connection the request went out on is dropped, since its answer is never read."""
+        if not self.settled and self.conn is not None:
+            self.settled = True
+            self.conn.abort()
 
 
 class HttpClient:
@@ -403,6 +430,18 @@ class HttpClient:
     ) -> Answer:
         """One exchange. The caller bounds the whole of it (``asyncio.timeout``); a
         cancelled exchange closes its connection."""
+        exchange = self.begin(method, url, headers, body)
+        return await self.finish(
+            exchange, connect_timeout_s=connect_timeout_s, cap_2xx=cap_2xx, cap_other=cap_other
+        )
+
+    def begin(
+        self, method: str, url: str, headers: Sequence[tuple[str, str]], body: bytes
+    ) -> Exchange:
+        """The part of a request that needs no waiting, done now (on the loop's thread): the
+        head built and, when an idle connection to the target is there, the request written
+        on it, so it leaves in this turn of the loop rather than in a task's first step one
+        turn later. ValueError for a URL or method no request can carry."""
         if self._closed:
             raise RuntimeError("the HTTP client is closed")
         target = parse_target(url)
@@ -422,22 +461,38 @@ class HttpClient:
         head.append(f"Content-Length: {len(body)}\r\n\r\n")
         # UTF-8, as aiohttp's writer encodes a request head: a header value may be any
         # text (a schedule id), and latin-1 would refuse most of it.
-        data = "".join(head).encode("utf-8") + body
+        exchange = Exchange(target=target, method=method, data="".join(head).encode("utf-8") + body)
         conn = self._take(target.key)
-        if conn is None:
-            conn = await self._connect(target, connect_timeout_s)
+        if conn is not None:
+            exchange.conn = conn
+            try:
+                _write(conn, exchange.data)
+            except Exception as exc:
+                conn.abort()
+                exchange.error = exc
+        return exchange
+
+    async def finish(
+        self, exchange: Exchange, *, connect_timeout_s: float, cap_2xx: int, cap_other: int
+    ) -> Answer:
+        """The rest of ``exchange``: a connection made and the request written if ``begin``
+        found none idle, then the answer read. A cancelled exchange closes its connection."""
+        exchange.settled = True
+        if exchange.error is not None:
+            raise exchange.error
+        conn = exchange.conn
         try:
-            transport = conn.transport
-            assert transport is not None
-            conn.busy = True
-            transport.write(data)
-            answer = await read_answer(conn, method, cap_2xx, cap_other)
+            if conn is None:
+                conn = await self._connect(exchange.target, connect_timeout_s)
+                _write(conn, exchange.data)
+            answer = await read_answer(conn, exchange.method, cap_2xx, cap_other)
         except BaseException:
-            conn.abort()
+            if conn is not None:
+                conn.abort()
             raise
         conn.busy = False
         if not conn.closed:
-            self._give_back(target.key, conn)
+            self._give_back(exchange.target.key, conn)
         return answer
 
     def _take(self, key: tuple[str, str, int]) -> _Connection | None:

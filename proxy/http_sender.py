@@ -16,16 +16,19 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import dataclass
 from types import TracebackType
 from urllib.parse import urlsplit
 
 from multidict import CIMultiDict
 
+from base.tracing import Spanned
 from proxy.callback_signing import SIGNATURE_HEADER, CallbackSigner, SignResult, refusal, signer_for
-from proxy.envelope import Envelope, Request
+from proxy.envelope import Envelope
 from proxy.http_client import (
     ConnectError,
     ConnectTimeout,
+    Exchange,
     HttpClient,
     ProtocolError,
     resolve_any,
@@ -43,6 +46,18 @@ HttpOutcome = HttpResult | TimeoutResult | ConnectFailure | Undeliverable
 SUCCESS_BODY_MAX_BYTES = 64 * 1024
 # How long an idle connection is kept for the next request to its receiver.
 KEEPALIVE_S = 30.0
+
+
+@dataclass(slots=True)
+class Begun:
+    """An attempt whose request ``HttpSender.begin`` has built, signed and, on an idle
+    connection, written; ``HttpSender.finish`` waits for its answer."""
+
+    exchange: Exchange
+    timeout_s: float
+    deadline: float  # the loop's clock: the attempt's whole timeout runs from its begin
+    t0: float  # perf_counter at the begin, for the request latency
+    span: Spanned | None
 
 
 class HttpSender:
@@ -82,6 +97,15 @@ class HttpSender:
             await client.close()
 
     async def send(self, env: Envelope) -> HttpOutcome:
+        begun = self.begin(env)
+        if not isinstance(begun, Begun):
+            return begun
+        return await self.finish(begun)
+
+    def begin(self, env: Envelope) -> Begun | HttpOutcome:
+        """The part of an attempt that needs no waiting, done now, on the loop: the request
+        refused, signed and, on an idle connection, written (``HttpClient.begin``). An
+        outcome when the attempt ends here (refused, unsigned, a request no URL can carry)."""
         req = env.request
         if req is None or self._client is None:
             raise RuntimeError(f"{env!r}: no HTTP request, or the sender is not open")
@@ -95,31 +119,40 @@ class HttpSender:
         if unsigned is not None:
             return unsigned
         span = attempt_span(env, req, headers)  # None unless tracing is on
-        if span is None:
-            return await self._request(req, headers)
-        outcome = await self._request(req, headers)
-        end_attempt(span, outcome)
-        return outcome
-
-    async def _request(self, req: Request, headers: CIMultiDict[str]) -> HttpOutcome:
-        client = self._client
-        assert client is not None  # send() checked it
         t0 = time.perf_counter()
         try:
-            async with asyncio.timeout(req.timeout_s):
-                answer = await client.request(
-                    req.method,
-                    req.url,
-                    list(headers.items()),
-                    req.body,
-                    connect_timeout_s=min(self._s.connect_timeout_s, req.timeout_s),
+            exchange = self._client.begin(req.method, req.url, list(headers.items()), req.body)
+        except ValueError as exc:  # a URL or method no request can carry
+            self._metrics.request_latency.observe(time.perf_counter() - t0)
+            return self._ended(span, Undeliverable(detail=f"invalid request: {exc}"))
+        deadline = asyncio.get_running_loop().time() + req.timeout_s
+        return Begun(exchange, req.timeout_s, deadline, t0, span)
+
+    async def finish(self, begun: Begun) -> HttpOutcome:
+        """The answer to a begun attempt, as it came, within its timeout."""
+        return self._ended(begun.span, await self._answer(begun))
+
+    @staticmethod
+    def _ended(span: Spanned | None, outcome: HttpOutcome) -> HttpOutcome:
+        if span is not None:
+            end_attempt(span, outcome)
+        return outcome
+
+    async def _answer(self, begun: Begun) -> HttpOutcome:
+        client = self._client
+        assert client is not None  # begin() checked it
+        try:
+            async with asyncio.timeout_at(begun.deadline):
+                answer = await client.finish(
+                    begun.exchange,
+                    connect_timeout_s=min(self._s.connect_timeout_s, begun.timeout_s),
                     cap_2xx=SUCCESS_BODY_MAX_BYTES,
                     cap_other=self._s.body_snippet_bytes,
                 )
         except ConnectTimeout:
             return ConnectFailure(detail="connect timeout")
         except TimeoutError:
-            return TimeoutResult(detail=f"no response within {req.timeout_s:g}s")
+            return TimeoutResult(detail=f"no response within {begun.timeout_s:g}s")
         except ConnectError as exc:
             refusal = blocked_reason(exc) if self._guard else None
             if refusal is not None:
@@ -132,7 +165,7 @@ class HttpSender:
         except OSError as exc:  # the connection broke mid-exchange (Disconnected, resets)
             return ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
         finally:
-            self._metrics.request_latency.observe(time.perf_counter() - t0)
+            self._metrics.request_latency.observe(time.perf_counter() - begun.t0)
         if 200 <= answer.status < 300:
             return HttpResult(status=answer.status)
         return HttpResult(

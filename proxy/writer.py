@@ -42,7 +42,7 @@ from proxy.breaker import BreakerState
 from proxy.envelope import Envelope, TopicPartition
 from proxy.hostlimits import Hold as GateHold
 from proxy.hostlimits import HoldReason, HostGate, HostKey, Pass
-from proxy.http_sender import HttpSender
+from proxy.http_sender import Begun, HttpSender
 from proxy.kafka_sender import KafkaSender
 from proxy.limitsfile import CHECK_EVERY_S, LimitsFile
 from proxy.metrics import ProxyMetrics
@@ -379,11 +379,36 @@ class Writer:
         return env.cancelled or env.tp in self._state.revoking
 
     def _start(self, env: Envelope) -> None:
-        """Attempt ``env``, which holds a slot."""
+        """Attempt ``env``, which holds a slot. An HTTP request goes out now, in this turn of
+        the loop (``HttpSender.begin``); the task waits for its answer. Started in the
+        task's first step, it would wait for the rest of this turn (a turn that reads many
+        answers gives their slots to as many messages) and the next turn's reads."""
         env.attempting = True
-        task = asyncio.get_running_loop().create_task(self._attempt(env))
+        now = time.monotonic()
+        if env.first_attempt_s is None:
+            env.first_attempt_s = now
+        begun = self._begin(env)
+        task = asyncio.get_running_loop().create_task(self._attempt(env, now, begun))
         self._tasks.add(task)
         task.add_done_callback(self._task_done)
+        if isinstance(begun, Begun):
+            # A task cancelled before its first step never reads the answer.
+            task.add_done_callback(lambda _task: begun.exchange.abandon())
+
+    def _begin(self, env: Envelope) -> Begun | AttemptResult | None:
+        """``env``'s HTTP request begun now: a ``Begun`` to finish, an outcome when the
+        attempt ended there, or None when the task makes the whole attempt (a Kafka
+        callback, an undeliverable message, a sender of another kind)."""
+        http = self._http
+        if env.invalid is not None or env.kafka_target is not None:
+            return None
+        if not isinstance(http, HttpSender):
+            return None
+        try:
+            return http.begin(env)
+        except Exception as exc:  # a bug or an unexpected library error: retry, loudly
+            log.exception("unexpected delivery error", extra={"record": repr(env)})
+            return ConnectFailure(detail=f"{type(exc).__name__}: {exc}")
 
     def _task_done(self, task: asyncio.Task[None]) -> None:
         """An attempt task that raised left its message unfinished and its key blocked: the
@@ -470,12 +495,17 @@ class Writer:
 
     # ---- one attempt -------------------------------------------------------------------
 
-    async def _attempt(self, env: Envelope) -> None:
+    async def _attempt(
+        self, env: Envelope, now: float, begun: Begun | AttemptResult | None
+    ) -> None:
         try:
-            now = time.monotonic()
-            if env.first_attempt_s is None:
-                env.first_attempt_s = now
-            result = await self._send(env)
+            if isinstance(begun, Begun):
+                assert isinstance(self._http, HttpSender)  # who began it
+                result: AttemptResult = await self._http.finish(begun)
+            elif begun is not None:
+                result = begun
+            else:
+                result = await self._send(env)
         except asyncio.CancelledError:
             env.attempting = False
             self._slot_freed(env)
