@@ -5,8 +5,9 @@ the process entry point behind ``tocsin proxy``: metrics server, SIGTERM/SIGINT 
 a graceful stop (stop reading, let in-flight attempts finish within the shutdown timeout,
 flush dead letters and outcomes, commit what is done, leave the group).
 
-Threads: ``proxy-reader`` (the consumer; polls only), ``proxy-writer`` (asyncio + aiohttp),
-``proxy-committer`` (commits, producer callbacks, gauges). Nothing here may block the reader.
+Threads: ``proxy-reader`` (the consumer; polls only), ``proxy-writer`` (asyncio + the HTTP
+client), ``proxy-committer`` (commits, producer callbacks, outcome records' rounds, gauges).
+Nothing here may block the reader.
 The retry lane is a second reader and writer (same classes) on the retry topic, with its
 own pending bounds, so parked messages never hold the main lane back (proxy.parking). It is
 co-partitioned with the main lane: it joins no group, and reads exactly the retries

@@ -5,7 +5,7 @@ allows (in all, per receiver, per tenant); a message waiting for a slot keeps it
 blocked but holds none. Between attempts a message waits on a timer (backoff or
 Retry-After), still in flight so its key stays blocked; it holds no slot either.
 Each attempt is handed to the sender for its callback kind (``proxy.sender``): the HTTP
-sender (``proxy.http_sender``, one pooled aiohttp session) or the Kafka sender
+sender (``proxy.http_sender``, the proxy's own pooled HTTP client) or the Kafka sender
 (``proxy.kafka_sender``).
 
 The decision after each attempt comes from ``proxy.retry.decide``; this module only
