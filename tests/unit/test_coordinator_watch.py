@@ -8,6 +8,8 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
+
 from streams.coordinator_watch import (
     CoordinatorWatch,
     ask_order,
@@ -247,3 +249,33 @@ async def test_fresh_metadata_is_not_read_again() -> None:
     await watch.tick()
 
     assert [kind for _, kind in client.asked] == ["FindCoordinatorRequest"]
+
+
+class FoundMeanwhileClient(FakeClient):
+    """While the watch reads the new node's metadata, aiokafka's own request to the old
+    node fails and its lookup (handed the watch's answer) finds the new coordinator."""
+
+    coordinator: FakeCoordinator
+
+    async def send(self, node: int, request: Any, *, group: int = 0) -> Any:
+        resp = await super().send(node, request, group=group)
+        if type(request).__name__ == "MetadataRequest":
+            self.coordinator.coordinator_dead()
+            self.coordinator.coordinator_id = await self.coordinator_lookup(0, "scheduler")
+        return resp
+
+
+@pytest.mark.xfail(strict=True, reason="the watch marks dead the coordinator aiokafka found")
+async def test_a_coordinator_aiokafka_found_meanwhile_is_not_marked_dead() -> None:
+    """Marked dead, a JoinGroup or SyncGroup under way at the new coordinator would be
+    given up (aiokafka sends the SyncGroup to coordinator_id, None then) and the group
+    would go through another rebalance round."""
+    client = FoundMeanwhileClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={2: 0})
+    coordinator = FakeCoordinator(current=3)
+    client.coordinator = coordinator
+    watch = watch_of(client, coordinator)
+
+    await watch.tick()
+
+    assert watch.switches == 1
+    assert coordinator.coordinator_id == 2
