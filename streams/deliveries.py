@@ -224,18 +224,26 @@ async def record_outcomes(
     dropped for good. Final outcomes go to the store together (``record_deliveries_many``:
     a few requests, not one each); attempt records, outcomes that are not usable, and any
     whose request failed go one by one through ``record_outcome``, which logs, counts and
-    waits out a retriable failure."""
+    waits out a retriable failure. A schedule's outcomes are written in their order (the
+    last one is its status: last write wins)."""
     marks: list[tuple[dict[str, Any], DeliveryMark]] = []
     one_by_one: list[dict[str, Any]] = []
+    # Schedules with a final outcome going one by one (its tenant lookup failed, say): their
+    # later outcomes follow it there, since the grouped rounds are written first.
+    alone: set[tuple[str, str]] = set()  # at most one entry per outcome of this batch
     for outcome in outcomes:
         if outcome.get("kind") == ATTEMPT:
             one_by_one.append(outcome)
             continue
-        try:
-            config = await tenants.config(outcome["tenant"])
-            marks.append((outcome, _delivery_mark(outcome, config.retention_s)))
-        except (KeyError, TypeError, ValueError, StoreError):
-            one_by_one.append(outcome)
+        schedule = _schedule_of(outcome)
+        if schedule not in alone:
+            try:
+                config = await tenants.config(outcome["tenant"])
+                marks.append((outcome, _delivery_mark(outcome, config.retention_s)))
+                continue
+            except (KeyError, TypeError, ValueError, StoreError):
+                alone.add(schedule)
+        one_by_one.append(outcome)
     for round_ in _rounds(marks):
         results = await store.record_deliveries_many([m for _, m in round_])
         failed = [o for (o, _), exc in zip(round_, results, strict=True) if exc is not None]
@@ -245,7 +253,28 @@ async def record_outcomes(
         # Recorded before the next round's outcomes of the same schedules are written.
         await asyncio.gather(*(record_outcome(store, tenants, o, sleep=sleep) for o in failed))
     if one_by_one:
-        await asyncio.gather(*(record_outcome(store, tenants, o, sleep=sleep) for o in one_by_one))
+        # Each schedule's records one after another, in order; schedules concurrently.
+        lines: dict[tuple[str, str], list[dict[str, Any]]] = {}  # bounded by the batch
+        for o in one_by_one:
+            lines.setdefault(_schedule_of(o), []).append(o)
+        await asyncio.gather(
+            *(_record_in_order(store, tenants, line, sleep) for line in lines.values())
+        )
+
+
+def _schedule_of(outcome: dict[str, Any]) -> tuple[str, str]:
+    """The schedule a record is of, as text (a malformed record's values too)."""
+    return str(outcome.get("tenant")), str(outcome.get("schedule_id"))
+
+
+async def _record_in_order(
+    store: AttemptStore,
+    tenants: TenantPolicies,
+    line: list[dict[str, Any]],
+    sleep: Callable[[float], Awaitable[None]],
+) -> None:
+    for outcome in line:
+        await record_outcome(store, tenants, outcome, sleep=sleep)
 
 
 def _rounds(

@@ -6,8 +6,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
 from base.errors import StoreError
 from streams.deliveries import record_outcomes
 from streams.tenants import TenantConfig
@@ -59,14 +57,12 @@ def last_outcome(failing: set[int]) -> str:
     return str(store.deliveries[-1]["outcome"])
 
 
-@pytest.mark.xfail(strict=True, reason="an outcome whose tenant lookup failed is written last")
 def test_the_earlier_outcome_going_alone_does_not_overwrite_the_later() -> None:
     # The first outcome's tenant lookup fails: it is recorded alone, after the batch's
     # grouped writes, and its row write must not land after the second's.
     assert last_outcome({1}) == "delivered"
 
 
-@pytest.mark.xfail(strict=True, reason="outcomes going alone are recorded concurrently")
 def test_outcomes_going_alone_are_recorded_in_order() -> None:
     # Both lookups fail in the batch pass; the first outcome's retry fails once more, so
     # recorded concurrently the second would land first.
