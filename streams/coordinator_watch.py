@@ -251,8 +251,11 @@ class CoordinatorWatch:
         await self._refresh_metadata(client, answer)
         self._close_node(client, current)
         # Also when nothing was in flight there: the next heartbeat must not reconnect to
-        # the old node. The lookup that follows gets the answer above.
-        coordinator.coordinator_dead()
+        # the old node. The lookup that follows gets the answer above. Not when aiokafka
+        # has left the old node itself during the metadata read: the coordinator it found
+        # may be in the middle of a join, which marking it dead would abandon.
+        if coordinator.coordinator_id == current:
+            coordinator.coordinator_dead()
 
     def _close_gone(self, client: Any) -> None:
         brokers = [b.nodeId for b in client.cluster.brokers()]

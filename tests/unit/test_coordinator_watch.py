@@ -8,8 +8,6 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 from streams.coordinator_watch import (
     CoordinatorWatch,
     ask_order,
@@ -265,7 +263,6 @@ class FoundMeanwhileClient(FakeClient):
         return resp
 
 
-@pytest.mark.xfail(strict=True, reason="the watch marks dead the coordinator aiokafka found")
 async def test_a_coordinator_aiokafka_found_meanwhile_is_not_marked_dead() -> None:
     """Marked dead, a JoinGroup or SyncGroup under way at the new coordinator would be
     given up (aiokafka sends the SyncGroup to coordinator_id, None then) and the group
