@@ -259,11 +259,7 @@ class CommandBridge:
             result: asyncio.Future[ResultDoc] = asyncio.get_running_loop().create_future()
             self._pending[request_id] = (result, expected)
         acked = self._produce(self.producer.send_appended, key, value, headers)
-        try:
-            async with asyncio.timeout(timeout_s):
-                return await acked
-        except TimeoutError:
-            return None
+        return await _within(acked, timeout_s)
 
     async def answer(self, request_id: str, timeout_s: float) -> ResultDoc | None:
         """The result of a command sent with ``send_admitted(expected=...)``; None when it
@@ -334,6 +330,30 @@ class CommandBridge:
             if found:
                 with contextlib.suppress(RuntimeError):  # the loop closed at shutdown
                     loop.call_soon_threadsafe(_resolve_all, found)
+
+
+async def _within(fut: asyncio.Future[_Acked], timeout_s: float) -> _Acked | None:
+    """``fut``'s result, or None (``fut`` cancelled) when it is not done within
+    ``timeout_s``. One timer handle instead of ``asyncio.timeout``'s context manager: about
+    6 us less on every admitted create, a few per cent of the API's event loop. A
+    cancellation of the awaiting task, or of ``fut`` by anyone else, is raised as before."""
+    expired = False
+
+    def expire() -> None:
+        nonlocal expired
+        expired = True
+        fut.cancel()
+
+    timer = asyncio.get_running_loop().call_later(timeout_s, expire)
+    try:
+        return await fut
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if expired and (task is None or task.cancelling() == 0):
+            return None
+        raise
+    finally:
+        timer.cancel()
 
 
 def _fail_unless_acked(result: asyncio.Future[ResultDoc], acked: asyncio.Future[Position]) -> None:
