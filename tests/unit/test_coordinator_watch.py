@@ -4,9 +4,13 @@ leaves it at once, keeping its member id and generation, instead of at its reque
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 import time
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from streams.coordinator_watch import (
     CoordinatorWatch,
@@ -276,3 +280,34 @@ async def test_a_coordinator_aiokafka_found_meanwhile_is_not_marked_dead() -> No
 
     assert watch.switches == 1
     assert coordinator.coordinator_id == 2
+
+
+@pytest.mark.xfail(strict=True, reason="a stop before the thread's loop turned is lost")
+async def test_a_watch_stopped_before_the_consumer_thread_ran_it_does_not_run() -> None:
+    """The worker stopping right after the first assignment: stop() reaches the consumer
+    thread's loop before the watch's coroutine has begun there."""
+    thread_loop = asyncio.new_event_loop()
+    client = FakeClient([1, 2, 3], answers={1: 3, 2: 3}, heartbeats={})
+    consumer = SimpleNamespace(_client=client, _coordinator=FakeCoordinator(current=3))
+    watch = CoordinatorWatch(consumer, interval_s=60.0, ask_timeout_s=0.05)
+    assert watch.start(thread_loop)
+    watch.stop()
+
+    def turn(coro: Any) -> None:
+        thread = threading.Thread(target=thread_loop.run_until_complete, args=(coro,))
+        thread.start()
+        thread.join()
+
+    turn(asyncio.sleep(0.01))  # the loop turns: the watch starts, or the stop lands first
+    try:
+        assert watch._running is None or watch._running.done()
+    finally:
+
+        async def cancel_all() -> None:
+            for task in asyncio.all_tasks() - {asyncio.current_task()}:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+        turn(cancel_all())
+        thread_loop.close()
