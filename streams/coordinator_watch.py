@@ -175,12 +175,18 @@ class CoordinatorWatch:
     # --- on the consumer's thread -------------------------------------------------------
 
     _running: asyncio.Task[None] | None = None
+    # Set by a stop that reached the thread's loop before the coroutine began there
+    # (nothing to cancel yet): the coroutine then does not begin.
+    _stopped = False
 
     def _cancel_on_thread(self) -> None:
+        self._stopped = True
         if self._running is not None:
             self._running.cancel()
 
     async def _install_and_run(self) -> None:
+        if self._stopped:
+            return
         self._running = asyncio.current_task()
         self.install_lookup()
         while True:

@@ -10,8 +10,6 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
-
 from streams.coordinator_watch import (
     CoordinatorWatch,
     ask_order,
@@ -282,7 +280,6 @@ async def test_a_coordinator_aiokafka_found_meanwhile_is_not_marked_dead() -> No
     assert coordinator.coordinator_id == 2
 
 
-@pytest.mark.xfail(strict=True, reason="a stop before the thread's loop turned is lost")
 async def test_a_watch_stopped_before_the_consumer_thread_ran_it_does_not_run() -> None:
     """The worker stopping right after the first assignment: stop() reaches the consumer
     thread's loop before the watch's coroutine has begun there."""
