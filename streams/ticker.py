@@ -775,6 +775,10 @@ class PartitionTicker:
 
     async def _sleep_until_next(self, now: int) -> None:
         assert self._next_minute_ms is not None
+        # The sleep starts now, not at ``now`` (read before the turn's emission): measured
+        # from that reading, the emission's own time (milliseconds for a burst) would be
+        # slept again, past the next due time. (A clock stepped back keeps the reading.)
+        now = max(now, self.clock_ms())
         wake_at = now + 1_000  # re-check at least once a second (checkpoint, clock jumps)
         if not self._loading():  # (a running load wakes the loop when it is done)
             next_load = max(

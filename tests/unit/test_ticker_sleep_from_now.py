@@ -8,8 +8,6 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-import pytest
-
 from streams.ticker import Alarm
 from tests.fakes import FakeStore
 from tests.fakes import until_true as until
@@ -45,9 +43,6 @@ class RecordingAlarm(Alarm):
         await super().wait(timeout_s)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="the sleep is measured from the clock read before the emission"
-)
 async def test_a_turn_that_emits_does_not_sleep_past_the_next_due_time() -> None:
     now = [M + 5_000]
     store = FakeStore(checkpoint_ms=M + 4_000)
