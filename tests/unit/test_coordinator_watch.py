@@ -308,3 +308,22 @@ async def test_a_watch_stopped_before_the_consumer_thread_ran_it_does_not_run() 
 
         turn(cancel_all())
         thread_loop.close()
+
+
+async def test_on_a_single_broker_the_watch_sends_nothing_and_closes_nothing() -> None:
+    """The local stack: the only broker is the coordinator, never asked, and it is listed,
+    so nothing is gone; even with metadata the client has not refreshed for a while."""
+    client = FakeClient([1], answers={1: 1}, heartbeats={1: 0})
+    client.cluster._last_successful_refresh_ms = time.time() * 1000 - 20_000
+    coordinator = FakeCoordinator(current=1)
+    watch = watch_of(client, coordinator)
+    heartbeat = client.in_flight(1)
+    fetch = client.in_flight(1, group=0)
+
+    await watch.tick()
+    coordinator.coordinator_id = None  # aiokafka looking it up: only the gone check runs
+    await watch.tick()
+
+    assert client.asked == []
+    assert not heartbeat.done() and not fetch.done()
+    assert watch.switches == 0
