@@ -35,6 +35,7 @@ from typing import Any
 
 from aiokafka.client import ConnectionGroup, CoordinationType  # type: ignore[import-untyped]
 from aiokafka.conn import CloseReason  # type: ignore[import-untyped]
+from aiokafka.errors import KafkaError  # type: ignore[import-untyped]
 from aiokafka.protocol.coordination import (  # type: ignore[import-untyped]
     FindCoordinatorRequest,
 )
@@ -105,6 +106,16 @@ def follow(faust_consumer: Any, *, interval_s: float) -> CoordinatorWatch | None
         return None
     log.info("following the group coordinator", extra={"interval_s": interval_s})
     return watch
+
+
+def unanswered(exc: BaseException) -> bool:
+    """Whether a request's failure is one to ask again after (retriable): no answer in time,
+    a connection refused or broken, a node not (yet) in the metadata. Anything else (a
+    request the broker cannot take, a programming error such as an aiokafka past the pinned
+    version changing a private signature) is raised to the watch's loop, which logs it."""
+    if isinstance(exc, KafkaError):
+        return bool(exc.retriable)
+    return isinstance(exc, TimeoutError | OSError)
 
 
 def metadata_stale(now_ms: float, refreshed_ms: float, max_age_ms: float) -> bool:
@@ -288,7 +299,9 @@ class CoordinatorWatch:
                     ),
                     self._ask_timeout_s,
                 )
-            except Exception:  # unanswered, refused or disconnected: all retriable, next
+            except Exception as exc:  # unanswered, refused or disconnected: the next node
+                if not unanswered(exc):
+                    raise
                 continue
             if resp.error_code == 0:
                 node_id: int = resp.coordinator_id
@@ -306,7 +319,9 @@ class CoordinatorWatch:
                 client.send(node, request, group=ConnectionGroup.COORDINATION),
                 self._ask_timeout_s,
             )
-        except Exception:  # unanswered or disconnected: retriable, asked again next turn
+        except Exception as exc:  # unanswered or disconnected: asked again next turn
+            if not unanswered(exc):
+                raise
             return None
         code: int = resp.error_code
         return code
@@ -327,7 +342,9 @@ class CoordinatorWatch:
                 client.send(node, request, group=ConnectionGroup.COORDINATION),
                 self._ask_timeout_s,
             )
-        except Exception:  # retriable: the client's own re-read follows the closes
+        except Exception as exc:  # unanswered: the client's own re-read follows the closes
+            if not unanswered(exc):
+                raise
             return
         if resp.brokers:
             client.cluster.update_metadata(resp)
