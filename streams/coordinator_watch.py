@@ -12,11 +12,12 @@ hangs keeps firing beside the one that took its partitions.
 does for the proxy: every ``interval_s`` it asks a live broker (never the one it is
 heartbeating, which may be the hung one) which node coordinates the group. When the answer
 is another node, it first heartbeats that node with the member's id and generation; if the
-node has loaded the group (any answer but "loading" or "not the coordinator"), it closes the
-consumer's connections to the old node, so the heartbeat and commit waiting there fail at
-once, and aiokafka's own retry finds the new node through the answer the watch hands it
-(``coordinator_lookup`` is asked the watch first: the stock lookup asks a random broker,
-possibly the hung one). The member carries on with the same id and generation: no rebalance.
+node answers as the group's coordinator (any answer but "not the coordinator":
+``NOT_READY_CODES``), it closes the consumer's connections to the old node, so the
+heartbeat and commit waiting there fail at once, and aiokafka's own retry finds the new
+node through the answer the watch hands it (``coordinator_lookup`` is asked the watch
+first: the stock lookup asks a random broker, possibly the hung one). The member carries
+on with the same id and generation: no rebalance.
 
 It runs on the loop of Faust's consumer thread, which owns the aiokafka consumer
 (``start`` is called from the worker's loop and hands it there). It relies on aiokafka
@@ -45,11 +46,13 @@ from aiokafka.protocol.metadata import MetadataRequest  # type: ignore[import-un
 log = logging.getLogger("tocsin.worker")
 
 # Kafka error codes of a heartbeat to the node that now says it coordinates the group,
-# after which the consumer must not move there yet: it is still loading the group
-# (COORDINATOR_LOAD_IN_PROGRESS), or it is not, or no longer, the coordinator
-# (COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR). Any other answer comes from a coordinator
-# that holds the group: no error or a rebalance in progress keeps the member, and an
-# unknown member or stale generation is for the consumer to handle there (it rejoins).
+# after which the consumer must not move there yet: it is not, or no longer, the
+# coordinator (COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR), or loading the group
+# (COORDINATOR_LOAD_IN_PROGRESS, which Kafka's group coordinators do not give a heartbeat:
+# they answer it with no error while loading, so the consumer may move to a coordinator
+# still loading the group, where its commits and joins are refused as loading and retried
+# by aiokafka). Any other answer: no error or a rebalance in progress keeps the member, and
+# an unknown member or stale generation is for the consumer to handle there (it rejoins).
 NOT_READY_CODES = frozenset({14, 15, 16})
 # How long an answer stays the one handed to aiokafka's coordinator lookup: a few
 # intervals, so a lookup soon after the switch uses it, and a stale one is never used.
