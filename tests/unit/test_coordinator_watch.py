@@ -372,3 +372,21 @@ def test_only_retriable_failures_of_a_request_are_asked_again() -> None:
     assert unanswered(ConnectionResetError())
     assert not unanswered(IncompatibleBrokerVersion())  # the broker cannot take it
     assert not unanswered(TypeError("send() got an unexpected keyword argument"))
+
+
+@pytest.mark.xfail(strict=True, reason="the answer is handed to every lookup for 3 intervals")
+async def test_the_answer_is_no_longer_handed_out_once_aiokafka_is_on_that_node() -> None:
+    """A lookup after aiokafka took the new coordinator means that node failed too (it said
+    "not the coordinator": the group moved again). Handed the same answer, aiokafka went
+    back to it until the answer went stale (3 intervals), failing a heartbeat or commit
+    there each time, instead of asking a broker."""
+    client = FakeClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={2: 0})
+    coordinator = FakeCoordinator(current=3)
+    watch = watch_of(client, coordinator)
+    await watch.tick()
+    coordinator.coordinator_id = await client.coordinator_lookup(0, "scheduler")
+    assert coordinator.coordinator_id == 2
+    await watch.tick()  # aiokafka on the new node: nothing moves
+
+    coordinator.coordinator_dead()  # "not the coordinator" from node 2
+    assert await client.coordinator_lookup(0, "scheduler") == "stock lookup"
