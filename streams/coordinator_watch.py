@@ -245,6 +245,10 @@ class CoordinatorWatch:
         if current is None:
             self._close_gone(client)
             return  # no group, or aiokafka is looking for its coordinator itself
+        if self._hint is not None and self._hint[0] == current:
+            # aiokafka is on the answer: a lookup after this means that node failed too,
+            # and the stock lookup asks a broker where the answer would send it back.
+            self._hint = None
         nodes = ask_order([b.nodeId for b in client.cluster.brokers()], current, self._turn)
         self._turn += 1
         answer, responder = await self._ask(client, coordinator.group_id, nodes)

@@ -374,7 +374,6 @@ def test_only_retriable_failures_of_a_request_are_asked_again() -> None:
     assert not unanswered(TypeError("send() got an unexpected keyword argument"))
 
 
-@pytest.mark.xfail(strict=True, reason="the answer is handed to every lookup for 3 intervals")
 async def test_the_answer_is_no_longer_handed_out_once_aiokafka_is_on_that_node() -> None:
     """A lookup after aiokafka took the new coordinator means that node failed too (it said
     "not the coordinator": the group moved again). Handed the same answer, aiokafka went
