@@ -389,3 +389,55 @@ async def test_the_answer_is_no_longer_handed_out_once_aiokafka_is_on_that_node(
 
     coordinator.coordinator_dead()  # "not the coordinator" from node 2
     assert await client.coordinator_lookup(0, "scheduler") == "stock lookup"
+
+
+@pytest.mark.xfail(strict=True, reason="a stop that asyncio.wait_for swallows is lost")
+async def test_a_stop_landing_with_an_answer_still_stops_the_watch() -> None:
+    """The stop's cancellation reaches the watch in the loop turn in which the broker's
+    answer completes its request: Python 3.11's asyncio.wait_for then returns the answer
+    and drops the cancellation, and the watch ran on after its consumer had stopped."""
+    thread_loop = asyncio.new_event_loop()
+    asked = threading.Event()
+
+    class HeldClient(FakeClient):
+        held: asyncio.Future[Any] | None = None
+
+        async def send(self, node: int, request: Any, *, group: int = 0) -> Any:
+            if type(request).__name__ == "FindCoordinatorRequest" and self.held is None:
+                self.held = asyncio.get_running_loop().create_future()
+                asked.set()
+                return await self.held
+            return await super().send(node, request, group=group)
+
+    client = HeldClient([1, 2, 3], answers={1: 3, 2: 3}, heartbeats={})
+    consumer = SimpleNamespace(_client=client, _coordinator=FakeCoordinator(current=3))
+    watch = CoordinatorWatch(consumer, interval_s=0.01, ask_timeout_s=60.0)
+    thread = threading.Thread(target=thread_loop.run_forever)
+    thread.start()
+    try:
+        assert watch.start(thread_loop)
+        assert asked.wait(10)
+
+        def answer_and_stop() -> None:  # in one loop turn, as stop() does on the thread
+            assert client.held is not None
+            client.held.set_result(SimpleNamespace(error_code=0, coordinator_id=3))
+            watch._cancel_on_thread()
+
+        thread_loop.call_soon_threadsafe(answer_and_stop)
+        for _ in range(1000):  # a bound, not a timing: it ends at once when stopped
+            if watch._running is not None and watch._running.done():
+                break
+            await asyncio.sleep(0.01)
+        assert watch._running is not None and watch._running.done()
+    finally:
+
+        async def cancel_all() -> None:
+            tasks = asyncio.all_tasks() - {asyncio.current_task()}
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(cancel_all(), thread_loop))
+        thread_loop.call_soon_threadsafe(thread_loop.stop)
+        thread.join()
+        thread_loop.close()
