@@ -203,7 +203,9 @@ class CoordinatorWatch:
             return
         self._running = asyncio.current_task()
         self.install_lookup()
-        while True:
+        # Checked as well as cancelled: Python 3.11's asyncio.wait_for drops a cancellation
+        # that arrives in the loop turn in which the request it waits on completes.
+        while not self._stopped:
             await asyncio.sleep(self._interval_s)
             try:
                 await self.tick()

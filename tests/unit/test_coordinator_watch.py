@@ -391,7 +391,6 @@ async def test_the_answer_is_no_longer_handed_out_once_aiokafka_is_on_that_node(
     assert await client.coordinator_lookup(0, "scheduler") == "stock lookup"
 
 
-@pytest.mark.xfail(strict=True, reason="a stop that asyncio.wait_for swallows is lost")
 async def test_a_stop_landing_with_an_answer_still_stops_the_watch() -> None:
     """The stop's cancellation reaches the watch in the loop turn in which the broker's
     answer completes its request: Python 3.11's asyncio.wait_for then returns the answer
