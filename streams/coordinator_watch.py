@@ -180,6 +180,8 @@ class CoordinatorWatch:
         return True
 
     def stop(self) -> None:
+        """End the watch for good: a watch once stopped does not run again (``_stopped``),
+        so the worker builds one per consumer and stops it only at shutdown."""
         loop, task = self._loop, self._task
         if loop is not None and task is not None and not loop.is_closed():
             with contextlib.suppress(RuntimeError):  # the thread's loop already ended
