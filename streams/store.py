@@ -173,10 +173,12 @@ class ScheduleStore(EventStore):
         delete: Sequence[BucketKey] = (),
         now_ms: int,
     ) -> None:
-        """Write and delete many bucket rows: unlogged batches, each bucket partition's
-        (partition, minute, shard) rows in chunks under ``max_batch_bytes`` (Cassandra rejects
-        batches above batch_size_fail_threshold, 50 KiB by default), up to
-        ``commit_group_size`` chunks of different partitions per request, all concurrently.
+        """Write and delete many bucket rows: one unlogged batch per bucket partition
+        (partition, minute, shard), in chunks under ``max_batch_bytes``, all concurrently.
+        Never two partitions in one batch: Cassandra measures a batch's mutations its own
+        way against batch_size_fail_threshold (50 KiB by default), and refused batches of
+        several bucket partitions that the estimate kept under ``max_batch_bytes`` ("Batch
+        too large": a recurring schedule's runs stored, its commit never made).
 
         A minute's rows share one Cassandra partition, so a command batch whose schedules
         fall in a few minutes costs a few requests instead of one per row (measured locally:
@@ -198,39 +200,18 @@ class ScheduleStore(EventStore):
             groups.setdefault((key.partition, key.minute_ms, key.shard), []).append(
                 (len(key.tenant) + len(key.schedule_id) + 64, _delete_bucket_stmt(key))
             )
-        # Each bucket partition's rows in chunks under max_batch_bytes: a chunk is one
-        # mutation of its partition.
-        chunks: list[tuple[int, list[Stmt]]] = []
+        sends = []
         for items in groups.values():
             chunk: list[Stmt] = []
             size = 0
             for nbytes, stmt in items:
                 if chunk and (size + nbytes > self.max_batch_bytes):
-                    chunks.append((size, chunk))
+                    sends.append(self.run_together("write_buckets", chunk))
                     chunk, size = [], 0
                 chunk.append(stmt)
                 size += nbytes
             if chunk:
-                chunks.append((size, chunk))
-        # Up to commit_group_size chunks of different partitions share one unlogged request
-        # (under max_batch_bytes), as the schedule rows do: a command batch's creates fall
-        # in a few minutes of each of the 8+ command partitions, one bucket partition
-        # each, and every request costs the worker's driver and Cassandra more than a row.
-        # Nothing relies on two partitions being written together.
-        sends = []
-        request: list[Stmt] = []
-        size = count = 0
-        for nbytes, chunk in chunks:
-            if request and (
-                count >= self.commit_group_size or size + nbytes > self.max_batch_bytes
-            ):
-                sends.append(self.run_together("write_buckets", request))
-                request, size, count = [], 0, 0
-            request.extend(chunk)
-            size += nbytes
-            count += 1
-        if request:
-            sends.append(self.run_together("write_buckets", request))
+                sends.append(self.run_together("write_buckets", chunk))
         await gather_all(sends)
 
     async def read_bucket(
