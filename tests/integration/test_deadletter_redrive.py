@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,21 +33,12 @@ from tests.integration.conftest import (
     _env_for,
     _ports,
     isolated_stack,
+    until,
     wait_worker_ready,
 )
 from tests.integration.test_proxy_delivery import Hit, Receiver, fast_settings
 
 pytestmark = pytest.mark.integration
-
-
-def until(check: Callable[[], Any], what: str, timeout_s: float = 90) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        got = check()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class ApiThread:
@@ -150,7 +141,7 @@ def test_a_dead_letter_is_listed_and_redriven_to_the_fixed_endpoint_by_its_tenan
         assert st == 200, body
         return [d for d in body["dead_letters"] if d["schedule_id"] == sid]  # type: ignore[index]
 
-    (letter,) = until(lambda: listed(a), "the dead letter to be listed", timeout_s=120)
+    (letter,) = until(lambda: listed(a), timeout_s=120, what="the dead letter to be listed")
     tid = letter["trigger_id"]
     assert letter["reason"].startswith("HTTP 700"), letter
     assert letter["response"] == {"status_code": 700, "body_excerpt": "answer 700"}
@@ -175,7 +166,7 @@ def test_a_dead_letter_is_listed_and_redriven_to_the_fixed_endpoint_by_its_tenan
             return None
         return st, body
 
-    st, body = until(redriven, "the redrive to be taken")
+    st, body = until(redriven, timeout_s=90, what="the redrive to be taken")
     assert st == 200, body
     assert body["trigger_id"] == tid and body["attempt"] == 2  # type: ignore[index]
     st, again = api.call("POST", f"/v1/dead-letters/{tid}/redrive", key=a)
@@ -184,7 +175,7 @@ def test_a_dead_letter_is_listed_and_redriven_to_the_fixed_endpoint_by_its_tenan
     def delivered() -> list[Hit]:
         return [h for h in receiver.delivered() if h.headers.get("Tocsin-Trigger-Id") == tid]
 
-    (hit,) = until(delivered, "the redriven trigger to be delivered")
+    (hit,) = until(delivered, timeout_s=90, what="the redriven trigger to be delivered")
     assert hit.headers["Tocsin-Emit-Attempt"] == "2"
     assert hit.headers["Tocsin-Order-Key"] == "orders-7" and hit.body == b'{"sku":42}'
 
@@ -194,7 +185,7 @@ def test_a_dead_letter_is_listed_and_redriven_to_the_fixed_endpoint_by_its_tenan
         done = (view.get("delivery") or {}).get("outcome") == "delivered"  # type: ignore[union-attr]
         return view if done else None  # type: ignore[return-value]
 
-    view = until(recorded, "the delivery to be recorded")
+    view = until(recorded, timeout_s=90, what="the delivery to be recorded")
     refired = [h for h in view["history"] if h["event"] == "refired"]
     assert refired and "redriven" in refired[0]["detail"], view["history"]
     st, letter = api.call("GET", f"/v1/dead-letters/{tid}", key=a)
@@ -220,7 +211,9 @@ def test_a_dead_letter_is_listed_and_redriven_to_the_fixed_endpoint_by_its_tenan
     assert shown["response"]["status_code"] == 700 and shown["redriven"]["attempt"] == 2
     answer = cli("redrive", tenant_a, tid, "--force")
     assert [r["attempt"] for r in answer["redriven"]] == [3] and answer["failed"] == []
-    (_, third) = until(lambda: len(delivered()) == 2 and delivered(), "the forced redrive")
+    (_, third) = until(
+        lambda: len(delivered()) == 2 and delivered(), timeout_s=90, what="the forced redrive"
+    )
     assert third.headers["Tocsin-Emit-Attempt"] == "3"
 
 
