@@ -22,6 +22,8 @@ from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
+
 from base.errors import StoreError
 from streams import ports
 from streams.buckets import BucketKey
@@ -754,3 +756,150 @@ async def until_true(done: Callable[[], bool]) -> None:
             return
         await asyncio.sleep(0.001)
     raise AssertionError("never happened")
+
+
+class FakeMonotonic:
+    """A monotonic clock (seconds) that moves only when told to; ``FakeKafkaProducer``'s waits
+    move it instead of sleeping."""
+
+    def __init__(self, start_s: float = 1_000.0) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+    def advance(self, seconds: float) -> None:
+        self.now_s += seconds
+
+
+class ProducerHung(AssertionError):
+    """The code under test kept waiting on ``FakeKafkaProducer`` past ``hang_after_s``: on
+    the real producer it would wait for as long as Kafka stays down."""
+
+
+@dataclass
+class _Queued:
+    topic: str
+    key: bytes | None
+    value: bytes
+    on_delivery: Callable[[Any, Any], None] | None
+    partition: int
+    produced_s: float
+    reported: bool = False
+
+
+class _FakeMessage:
+    """What a delivery callback is given (``confluent_kafka.Message``'s getters)."""
+
+    def __init__(self, q: _Queued) -> None:
+        self._q = q
+
+    def topic(self) -> str:
+        return self._q.topic
+
+    def key(self) -> bytes | None:
+        return self._q.key
+
+    def value(self) -> bytes:
+        return self._q.value
+
+    def partition(self) -> int:
+        return self._q.partition
+
+    def error(self) -> None:
+        return None
+
+
+class FakeKafkaProducer:
+    """A ``confluent_kafka.Producer`` with librdkafka's local queue and Kafka up or down.
+
+    At most ``queue_max`` records wait in the local queue; ``produce`` raises
+    ``BufferError`` when it is full. While ``down`` nothing is acknowledged, and a record
+    that has waited ``message_timeout_s`` is reported ``_MSG_TIMED_OUT``; as in librdkafka,
+    its room is freed only once its delivery callback returns. ``poll`` and ``flush`` move
+    ``clock`` by their timeout instead of sleeping, and once they have waited
+    ``hang_after_s`` in all they raise ``ProducerHung``: code that would wait for ever fails
+    instead. While up, ``poll`` and ``flush`` acknowledge everything queued, in order.
+
+    Kafka refuses records of ``refuse_at_produce`` topics in ``produce`` (librdkafka's own
+    size check) and those of ``refuse_on_ack`` topics in their delivery report (the broker's),
+    both as too large. ``written``: (topic, key, value) of every acknowledged record, in the
+    order Kafka has them."""
+
+    def __init__(
+        self,
+        clock: FakeMonotonic | None = None,
+        *,
+        queue_max: int = 100_000,
+        message_timeout_s: float = 30.0,
+        hang_after_s: float = 3_600.0,
+    ) -> None:
+        self.clock = clock or FakeMonotonic()
+        self.queue_max = queue_max
+        self.message_timeout_s = message_timeout_s
+        self.hang_after_s = hang_after_s
+        self.down = False
+        self.refuse_at_produce: set[str] = set()
+        self.refuse_on_ack: set[str] = set()
+        self.queue: list[_Queued] = []
+        self.written: list[tuple[str, bytes | None, bytes]] = []
+        self.waited_s = 0.0
+
+    def produce(
+        self,
+        topic: str,
+        value: bytes | None = None,
+        key: bytes | None = None,
+        headers: Any = None,
+        on_delivery: Callable[[Any, Any], None] | None = None,
+        partition: int = -1,
+    ) -> None:
+        if topic in self.refuse_at_produce:
+            raise KafkaException(KafkaError(KafkaError.MSG_SIZE_TOO_LARGE))
+        if len(self.queue) >= self.queue_max:
+            raise BufferError("Local: Queue full")
+        q = _Queued(topic, key, value or b"", on_delivery, max(partition, 0), self.clock())
+        self.queue.append(q)
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+    def poll(self, timeout: float = -1) -> int:
+        return self._serve(timeout)
+
+    def flush(self, timeout: float = -1) -> int:
+        self._serve(timeout)
+        return len(self.queue)
+
+    def _serve(self, timeout_s: float) -> int:
+        if self.down:
+            self._wait(timeout_s)
+            now = self.clock()
+            due = [
+                q
+                for q in self.queue
+                if not q.reported and now - q.produced_s >= self.message_timeout_s
+            ]
+        else:
+            due = [q for q in self.queue if not q.reported]
+        for q in due:
+            q.reported = True
+            err: KafkaError | None = None
+            if self.down:
+                err = KafkaError(KafkaError._MSG_TIMED_OUT)
+            elif q.topic in self.refuse_on_ack:
+                err = KafkaError(KafkaError.MSG_SIZE_TOO_LARGE)
+            else:
+                self.written.append((q.topic, q.key, q.value))
+            if q.on_delivery is not None:
+                q.on_delivery(err, _FakeMessage(q))
+            self.queue.remove(q)
+        return len(due)
+
+    def _wait(self, timeout_s: float) -> None:
+        if timeout_s < 0:
+            raise ProducerHung("waited with no timeout while Kafka is down")
+        self.clock.advance(timeout_s)
+        self.waited_s += timeout_s
+        if self.waited_s > self.hang_after_s:
+            raise ProducerHung(f"still waiting on the producer after {self.waited_s:.0f} s")
