@@ -350,7 +350,9 @@ class Worker:
             if self._coordinator_watch is None and s.scheduler.coordinator_query_interval_s > 0:
                 # Started here, once the consumer's thread runs its loop.
                 self._coordinator_watch = coordinator_watch.follow(
-                    app.consumer, interval_s=s.scheduler.coordinator_query_interval_s
+                    app.consumer,
+                    interval_s=s.scheduler.coordinator_query_interval_s,
+                    health=self.health,
                 )
             await self._ensure_started()
             await self.ownership.assigned(mine, app.consumer_generation_id)

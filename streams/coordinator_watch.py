@@ -32,6 +32,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterable
+from enum import StrEnum
 from typing import Any
 
 from aiokafka.client import ConnectionGroup, CoordinationType  # type: ignore[import-untyped]
@@ -43,7 +44,12 @@ from aiokafka.protocol.coordination import (  # type: ignore[import-untyped]
 from aiokafka.protocol.group import HeartbeatRequest  # type: ignore[import-untyped]
 from aiokafka.protocol.metadata import MetadataRequest  # type: ignore[import-untyped]
 
+from base.supervise import HealthSink
+from streams import metrics
+
 log = logging.getLogger("tocsin.worker")
+# The health component a dead watch fails (``/healthz`` answers 503).
+HEALTH_COMPONENT = "coordinator watch"
 
 # Kafka error codes of a heartbeat to the node that now says it coordinates the group,
 # after which the consumer must not move there yet: it is not, or no longer, the
@@ -92,7 +98,29 @@ def gone_nodes(connected: Iterable[object], brokers: Iterable[int]) -> set[int]:
     return {n for n in connected if isinstance(n, int) and n not in known}
 
 
-def follow(faust_consumer: Any, *, interval_s: float) -> CoordinatorWatch | None:
+class TickFailure(StrEnum):
+    """Why a tick of the watch could not do its work (the label of
+    ``tocsin_coordinator_watch_failed_ticks_total``: a fixed set, whatever is raised)."""
+
+    UNANSWERED = "unanswered"  # no broker asked said which node coordinates the group
+    KAFKA = "kafka"  # a Kafka error that is not retriable (a request the broker refuses)
+    KAFKA_RETRIABLE = "kafka_retriable"  # a retriable one that reached the loop
+    CONNECTION = "connection"  # a timeout or socket error that reached the loop
+    OTHER = "other"  # anything else: a programming error, an aiokafka past the pinned one
+
+
+def tick_failure(exc: BaseException) -> TickFailure:
+    """The class of an error that ended a tick."""
+    if isinstance(exc, KafkaError):
+        return TickFailure.KAFKA_RETRIABLE if exc.retriable else TickFailure.KAFKA
+    if isinstance(exc, TimeoutError | OSError):
+        return TickFailure.CONNECTION
+    return TickFailure.OTHER
+
+
+def follow(
+    faust_consumer: Any, *, interval_s: float, health: HealthSink | None = None
+) -> CoordinatorWatch | None:
     """A started ``CoordinatorWatch`` on the aiokafka consumer of Faust's ``faust_consumer``
     (its consumer thread's), run on that thread's loop; None, logged, if the consumer is
     not where the pinned Faust keeps it or has not started."""
@@ -104,7 +132,9 @@ def follow(faust_consumer: Any, *, interval_s: float) -> CoordinatorWatch | None
         return None
     if consumer is None or loop is None:
         return None
-    watch = CoordinatorWatch(consumer, interval_s=interval_s, ask_timeout_s=interval_s)
+    watch = CoordinatorWatch(
+        consumer, interval_s=interval_s, ask_timeout_s=interval_s, health=health
+    )
     if not watch.start(loop):
         return None
     log.info("following the group coordinator", extra={"interval_s": interval_s})
@@ -139,8 +169,10 @@ class CoordinatorWatch:
         interval_s: float,
         ask_timeout_s: float,
         clock: Any = time.monotonic,
+        health: HealthSink | None = None,
     ) -> None:
         self._consumer = consumer
+        self._health = health
         self._interval_s = interval_s
         self._ask_timeout_s = ask_timeout_s
         self._clock = clock
@@ -177,7 +209,22 @@ class CoordinatorWatch:
         self._task = asyncio.wrap_future(
             asyncio.run_coroutine_threadsafe(self._install_and_run(), thread_loop)
         )
+        self._task.add_done_callback(self._ended)
         return True
+
+    def _ended(self, task: asyncio.Future[None]) -> None:
+        """The watch's coroutine has ended: by its stop (cancelled, or returned once
+        stopped), or it died, which leaves the worker on the stock behaviour (its
+        coordinator followed only at the request timeout), so the process is failed."""
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is None and self._stopped:
+            return
+        why = repr(exc) if exc is not None else "it ended without a stop"
+        log.error("group coordinator watch died", exc_info=exc, extra={"error": why})
+        if self._health is not None:
+            self._health.fail(HEALTH_COMPONENT, f"the group coordinator watch died: {why}")
 
     def stop(self) -> None:
         """End the watch for good: a watch once stopped does not run again (``_stopped``),
@@ -214,6 +261,7 @@ class CoordinatorWatch:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a watch that dies would leave the stock behaviour
+                metrics.COORDINATOR_WATCH_FAILURES.labels(tick_failure(exc)).inc()
                 log.warning("group coordinator watch failed", extra={"error": repr(exc)})
 
     def install_lookup(self) -> None:
@@ -256,13 +304,15 @@ class CoordinatorWatch:
         nodes = ask_order([b.nodeId for b in client.cluster.brokers()], current, self._turn)
         self._turn += 1
         answer, responder = await self._ask(client, coordinator.group_id, nodes)
+        if nodes and responder is None:
+            metrics.COORDINATOR_WATCH_FAILURES.labels(TickFailure.UNANSWERED).inc()
         if responder is not None and metadata_stale(
             time.time() * 1000,
             client.cluster._last_successful_refresh_ms,
             client._metadata_max_age_ms,
         ):
             log.warning("re-reading the metadata from a live broker", extra={"node": responder})
-            await self._refresh_metadata(client, responder)
+            await self._refresh_metadata(client, responder, reason="stale")
         self._close_gone(client)
         if not moved(current, answer) or coordinator.coordinator_id != current:
             return
@@ -272,11 +322,12 @@ class CoordinatorWatch:
             return
         self._hint = (answer, self._clock() + HINT_TTL_INTERVALS * self._interval_s)
         self.switches += 1
+        metrics.COORDINATOR_SWITCHES.inc()
         log.warning(
             "group coordinator moved: leaving the old one",
             extra={"group": coordinator.group_id, "old": current, "new": answer, "probe": code},
         )
-        await self._refresh_metadata(client, answer)
+        await self._refresh_metadata(client, answer, reason="switch")
         self._close_node(client, current)
         # Also when nothing was in flight there: the next heartbeat must not reconnect to
         # the old node. The lookup that follows gets the answer above. Not when aiokafka
@@ -293,6 +344,7 @@ class CoordinatorWatch:
                 "closing the connections to a broker the metadata no longer lists",
                 extra={"node": node},
             )
+            metrics.COORDINATOR_GONE_CLOSES.inc()
             self._close_node(client, node)
 
     async def _ask(
@@ -337,7 +389,7 @@ class CoordinatorWatch:
         code: int = resp.error_code
         return code
 
-    async def _refresh_metadata(self, client: Any, node: int) -> None:
+    async def _refresh_metadata(self, client: Any, node: int, *, reason: str) -> None:
         """The cluster's metadata read from ``node`` (live: it just answered), before the old
         coordinator's connections are closed. The closes make the fetcher re-plan and the
         client re-read metadata at once; on the metadata from before the fencing, both went
@@ -359,6 +411,7 @@ class CoordinatorWatch:
             return
         if resp.brokers:
             client.cluster.update_metadata(resp)
+            metrics.COORDINATOR_METADATA_READS.labels(reason).inc()
 
     @staticmethod
     def _close_node(client: Any, node: int) -> None:

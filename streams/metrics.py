@@ -75,6 +75,29 @@ CONSUMER_HANDOVERS = Counter(
     ["path"],
 )
 OWNED_PARTITIONS = Gauge("tocsin_owned_partitions", "Commands partitions this worker fires")
+# The worker's group coordinator watch (streams.coordinator_watch). Each counts an action
+# that should be rare outside a broker's failure: a steady rate means something is wrong
+# with the cluster (or the watch), which the log alone shows only line by line.
+COORDINATOR_SWITCHES = Counter(
+    "tocsin_coordinator_watch_switches_total",
+    "Group coordinator moves made by the watch (old node left, same member and generation)",
+)
+COORDINATOR_GONE_CLOSES = Counter(
+    "tocsin_coordinator_watch_gone_closes_total",
+    "Brokers missing from the metadata whose connections the watch closed",
+)
+COORDINATOR_METADATA_READS = Counter(
+    "tocsin_coordinator_watch_metadata_reads_total",
+    "Metadata re-read by the watch from a live broker, by reason: switch (before leaving "
+    "the old coordinator) or stale (the client's own re-read stuck)",
+    ["reason"],
+)
+# Label values: streams.coordinator_watch.TickFailure (a fixed set, whatever is raised).
+COORDINATOR_WATCH_FAILURES = Counter(
+    "tocsin_coordinator_watch_failed_ticks_total",
+    "Ticks of the coordinator watch that could not do their work, by error class",
+    ["error"],
+)
 # A traceparent that is not W3C-valid is dropped (tracing never fails a schedule), and
 # counted here by where it came in: a command's Kafka header, an API request's header.
 TRACEPARENT_DROPPED = Counter(

@@ -17,14 +17,18 @@ from aiokafka.errors import (  # type: ignore[import-untyped]
     NodeNotReadyError,
     RequestTimedOutError,
 )
+from prometheus_client import REGISTRY
 
+from base.health import Health
 from streams.coordinator_watch import (
     CoordinatorWatch,
+    TickFailure,
     ask_order,
     gone_nodes,
     metadata_stale,
     moved,
     ready_to_switch,
+    tick_failure,
     unanswered,
 )
 
@@ -437,6 +441,150 @@ async def test_a_stop_landing_with_an_answer_still_stops_the_watch() -> None:
             await asyncio.gather(*tasks, return_exceptions=True)
 
         await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(cancel_all(), thread_loop))
+        thread_loop.call_soon_threadsafe(thread_loop.stop)
+        thread.join()
+        thread_loop.close()
+
+
+# --- what the watch exports: its moves, closes, re-reads and failures as metrics, and its
+# death as the process's health ---------------------------------------------------------
+
+
+def sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+async def test_a_switch_is_counted_with_the_metadata_read_before_it() -> None:
+    client = FakeClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={2: 0})
+    watch = watch_of(client, FakeCoordinator(current=3))
+    switches = sample("tocsin_coordinator_watch_switches_total")
+    reads = sample("tocsin_coordinator_watch_metadata_reads_total", reason="switch")
+
+    await watch.tick()
+
+    assert sample("tocsin_coordinator_watch_switches_total") == switches + 1
+    assert sample("tocsin_coordinator_watch_metadata_reads_total", reason="switch") == reads + 1
+
+
+async def test_no_move_counts_no_switch() -> None:
+    client = FakeClient([1, 2, 3], answers={1: 3, 2: 3}, heartbeats={})
+    watch = watch_of(client, FakeCoordinator(current=3))
+    switches = sample("tocsin_coordinator_watch_switches_total")
+
+    await watch.tick()
+
+    assert sample("tocsin_coordinator_watch_switches_total") == switches
+
+
+async def test_a_broker_gone_from_the_metadata_is_counted_when_its_connections_close() -> None:
+    client = FakeClient([1, 2], answers={1: 2, 2: 2}, heartbeats={})
+    watch = watch_of(client, FakeCoordinator(current=2))
+    client.in_flight(3, group=0)
+    closes = sample("tocsin_coordinator_watch_gone_closes_total")
+
+    await watch.tick()
+    await watch.tick()  # closed already: not counted again
+
+    assert sample("tocsin_coordinator_watch_gone_closes_total") == closes + 1
+
+
+async def test_a_stale_metadata_read_from_a_live_broker_is_counted() -> None:
+    client = FakeClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={})
+    client.cluster._last_successful_refresh_ms = time.time() * 1000 - 20_000
+    watch = watch_of(client, FakeCoordinator(current=2))
+    reads = sample("tocsin_coordinator_watch_metadata_reads_total", reason="stale")
+
+    await watch.tick()
+
+    assert sample("tocsin_coordinator_watch_metadata_reads_total", reason="stale") == reads + 1
+
+
+async def test_a_tick_that_no_broker_answered_is_counted_as_failed() -> None:
+    client = FakeClient([1, 2, 3], answers={}, heartbeats={})  # nodes 1 and 2 hang
+    watch = watch_of(client, FakeCoordinator(current=3))
+    failed = sample("tocsin_coordinator_watch_failed_ticks_total", error="unanswered")
+
+    await watch.tick()
+
+    assert sample("tocsin_coordinator_watch_failed_ticks_total", error="unanswered") == failed + 1
+
+
+def test_a_tick_failure_is_classed_into_a_fixed_set() -> None:
+    assert tick_failure(IncompatibleBrokerVersion()) == TickFailure.KAFKA
+    assert tick_failure(NodeNotReadyError()) == TickFailure.KAFKA_RETRIABLE
+    assert tick_failure(ConnectionResetError()) == TickFailure.CONNECTION
+    assert tick_failure(TimeoutError()) == TickFailure.CONNECTION
+    assert tick_failure(TypeError("unexpected keyword")) == TickFailure.OTHER
+    assert tick_failure(KeyError("whatever a new aiokafka raises")) == TickFailure.OTHER
+
+
+async def test_a_tick_that_raised_is_counted_by_its_error_class() -> None:
+    client = BrokenClient([1, 2, 3], answers={1: 2, 2: 2}, heartbeats={2: 0})
+    client.broken = "FindCoordinatorRequest"
+    consumer = SimpleNamespace(_client=client, _coordinator=FakeCoordinator(current=3))
+    watch = CoordinatorWatch(consumer, interval_s=0.001, ask_timeout_s=0.05)
+    failed = sample("tocsin_coordinator_watch_failed_ticks_total", error="other")
+    run = asyncio.ensure_future(watch._install_and_run())
+    try:
+        for _ in range(1000):  # a bound, not a timing: the first tick fails
+            if sample("tocsin_coordinator_watch_failed_ticks_total", error="other") > failed:
+                break
+            await asyncio.sleep(0.001)
+        assert sample("tocsin_coordinator_watch_failed_ticks_total", error="other") > failed
+        assert not run.done()  # a failed tick does not end the watch
+    finally:
+        watch._cancel_on_thread()
+        with contextlib.suppress(asyncio.CancelledError):
+            await run
+
+
+async def test_a_watch_that_dies_fails_the_process_health() -> None:
+    """The watch's coroutine ends with an error (here its lookup cannot be installed: the
+    consumer's coordinator lacks the group id an aiokafka past the pinned one may drop):
+    the worker is left on the stock behaviour, and nothing but a line in a log said so."""
+    thread_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=thread_loop.run_forever)
+    thread.start()
+    health = Health()
+    client = FakeClient([1, 2, 3], answers={1: 3, 2: 3}, heartbeats={})
+    consumer = SimpleNamespace(_client=client, _coordinator=SimpleNamespace(coordinator_id=3))
+    watch = CoordinatorWatch(consumer, interval_s=60.0, ask_timeout_s=0.05, health=health)
+    try:
+        assert watch.start(thread_loop)
+        for _ in range(1000):  # a bound, not a timing: it dies at once
+            if not health.live()[0]:
+                break
+            await asyncio.sleep(0.01)
+        live, why = health.live()
+        assert not live and "coordinator watch" in why
+    finally:
+        watch.stop()
+        thread_loop.call_soon_threadsafe(thread_loop.stop)
+        thread.join()
+        thread_loop.close()
+
+
+async def test_a_watch_stopped_leaves_the_health_alone() -> None:
+    thread_loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=thread_loop.run_forever)
+    thread.start()
+    health = Health()
+    client = FakeClient([1, 2, 3], answers={1: 3, 2: 3}, heartbeats={})
+    consumer = SimpleNamespace(_client=client, _coordinator=FakeCoordinator(current=3))
+    watch = CoordinatorWatch(consumer, interval_s=0.01, ask_timeout_s=0.05, health=health)
+    try:
+        assert watch.start(thread_loop)
+        task = watch._task
+        assert task is not None
+        for _ in range(1000):  # a bound: until the watch runs on the thread's loop
+            if watch._running is not None:
+                break
+            await asyncio.sleep(0.01)
+        watch.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        assert health.live() == (True, "ok")
+    finally:
         thread_loop.call_soon_threadsafe(thread_loop.stop)
         thread.join()
         thread_loop.close()
