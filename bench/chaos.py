@@ -46,8 +46,10 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import orjson
 
@@ -153,11 +155,14 @@ class Tally:
     # How far before its due time a first sighting may come and not count as early: 0 when
     # the workers and the receiver read the same clock; a skewed worker's skew otherwise.
     early_allowance_ms: int = 0
+    runs: set[str] = field(default_factory=set)  # those of ``due`` that are recurring runs
 
-    def expect(self, trigger_id: str, due_ms: int) -> None:
+    def expect(self, trigger_id: str, due_ms: int, *, run: bool = False) -> None:
         with self.lock:
             self.due[trigger_id] = due_ms
             self.acked_ms.setdefault(trigger_id, now_ms())
+            if run:
+                self.runs.add(trigger_id)
 
     def saw(self, trigger_id: str, at_ms: int) -> None:
         with self.lock:
@@ -171,6 +176,7 @@ class Tally:
         with self.lock:
             got = [t for t in self.due if t in self.seen]
             lateness = [min(self.seen[t]) - self.due[t] for t in got]
+            runs_got = [t for t in got if t in self.runs]
             return {
                 "acknowledged": len(self.due),
                 "triggers": len(got),
@@ -179,7 +185,100 @@ class Tally:
                 "early": sum(1 for late in lateness if late < -self.early_allowance_ms),
                 "max_lateness_ms": max(lateness, default=0),
                 "min_lateness_ms": min(lateness, default=0),
+                # The recurring runs among them (their lost, duplicated and early are in
+                # the totals above too).
+                "recurring_runs": len(self.runs),
+                "recurring_runs_lost": len(self.runs) - len(runs_got),
+                "recurring_runs_duplicated": sum(len(self.seen[t]) - 1 for t in runs_got),
             }
+
+
+# ----------------------------------------------------------------------------- recurring
+
+# The recurring schedules of a load (RELIABILITY.md "The suite"): one rate schedule for each
+# of these intervals and one cron schedule every CRON_EVERY_S seconds in CRON_ZONE. The
+# zone is UTC+05:45: its hour field read in UTC, or in any whole-hour zone, matches no
+# instant of a load, so a zone ignored loses every cron run.
+RECURRING_EVERY_S = (2, 3, 5)
+CRON_EVERY_S = 4
+CRON_ZONE = "Asia/Kathmandu"
+
+
+@dataclass(frozen=True)
+class RunRule:
+    """One recurring schedule of the suite and the runs it must deliver, worked out here
+    without the product's recurrence code (pure). Rate (``zone`` empty): runs at
+    ``start_ms + k * every_s``. Cron (``zone`` set): a run at each whole second from
+    ``start_ms`` whose seconds field is a multiple of ``every_s`` (a divisor of 60) and whose
+    local hour in ``zone`` is one of ``hours``. The schedules have no end: the suite checks
+    the runs up to ``until_ms``."""
+
+    start_ms: int
+    until_ms: int
+    every_s: int
+    zone: str = ""
+    hours: tuple[int, ...] = ()
+
+    def recurrence(self) -> Any:
+        from topics.models import Recurrence
+
+        if not self.zone:
+            return Recurrence(every_s=self.every_s, start_ms=self.start_ms)
+        hours = ",".join(str(h) for h in self.hours)
+        return Recurrence(
+            cron=f"*/{self.every_s} * {hours} * * *", start_ms=self.start_ms, time_zone=self.zone
+        )
+
+    def runs(self, acked_ms: int) -> list[int]:
+        """The nominal times (epoch ms) of the runs expected of a create acknowledged at
+        ``acked_ms``: from then (the worker applied the create before its answer, and a
+        schedule's first run is its first occurrence at or after that) to ``until_ms``."""
+        lo = max(acked_ms, self.start_ms)
+        if not self.zone:
+            every = self.every_s * 1000
+            first = self.start_ms + max(0, -(-(lo - self.start_ms) // every)) * every
+            return list(range(first, self.until_ms + 1, every))
+        tz = ZoneInfo(self.zone)
+        return [
+            second * 1000
+            for second in range(-(-lo // 1000), self.until_ms // 1000 + 1)
+            if second % 60 % self.every_s == 0
+            and datetime.fromtimestamp(second, tz).hour in self.hours
+        ]
+
+
+def local_hours(zone: str, lo_ms: int, hi_ms: int) -> tuple[int, ...]:
+    """The local hours of ``zone`` that the instants from ``lo_ms`` to ``hi_ms`` fall in
+    (pure; whole-minute offsets, read once a minute and at the end)."""
+    tz = ZoneInfo(zone)
+    instants = [*range(lo_ms, hi_ms, 60_000), hi_ms]
+    return tuple(sorted({datetime.fromtimestamp(ms / 1000, tz).hour for ms in instants}))
+
+
+def recurring_rules(start_ms: int, until_ms: int) -> list[RunRule]:
+    """A load's recurring schedules, first due at ``start_ms`` and checked to ``until_ms``:
+    the rate ones of RECURRING_EVERY_S and the cron one (pure)."""
+    rules = [RunRule(start_ms, until_ms, every) for every in RECURRING_EVERY_S]
+    hours = local_hours(CRON_ZONE, start_ms, until_ms)
+    return [*rules, RunRule(start_ms, until_ms, CRON_EVERY_S, CRON_ZONE, hours)]
+
+
+def runs_per_s(rules: list[RunRule]) -> float:
+    """How many runs a second these schedules fall due at (pure)."""
+    return sum(1 / r.every_s for r in rules)
+
+
+def expect_runs(tally: Tally, tenant: str, schedule_id: str, rule: RunRule, acked_ms: int) -> int:
+    """The tally expects each run of a recurring create acknowledged at ``acked_ms``
+    (``RunRule.runs``), under the trigger id the guarantee gives it: that of the run's
+    schedule id ``<schedule_id>@<nominal ms>`` due at its nominal time. A run delivered
+    under any other id is lost. Returns how many (no I/O)."""
+    from topics.ids import trigger_id
+
+    nominals = rule.runs(acked_ms)
+    for nominal in nominals:
+        tally.expect(trigger_id(tenant, f"{schedule_id}@{nominal}", nominal), nominal, run=True)
+    return len(nominals)
 
 
 class FireCounter(threading.Thread):
@@ -341,7 +440,8 @@ class Receiver:
     def order_violations(self) -> int:
         """First deliveries that came after a later-due trigger of the same order key had
         been delivered, although the earlier-due one was already acknowledged to its client
-        when the later one was emitted (a redelivery is a duplicate, not a violation). A
+        when the later one was emitted (a redelivery of a trigger id is a duplicate, not a
+        violation; the runs of a recurring schedule share its key and payload). A
         create that reached the scheduler only after a later-due trigger of its key was
         emitted (a client's send held up by an outage) cannot be put before it:
         ``late_creates_out_of_order`` counts those."""
@@ -360,12 +460,12 @@ class Receiver:
         with self._lock, self.tally.lock:
             acked = dict(self.tally.acked_ms)
             for deliveries in self.by_key.values():
-                seen: set[int] = set()
+                seen: set[str] = set()
                 before: list[tuple[int, int]] = []  # (due, emitted) of first deliveries
-                for due, seq, tid, emitted in deliveries:
-                    if seq in seen:
+                for due, _seq, tid, emitted in deliveries:
+                    if tid in seen:
                         continue
-                    seen.add(seq)
+                    seen.add(tid)
                     if any(d > due for d, _ in before):
                         known_ms = acked.get(tid, -1)
                         if any(d > due and out >= known_ms for d, out in before):
@@ -405,6 +505,8 @@ class Scenario:
         _register_tenant(self.settings, TENANT)
         self.procs: list[Proc] = []
         self.tally = Tally()
+        self.rules: dict[str, RunRule] = {}  # recurring schedule id -> its rule
+        self.recurring_acknowledged: set[str] = set()
         self.notes: list[str] = []
         self.extra: dict[str, Any] = {}
         self._client: Any = None
@@ -504,6 +606,40 @@ class Scenario:
             misfire_tolerance_s=3600,
         )
 
+    def recurring(
+        self, sid: str, rule: RunRule, url: str, *, tenant: str = TENANT, payload_bytes: int = 0
+    ) -> Any:
+        """A create of a recurring schedule on its own order key (its runs' payload names
+        that key); ``accepted`` expects its runs by ``rule``."""
+        from topics.models import CreateCommand, HttpCallback, PayloadType
+
+        self.rules[sid] = rule
+        return CreateCommand(
+            tenant=tenant,
+            schedule_id=sid,
+            request_id=sid,
+            payload=padded_payload(sid, 0, payload_bytes),
+            payload_type=PayloadType.JSON,
+            callback=HttpCallback(url=url),
+            order_key=sid,
+            misfire_tolerance_s=3600,
+            recurrence=rule.recurrence(),
+        )
+
+    def accepted(self, create: Any, acked_ms: int) -> str | None:
+        """The tally expects what a create answered ``accepted`` at ``acked_ms`` schedules:
+        a one-shot's trigger (its id returned), or a recurring schedule's runs."""
+        from topics.ids import trigger_id
+
+        rule = self.rules.get(create.schedule_id)
+        if rule is None:
+            tid = trigger_id(create.tenant, create.schedule_id, create.due_ms)
+            self.tally.expect(tid, create.due_ms)
+            return tid
+        self.recurring_acknowledged.add(create.schedule_id)
+        expect_runs(self.tally, create.tenant, create.schedule_id, rule, acked_ms)
+        return None
+
     def send(self, command: Any) -> None:
         """A command through the client, or a ``RawRecord`` as it is (signed)."""
         if isinstance(command, RawRecord):
@@ -530,7 +666,6 @@ class Scenario:
         answered ``internal_error`` is sent again like an unanswered one, but counts as
         unanswered only if no answer came at all."""
         from streams.client import ResultWatcher
-        from topics.ids import trigger_id
 
         watcher = ResultWatcher(self.settings)
         pending = {c.schedule_id: c for c in creates}
@@ -558,8 +693,7 @@ class Scenario:
                     if str(r.status) == "accepted":
                         del pending[c.schedule_id]
                         if not isinstance(c, RawRecord) and expect(c):
-                            tid = trigger_id(c.tenant, c.schedule_id, c.due_ms)
-                            self.tally.expect(tid, c.due_ms)
+                            self.accepted(c, now_ms())
                     elif str(r.code) not in ("internal_error",):
                         del pending[c.schedule_id]  # rejected for good: report it
         finally:
@@ -586,6 +720,10 @@ class Scenario:
 
     def report(self, **more: Any) -> dict[str, Any]:
         figures = {"scenario": self.name, **self.tally.figures(), **self.extra, **more}
+        if self.rules:
+            # A recurring create refused or never answered leaves its runs unchecked.
+            figures["recurring_schedules"] = len(self.rules)
+            figures["ok_recurring_acknowledged"] = self.recurring_acknowledged == set(self.rules)
         if self.notes:
             figures["notes"] = "; ".join(self.notes)
         return figures
@@ -771,6 +909,11 @@ def sc_workers(chaos: Chaos) -> dict[str, Any]:
             s.create(f"w-{i}", due, "https://receiver.example/cb")
             for i, due in enumerate(spread(n, t0, 50_000))
         ]
+        rules = recurring_rules(t0, t0 + 50_000)
+        creates += [
+            s.recurring(f"w-rec-{j}", rule, "https://receiver.example/cb")
+            for j, rule in enumerate(rules)
+        ]
         s.extra["codes"] = s.schedule(creates)
         time.sleep(max(0, (t0 + 8_000 - now_ms()) / 1000))
         say("workers: SIGKILL worker a mid-burst")
@@ -785,7 +928,10 @@ def sc_workers(chaos: Chaos) -> dict[str, Any]:
         # a dies (its partitions go to b), b dies holding all of them, and the first of a2
         # and b2 to join may hand half over to the second: three handovers.
         return s.report(
-            scheduled=n, duplicate_bound=duplicate_bound(rate_per_s=n / 50, worker_handovers=3)
+            scheduled=len(creates),
+            duplicate_bound=duplicate_bound(
+                rate_per_s=n / 50 + runs_per_s(rules), worker_handovers=3
+            ),
         )
     finally:
         if counter:
@@ -799,7 +945,12 @@ class Stream(threading.Thread):
     is sent again (same content, so a late first copy answers ``duplicate``). A create is
     acknowledged when its result is ``accepted``; rejections are counted by code. The
     creates are ``tenant``'s, named ``prefix``-<i>, on ``keys`` order keys, with payloads of
-    ``payload_bytes``; ``sent`` keeps each acknowledged trigger id with its send time."""
+    ``payload_bytes``; ``acknowledged`` keeps the acknowledged trigger ids in order.
+
+    With ``recurring``, it also creates ``recurring_rules`` in two waves, as it starts and
+    at half its length (first due ``lead_ms[0]`` after they are sent), each on its own order
+    key; their runs are checked up to the due time of the last one-shot it may send (its
+    start plus ``seconds`` plus the longest lead), and they go on after it."""
 
     def __init__(
         self,
@@ -815,6 +966,7 @@ class Stream(threading.Thread):
         prefix: str = "",
         keys: int = 40,
         payload_bytes: int = 0,
+        recurring: bool = True,
     ) -> None:
         super().__init__(daemon=True, name="stream")
         from streams.client import ResultWatcher
@@ -828,18 +980,42 @@ class Stream(threading.Thread):
         self.watcher = ResultWatcher(s.settings)
         self.codes: dict[str, int] = defaultdict(int)
         self.scheduled = 0
+        self.waves = [0.0, seconds / 2] if recurring else []
+
+    @property
+    def due_rate_per_s(self) -> float:
+        """Triggers falling due a second: the one-shots, and at most both waves' runs."""
+        per_wave = runs_per_s(recurring_rules(0, 0))
+        return self.rate + len(self.waves) * per_wave
+
+    def _wave(self, n: int, until_ms: int, pending: dict[str, tuple[Any, float]]) -> None:
+        s, base = self.s, now_ms()
+        for j, rule in enumerate(recurring_rules(base + self.lead_ms[0], until_ms)):
+            c = s.recurring(
+                f"{self.prefix}-rec{n}-{j}",
+                rule,
+                self.receiver.url,
+                tenant=self.tenant,
+                payload_bytes=self.payload_bytes,
+            )
+            s.client.send(c)
+            pending[c.schedule_id] = (c, time.monotonic())
+            self.scheduled += 1
 
     def run(self) -> None:
-        from topics.ids import trigger_id
-
         s = self.s
         pending: dict[str, tuple[Any, float]] = {}
         start = time.monotonic()
+        until_ms = now_ms() + int(self.seconds * 1000) + self.lead_ms[1]
+        waves = list(self.waves)
         next_chunk = start
         i = 0
         try:
             while True:
                 t = time.monotonic()
+                if waves and t - start >= waves[0]:
+                    self._wave(len(self.waves) - len(waves), until_ms, pending)
+                    waves.pop(0)
                 if t - start < self.seconds and t >= next_chunk:
                     base = now_ms()
                     lo, hi = self.lead_ms
@@ -873,12 +1049,12 @@ class Stream(threading.Thread):
                         c = got[0]
                         self.codes[str(r.code)] += 1
                         if str(r.status) == "accepted":
-                            tid = trigger_id(c.tenant, c.schedule_id, c.due_ms)
-                            s.tally.expect(tid, c.due_ms)
-                            self.acknowledged.append(tid)
+                            tid = s.accepted(c, now_ms())
+                            if tid is not None:
+                                self.acknowledged.append(tid)
                         del pending[c.schedule_id]
         finally:
-            self.scheduled = i
+            self.scheduled += i
             self.codes["unanswered"] = len(pending)
             with contextlib.suppress(Exception):
                 self.watcher.close()
@@ -909,7 +1085,7 @@ def sc_broker(chaos: Chaos) -> dict[str, Any]:
         return s.report(
             scheduled=stream.scheduled,
             **receiver.order_figures(),
-            duplicate_bound=duplicate_bound(rate_per_s=20, broker_down_s=down_s),
+            duplicate_bound=duplicate_bound(rate_per_s=stream.due_rate_per_s, broker_down_s=down_s),
         )
     finally:
         receiver.stop()
@@ -1308,7 +1484,7 @@ def sc_hostile_tenant(chaos: Chaos) -> dict[str, Any]:
         hostile.set_mode("503-large")
         hostile_load = Stream(
             s, hostile, seconds=2 * phase_s, rate=4, lead_ms=(3_000, 6_000),
-            prefix="hostile", keys=10_000, payload_bytes=48 * 1024,
+            prefix="hostile", keys=10_000, payload_bytes=48 * 1024, recurring=False,
         )  # fmt: skip
         hostile_load.start()
         time.sleep(max(0, (start + 2 * phase_s * 1000 - now_ms()) / 1000))
@@ -1417,7 +1593,7 @@ def sc_rolling_restart(chaos: Chaos) -> dict[str, Any]:
         return s.report(
             scheduled=load.scheduled,
             **receiver.order_figures(),
-            duplicate_bound=duplicate_bound(rate_per_s=10, worker_handovers=4),
+            duplicate_bound=duplicate_bound(rate_per_s=load.due_rate_per_s, worker_handovers=4),
         )
     finally:
         receiver.stop()

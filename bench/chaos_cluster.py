@@ -301,8 +301,10 @@ def run_with_fault(
     fault_after_s: float = 20.0,
     seen_timeout_s: float = 240.0,
 ) -> dict[str, Any]:
-    """Two tenants' streams; ``fault`` runs ``fault_after_s`` into them and returns its
-    window and its duplicate-bound arguments; then every acknowledged trigger is awaited."""
+    """Two tenants' streams (one-shots and recurring schedules, bench.chaos.Stream);
+    ``fault`` runs ``fault_after_s`` into them and returns its window and its
+    duplicate-bound arguments; then every acknowledged trigger and expected run is
+    awaited."""
     with world(chaos, name) as (s, receiver, procs):
         streams = [
             Stream(s, receiver, seconds=STREAM_S, rate=RATE_PER_TENANT, lead_ms=LEAD_MS,
@@ -321,7 +323,7 @@ def run_with_fault(
                 codes[code] = codes.get(code, 0) + n
         s.extra["codes"] = codes
         s.wait_all_seen(seen_timeout_s)
-        rate = 2 * RATE_PER_TENANT
+        rate = sum(st.due_rate_per_s for st in streams)  # one-shots and recurring runs
         return s.report(
             scheduled=sum(st.scheduled for st in streams),
             **receiver.order_figures(),

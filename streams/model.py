@@ -148,6 +148,11 @@ class DeliveryMark:
     due_ms: int | None = None
     detail: str | None = None
     retention_s: int | None = None
+    # The write timestamp (µs) of the schedule's delivery cells: the outcome's own order
+    # (``deliveries.outcome_order_us``), so that of two outcomes written in any order, by
+    # any worker, the later one stays (Cassandra keeps the cell with the greater timestamp).
+    # None: the time of the write.
+    order_us: int | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -18,6 +18,7 @@ rows), so a module's own CQL is faked by the test that knows what it means.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
@@ -103,6 +104,9 @@ class FakeStore:
         self.delivery_requests: list[int] = []
         self.retention: dict[str, int | None] = {}
         self.deliveries: list[CqlRow] = []
+        # A schedule's delivery cells with their write timestamps (µs), as Cassandra keeps
+        # them: a write with a lower timestamp than the cell's is lost (``delivery_status``).
+        self.delivery_cells: dict[tuple[str, str], dict[str, tuple[int, Any]]] = {}
         self.events: list[CqlRow] = []
         self.api_keys: dict[str, CqlRow] = {}
         self.index: dict[str, set[tuple[int, str]]] = {}
@@ -390,6 +394,7 @@ class FakeStore:
         due_ms: int | None = None,
         detail: str | None = None,
         retention_s: int | None = None,
+        order_us: int | None = None,
     ) -> None:
         await self._enter("record_delivery", tenant, schedule_id, outcome=outcome)
         self._delivered(
@@ -403,6 +408,7 @@ class FakeStore:
                 trigger_id=trigger_id,
                 due_ms=due_ms,
                 detail=detail,
+                order_us=order_us,
             )
         )
 
@@ -418,6 +424,27 @@ class FakeStore:
             }
         )
         self._event(m.tenant, m.schedule_id, m.outcome, m.at_ms, m.due_ms, m.trigger_id, m.detail)
+        # Cassandra's reconciliation, cell by cell: the greater timestamp wins, and at equal
+        # timestamps the greater value. No timestamp: the driver's, the time of the write.
+        stamp = m.order_us if m.order_us is not None else time.time_ns() // 1000
+        cells = self.delivery_cells.setdefault((m.tenant, m.schedule_id), {})
+        written = {
+            "delivery_outcome": str(m.outcome),
+            "delivery_status_code": m.status_code,
+            "delivery_attempts": m.attempts,
+            "delivery_ms": m.at_ms,
+        }
+        for name, value in written.items():
+            if value is None:  # UNSET: the cell is left as it is
+                continue
+            held = cells.get(name)
+            if held is None or (stamp, value) > held:
+                cells[name] = (stamp, value)
+
+    def delivery_status(self, tenant: str, schedule_id: str) -> dict[str, Any]:
+        """The schedule's delivery cells as a read of its row gives them."""
+        cells = self.delivery_cells.get((tenant, schedule_id), {})
+        return {name: value for name, (_, value) in cells.items()}
 
     async def record_deliveries_many(
         self, marks: Sequence[DeliveryMark]

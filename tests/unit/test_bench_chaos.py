@@ -1,25 +1,35 @@
 """The fault-injection suite's counting (bench/chaos.py): what counts as lost, duplicated
-and late, and what breaks per-key order."""
+and late, and what breaks per-key order, for one-shot triggers and recurring runs."""
 
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Any
 
 import orjson
 
 from bench.chaos import (
+    CRON_ZONE,
     Receiver,
+    RunRule,
     Tally,
     duplicate_bound,
+    expect_runs,
     ids_on_partition,
     lateness_ms,
+    local_hours,
     padded_payload,
     percentile,
+    recurring_rules,
+    runs_per_s,
     spread,
     verdict,
 )
 from streams.partitioner import partition_for
+from streams.recurring import first_run, occurrences
+from topics.ids import trigger_id
 
 
 def test_tally_counts_lost_duplicates_and_lateness() -> None:
@@ -39,6 +49,9 @@ def test_tally_counts_lost_duplicates_and_lateness() -> None:
         "early": 1,
         "max_lateness_ms": 50,
         "min_lateness_ms": -10,
+        "recurring_runs": 0,
+        "recurring_runs_lost": 0,
+        "recurring_runs_duplicated": 0,
     }
     assert t.missing() == {"c"}
 
@@ -187,3 +200,104 @@ def test_lateness_counts_seen_acknowledged_triggers_only() -> None:
     t.saw("a", 1_100)  # the first sighting counts
     t.saw("c", 9_000)  # never acknowledged
     assert lateness_ms(t, ["a", "b", "c"]) == [100]
+
+
+# -- recurring runs
+
+
+def ms(text: str) -> int:
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp() * 1000)
+
+
+def test_a_rate_rule_expects_its_runs_from_the_acknowledgement_to_the_end_of_the_check() -> None:
+    rule = RunRule(start_ms=10_000, until_ms=20_000, every_s=3)
+    assert rule.runs(acked_ms=12_500) == [13_000, 16_000, 19_000]
+    assert rule.runs(acked_ms=13_000) == [13_000, 16_000, 19_000]  # a run at the ack counts
+    assert rule.runs(acked_ms=2_000) == [10_000, 13_000, 16_000, 19_000]  # from the start
+    assert RunRule(start_ms=10_000, until_ms=19_000, every_s=3).runs(0)[-1] == 19_000
+
+
+def test_a_cron_rule_runs_by_the_local_hour_of_its_zone() -> None:
+    # 10:14:50 UTC is 15:59:50 in Kathmandu (UTC+05:45); its hour 16 begins at 10:15 UTC.
+    lo, hi = ms("2026-11-27T10:14:50"), ms("2026-11-27T10:15:10")
+    only_15 = RunRule(lo, hi, 4, CRON_ZONE, (15,))
+    assert only_15.runs(lo) == [ms("2026-11-27T10:14:52"), ms("2026-11-27T10:14:56")]
+    both = replace(only_15, hours=local_hours(CRON_ZONE, lo, hi))
+    assert both.hours == (15, 16)
+    assert [t - lo for t in both.runs(lo)] == [2_000, 6_000, 10_000, 14_000, 18_000]
+
+
+def test_the_suite_expects_exactly_the_runs_the_product_schedules() -> None:
+    start = ms("2026-11-27T10:14:03.250")
+    for rule in recurring_rules(start, start + 110_000):
+        rec = rule.recurrence()
+        for acked in (start - 4_000, start + 7_777):
+            product = []
+            for t in occurrences(rec, first_run(rec, acked), anchor_ms=acked):
+                if t > rule.until_ms:
+                    break
+                product.append(t)
+            assert rule.runs(acked) == product and product, rule
+
+
+def test_a_cron_rule_read_in_utc_would_run_never() -> None:
+    # The zone is UTC+05:45: a worker that ignored it would fire no cron run at all.
+    start = ms("2026-11-27T10:14:03")
+    (cron,) = [r for r in recurring_rules(start, start + 110_000) if r.zone]
+    rec = replace(cron.recurrence(), time_zone="UTC")
+    assert next(occurrences(rec, start, anchor_ms=start)) > cron.until_ms
+    assert cron.runs(start)
+
+
+def test_runs_per_s() -> None:
+    assert runs_per_s(recurring_rules(0, 1)) == 1 / 2 + 1 / 3 + 1 / 5 + 1 / 4
+
+
+def report_of(t: Tally) -> dict[str, Any]:
+    return {"scenario": "x", **t.figures(), "codes": {"ok": 4, "unanswered": 0}}
+
+
+def test_a_missing_run_is_lost_and_fails_the_run() -> None:
+    t = Tally()
+    rule = RunRule(start_ms=10_000, until_ms=20_000, every_s=2)
+    assert expect_runs(t, "ten", "rec-1", rule, acked_ms=9_000) == 6
+    for nominal in (10_000, 12_000, 14_000, 18_000, 20_000):  # 16_000 never comes
+        t.saw(trigger_id("ten", f"rec-1@{nominal}", nominal), nominal + 30)
+    f = t.figures()
+    assert (f["lost"], f["recurring_runs"], f["recurring_runs_lost"]) == (1, 6, 1)
+    assert t.missing() == {trigger_id("ten", "rec-1@16000", 16_000)}
+    v = verdict([report_of(t)])
+    assert not v.ok and v.lost == 1 and v.breaches == ("x: lost=1",)
+
+
+def test_a_run_under_another_trigger_id_is_lost() -> None:
+    t = Tally()
+    expect_runs(t, "ten", "rec-1", RunRule(10_000, 10_000, 2), acked_ms=0)
+    t.saw(trigger_id("ten", "rec-1", 10_000), 10_010)  # the parent's id, not the run's
+    t.saw(trigger_id("ten", "rec-1@10000", 10_001), 10_010)  # another due time
+    assert t.figures()["recurring_runs_lost"] == 1 and not verdict([report_of(t)]).ok
+
+
+def test_run_duplicates_count_against_the_bound_and_an_early_run_fails() -> None:
+    t = Tally()
+    expect_runs(t, "ten", "rec-1", RunRule(10_000, 12_000, 2), acked_ms=0)
+    t.saw(trigger_id("ten", "rec-1@10000", 10_000), 10_000)
+    t.saw(trigger_id("ten", "rec-1@10000", 10_000), 10_500)
+    t.saw(trigger_id("ten", "rec-1@12000", 12_000), 11_999)  # 1 ms early
+    f = t.figures()
+    assert (f["duplicated"], f["recurring_runs_duplicated"], f["early"]) == (1, 1, 1)
+    v = verdict([{**report_of(t), "early": 0, "duplicate_bound": 1}])
+    assert v.ok  # one duplicate within a bound of one
+    assert verdict([{**report_of(t), "early": 0}]).duplicate_bound_breaches == 1
+    assert verdict([report_of(t) | {"duplicate_bound": 1}]).early == 1
+
+
+def test_runs_of_one_recurring_schedule_are_told_apart_by_trigger_id_in_the_order_check() -> None:
+    tally = Tally()
+    r = Receiver(tally)
+    tally.acked_ms.update({"r1": 1, "r2": 1, "r3": 1})
+    # The runs of one schedule share its key and payload (the same seq): a later run
+    # delivered before an earlier one breaks order; a run delivered again does not.
+    r.by_key["rec"] = [(2_000, 0, "r2", 2_000), (1_000, 0, "r1", 2_001), (2_000, 0, "r2", 2_500)]
+    r.by_key["fine"] = [(1_000, 0, "r1", 1_000), (2_000, 0, "r2", 2_000), (1_000, 0, "r1", 2_100)]
+    assert r.order_violations() == 1
