@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,12 +47,14 @@ PRODUCER_MAX_BYTES = 2_200_000
 # produce requests a second can carry them all: produced one by one from the writer's loop
 # at 1,000 deliveries/s, the 5 ms linger sent about 200 produce requests a second, and each
 # acknowledgement woke the committer's thread (about 500 wake-ups a second). Parked messages
-# and Kafka callbacks are produced at once.
+# and Kafka callbacks are produced at once (a park after whatever is held).
 DEFER_S = 0.05
 # Record groups held for the next round at most; past it a group is produced at once, after
 # those held (their order kept), on the caller's thread, which then waits on a full producer
 # queue as it always did: a committer thread that stopped draining cannot grow memory.
 MAX_DEFERRED = 10_000
+# How long a wait for room in the producer's full local queue serves callbacks at a time.
+ROOM_WAIT_S = 0.05
 
 # Producing these again can never succeed: the record, not the moment, is the problem.
 PERMANENT_PRODUCE_ERRORS = frozenset(
@@ -137,11 +140,18 @@ class Outbox:
             raise KafkaError(f"cannot create the proxy producer: {exc}") from exc
         self.closed = False
         self.metrics = metrics
-        # Groups of ``later`` records and their ``done``, in the order they were given.
-        self._deferred: list[tuple[Sequence[OutRecord], Callable[[], None]]] = []
+        # What a flush's timeout is measured with.
+        self.monotonic: Callable[[], float] = time.monotonic
+        # Groups of ``later`` records and their ``done``, in the order they were given;
+        # first, what a round or a delivery callback found no room for in the producer's
+        # local queue: the rest of a group already started, with its countdown.
+        self._deferred: list[_Held] = []
         self._deferred_lock = threading.Lock()
-        # Held while a round is produced: a flush on another thread waits for it.
-        self._sending = threading.Lock()
+        # Held while anything is produced from ``_deferred`` and while a group that may
+        # not wait is produced after it, so that nothing overtakes a held record; a flush
+        # on another thread waits for it, at most its timeout. Reentrant: a delivery
+        # callback served while the caller's thread waits for room may park a message.
+        self._sending = threading.RLock()
 
     def produce(
         self,
@@ -152,62 +162,120 @@ class Outbox:
         on_delivery: Ack,
         partition: int | None = None,
     ) -> None:
-        """One produce attempt; ``on_delivery(err, msg)`` reports the outcome."""
-        hdrs = list(headers) if headers else None
+        """One produce attempt; ``on_delivery(err, msg)`` reports the outcome. Waits for room
+        while the producer's local queue is full."""
         while True:
             try:
-                if partition is None:
-                    self.producer.produce(
-                        topic, value=value, key=key, headers=hdrs, on_delivery=on_delivery
-                    )
-                else:
-                    self.producer.produce(
-                        topic,
-                        value=value,
-                        key=key,
-                        headers=hdrs,
-                        on_delivery=on_delivery,
-                        partition=partition,
-                    )
+                self.produce_once(topic, key, value, headers, on_delivery, partition)
                 return
             except BufferError:
                 # The local queue is full: serve callbacks to make room, then try again.
-                self.producer.poll(0.05)
+                self.producer.poll(ROOM_WAIT_S)
+
+    def produce_once(
+        self,
+        topic: str,
+        key: bytes | None,
+        value: bytes,
+        headers: Headers | None,
+        on_delivery: Ack,
+        partition: int | None = None,
+    ) -> None:
+        """``produce`` without the wait: raises ``BufferError`` when the local queue is full."""
+        hdrs = list(headers) if headers else None
+        if partition is None:
+            self.producer.produce(
+                topic, value=value, key=key, headers=hdrs, on_delivery=on_delivery
+            )
+        else:
+            self.producer.produce(
+                topic,
+                value=value,
+                key=key,
+                headers=hdrs,
+                on_delivery=on_delivery,
+                partition=partition,
+            )
 
     def send_all(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None:
         """Produce every record (retrying transient failures for ever); call ``done`` once
         each is acknowledged or refused for good (see the module docstring). A group of
-        ``later`` records only is held for the next ``send_deferred``."""
+        ``later`` records only is held for the next ``send_deferred``; any other group is
+        produced at once, after everything held, so that nothing given later reaches Kafka
+        before a held record (a key's records on a topic stay in order)."""
         if records and all(rec.later for rec in records):
             with self._deferred_lock:
                 if len(self._deferred) < MAX_DEFERRED:
                     self._deferred.append((records, done))
                     return
-            self.send_deferred()
-        self._send_now(records, done)
+        with self._sending:
+            while not self._round():
+                self.producer.poll(ROOM_WAIT_S)
+            countdown = _Countdown(len(records), done)
+            for rec in records:
+                _Sending(self, rec, countdown).produce(block=True)
 
     def send_deferred(self) -> None:
-        """Produce the held ``later`` records, in the order they came (thread-safe; the
-        committer's thread calls it every ``DEFER_S``, ``flush`` before it waits)."""
-        with self._sending:
-            with self._deferred_lock:
-                held, self._deferred = self._deferred, []
-            for records, done in held:
-                self._send_now(records, done)
+        """A round: produce the held ``later`` records in the order they came, until the
+        producer's local queue is full; what finds no room stays held, first (thread-safe;
+        never waits for Kafka: the committer's thread calls it every ``DEFER_S``, and a
+        round elsewhere or a flush has it skipped)."""
+        if self._sending.acquire(blocking=False):
+            try:
+                self._round()
+            finally:
+                self._sending.release()
 
-    def _send_now(self, records: Sequence[OutRecord], done: Callable[[], None]) -> None:
-        countdown = _Countdown(len(records), done)
-        for rec in records:
-            _Sending(self, rec, countdown).produce()
+    def _round(self) -> bool:
+        """Produce what is held, in order, until the local queue is full; True: all of it
+        (``_sending`` held)."""
+        with self._deferred_lock:
+            held, self._deferred = self._deferred, []
+        for i, (records, done) in enumerate(held):
+            countdown = done if isinstance(done, _Countdown) else _Countdown(len(records), done)
+            for j, rec in enumerate(records):
+                no_room = _Sending(self, rec, countdown).produce(block=False)
+                if no_room is not None:
+                    rest: list[_Held] = [((no_room, *records[j + 1 :]), countdown)]
+                    rest += held[i + 1 :]
+                    with self._deferred_lock:
+                        self._deferred[:0] = rest
+                    return False
+        return True
+
+    def hold_first(self, rec: OutRecord, countdown: _Countdown) -> None:
+        """Hold ``rec`` (produced again, or a fallback, from a delivery callback) ahead of
+        everything held: the local queue had no room for it, and a callback never waits."""
+        with self._deferred_lock:
+            self._deferred.insert(0, ((rec,), countdown))
+
+    def held_records(self) -> int:
+        with self._deferred_lock:
+            return sum(len(records) for records, _ in self._deferred)
 
     def poll(self, timeout_s: float) -> None:
         self.producer.poll(timeout_s)
 
     def flush(self, timeout_s: float) -> int:
-        """Produce what is held, then wait for acknowledgements; returns how many records
-        are still unacknowledged."""
-        self.send_deferred()
-        return int(self.producer.flush(timeout_s))
+        """Produce what is held, then wait for acknowledgements: ``timeout_s`` at most in
+        all, whatever Kafka does (a revoke or a stop must end; a message whose records are
+        not acknowledged is read again, its offset never done). Returns how many records
+        are neither acknowledged nor refused: unacknowledged or still held."""
+        deadline = self.monotonic() + timeout_s
+        while True:
+            left_s = deadline - self.monotonic()
+            if not self._sending.acquire(timeout=max(left_s, 0.0)):
+                break  # a caller waiting for room holds it
+            try:
+                sent = self._round()
+            finally:
+                self._sending.release()
+            left_s = deadline - self.monotonic()
+            if sent or left_s <= 0:
+                break
+            self.producer.poll(min(ROOM_WAIT_S, left_s))
+        unacknowledged = int(self.producer.flush(max(deadline - self.monotonic(), 0.0)))
+        return unacknowledged + self.held_records()
 
     def close(self, timeout_s: float) -> None:
         left = self.flush(timeout_s)
@@ -234,6 +302,11 @@ class _Countdown:
             self._done()
 
 
+# A held group: records and the ``done`` of the group, or the rest of a group a round has
+# started (or one record a delivery callback produces again) and the group's countdown.
+_Held = tuple[Sequence[OutRecord], Callable[[], None] | _Countdown]
+
+
 class _Sending:
     """One record on its way: produced again after a transient failure, handed back on a
     refusal of its topic, replaced by its fallback (or dropped) when refused for good."""
@@ -243,17 +316,31 @@ class _Sending:
         self._rec = rec
         self._countdown = countdown
 
-    def produce(self) -> None:
+    def produce(self, *, block: bool) -> OutRecord | None:
+        """Produce the record, or what replaces it if Kafka refuses it at once. Without
+        ``block`` a full local queue is not waited out: the record that found it full (this
+        one or its fallback) is returned, for the caller to hold; None: produced or settled."""
         rec = self._rec
         try:
-            self._outbox.produce(
-                rec.topic, rec.key, rec.value, rec.headers, self._ack, rec.partition
-            )
+            if block:
+                self._outbox.produce(
+                    rec.topic, rec.key, rec.value, rec.headers, self._ack, rec.partition
+                )
+            else:
+                self._outbox.produce_once(
+                    rec.topic, rec.key, rec.value, rec.headers, self._ack, rec.partition
+                )
+        except BufferError:
+            return rec
         except KafkaException as exc:
-            if not self._refusal(exc.args[0] if exc.args else None):
+            refused, no_room = self._refusal(exc.args[0] if exc.args else None, block=block)
+            if not refused:
                 raise
+            return no_room
+        return None
 
     def _ack(self, err: RdKafkaError | None, msg: Message) -> None:
+        # On whichever thread polls the producer, maybe inside a wait for room: never waits.
         rec = self._rec
         if err is None:
             if rec.on_written is not None:
@@ -261,28 +348,32 @@ class _Sending:
                 if partition is not None:  # always set on an acknowledged record
                     rec.on_written(partition)
             self._countdown.finished_one()
-        elif self._refusal(err):
             return
-        elif not self._outbox.closed:
+        refused, no_room = self._refusal(err, block=False)
+        if not refused:
+            if self._outbox.closed:
+                return
             log.warning(
                 "proxy record not acknowledged, producing again",
                 extra={"topic": rec.topic, "error": str(err)},
             )
-            self.produce()
+            no_room = self.produce(block=False)
+        if no_room is not None:
+            self._outbox.hold_first(no_room, self._countdown)
 
-    def _refusal(self, err: object) -> bool:
-        """Carry out a refusal of the record's topic or of the record itself; False: ``err``
-        is neither (worth producing again)."""
+    def _refusal(self, err: object, *, block: bool) -> tuple[bool, OutRecord | None]:
+        """Carry out a refusal of the record's topic or of the record itself: (False, None)
+        when ``err`` is neither (worth producing again), else (True, the fallback if it
+        found the local queue full; see ``produce``)."""
         rec = self._rec
         if rec.on_topic_refused is not None and topic_refused(err):
             rec.on_topic_refused(err)
-            return True
+            return True, None
         if refused_for_good(err):
-            self._refused_for_good(err)
-            return True
-        return False
+            return True, self._refused_for_good(err, block=block)
+        return False, None
 
-    def _refused_for_good(self, err: object) -> None:
+    def _refused_for_good(self, err: object, *, block: bool) -> OutRecord | None:
         rec = self._rec
         if rec.fallback is not None:
             log.warning(
@@ -296,8 +387,7 @@ class _Sending:
             )
             if rec.on_fallback is not None:
                 rec.on_fallback()
-            _Sending(self._outbox, rec.fallback, self._countdown).produce()
-            return
+            return _Sending(self._outbox, rec.fallback, self._countdown).produce(block=block)
         metrics = self._outbox.metrics
         if metrics is not None:
             metrics.records_refused.labels(rec.topic).inc()
@@ -306,3 +396,4 @@ class _Sending:
             extra={"topic": rec.topic, "error": str(err), "bytes": len(rec.value)},
         )
         self._countdown.finished_one()
+        return None
