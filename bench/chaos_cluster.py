@@ -238,6 +238,7 @@ def result_lines(r: dict[str, Any]) -> list[str]:
     """One scenario's ``RESULT`` lines (pure)."""
     name = r["scenario"]
     keys = ("lost", "early", "order_violations", "duplicated", "duplicate_bound")
+    keys += ("recurring_runs", "recurring_runs_lost")  # (of those in the figures above)
     lines = [f"RESULT cluster_{name}_{k}={int(r.get(k, 0) or 0)}" for k in keys]
     unanswered = int((r.get("codes") or {}).get("unanswered", 0))
     lines.append(f"RESULT cluster_{name}_unanswered={unanswered} commands")

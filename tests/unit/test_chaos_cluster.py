@@ -72,6 +72,8 @@ def test_result_lines_name_the_scenario_and_every_figure() -> None:
         "after_p50_ms": 20,
         "after_p99_ms": 60,
         "after_max_ms": 70,
+        "recurring_runs": 180,
+        "recurring_runs_lost": 0,
     }
     lines = result_lines(r)
     assert "RESULT cluster_leader_kill_duplicated=3" in lines
@@ -79,3 +81,5 @@ def test_result_lines_name_the_scenario_and_every_figure() -> None:
     assert "RESULT cluster_leader_kill_lateness_during_p50_p99_max_ms=40/900/1200" in lines
     assert "RESULT cluster_leader_kill_lateness_after_p50_p99_max_ms=20/60/70" in lines
     assert "RESULT cluster_leader_kill_order_violations=0" in lines
+    assert "RESULT cluster_leader_kill_recurring_runs=180" in lines
+    assert "RESULT cluster_leader_kill_recurring_runs_lost=0" in lines
