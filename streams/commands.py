@@ -46,6 +46,7 @@ from streams import metrics
 from streams.cache import TtlCache
 from streams.decisions import (
     Decision,
+    Signed,
     check_tenant_limits,
     decide,
     due_entries,
@@ -91,6 +92,7 @@ from topics.signing import (
     TimestampType,
     check_signature,
     header_map,
+    mac_prefix,
     signed_fields,
 )
 from topics.validation import Limits, decode_command, salvage_ids
@@ -270,6 +272,10 @@ class CommandProcessor:
         nonces: dict[int, str] = {}
         # Indexes of creates an API admitted (answered 201 already): stored, not re-decided.
         admitted: dict[int, bool] = {}
+        # Index -> the verified signature of a tenant-signed command (None: admitted or
+        # unsigned): decided only if after the last one applied to its schedule, and
+        # recorded with the row it writes.
+        signed: dict[int, Signed | None] = {}
         # Records whose admission stamp verifies (an API answered them 201) refused before
         # any decision: the refusal goes to the schedule's history (_record_admitted_refusal).
         refused_admitted: list[tuple[RawCommand, CommandRejected]] = []
@@ -280,7 +286,9 @@ class CommandProcessor:
                 command, honoured = self._decode(msg, now, verified)
                 # One cache look-up per command for all three checks.
                 tenant = await self.tenants.entry(command.tenant)
-                admitted[index] = self._check_origin(command, msg, now, tenant, honoured)
+                admitted[index], signed[index] = self._check_origin(
+                    command, msg, now, tenant, honoured
+                )
                 if command.reply_nonce is not None:
                     nonces[index] = command.reply_nonce
                 self._check_tenant_policy(command, now, tenant.config, admitted=admitted[index])
@@ -332,6 +340,7 @@ class CommandProcessor:
                     firing=firing,
                     horizon_ms=self.recurring_horizon_ms,
                     unemitted=ticker,
+                    signed=signed[index],
                 )
             except CommandRejected as rej:
                 outcomes[index] = (command, Code(rej.code), rej.message)
@@ -508,12 +517,16 @@ class CommandProcessor:
 
     def _check_signature(
         self, command: Command, msg: RawCommand, now: int, keys: SigningKeys
-    ) -> None:
+    ) -> Signed | None:
         """The command comes from its tenant, freshly: signed with its key (the current
         one, or the previous one during a rotation), within the window of the broker's
         append time, and not a copy of a record already read (topics.signing). A tenant
         without a key passes only where unsigned commands are allowed. The tenant row is
-        cached with its keys parsed."""
+        cached with its keys parsed. Returns the verified signature (None: unsigned).
+
+        The signatures read are remembered in memory only, so a copy produced after a
+        restart, or after the partition moved, passes here: the schedule row's signed
+        time refuses it (``decisions.check_signed_order``)."""
         if keys.current is None:
             if self.require_signed:
                 raise CommandRejected(
@@ -522,7 +535,7 @@ class CommandProcessor:
                     "can be verified; give it one (`tocsin tenant rotate-key`) or, for a "
                     "trusted network only, set TOCSIN_REQUIRE_SIGNED_COMMANDS=false",
                 )
-            return
+            return None
         headers = header_map(msg.headers)
         failed = check_signature(
             keys,
@@ -549,6 +562,7 @@ class CommandProcessor:
                 f"the same signed record was read at offset {first} of partition "
                 f"{msg.partition}; a copy is not applied (sign each command anew)",
             )
+        return Signed(signed[0], mac_prefix(signed[1]))
 
     def _check_origin(
         self,
@@ -557,17 +571,17 @@ class CommandProcessor:
         now: int,
         tenant: TenantEntry,
         honoured: Admission | None,
-    ) -> bool:
-        """The command comes from its tenant, or from an API that admitted it (True)."""
+    ) -> tuple[bool, Signed | None]:
+        """The command comes from its tenant, or from an API that admitted it: (admitted,
+        the tenant's verified signature, None when admitted or unsigned)."""
         if honoured is not None:
             # The API decided the tenant, its limits, its quota and its key when it
             # admitted the create; only what it cannot know is decided here.
             self._check_partition(command, msg)
             self._check_admission_copy(msg, honoured)
-            return True
+            return True, None
         self._check_sender(command, msg, tenant.row)
-        self._check_signature(command, msg, now, tenant.keys)
-        return False
+        return False, self._check_signature(command, msg, now, tenant.keys)
 
     def _check_tenant_policy(
         self, command: Command, now: int, config: TenantConfig, *, admitted: bool = False

@@ -81,6 +81,7 @@ from topics.models import (
     TriggerCommand,
     UpdateCommand,
 )
+from topics.signing import SIGNED_MAC_BYTES
 
 # -- commands -------------------------------------------------------------------------------
 
@@ -154,6 +155,71 @@ def is_replay(existing: ScheduleRow | None, offset: int) -> bool:
     )
 
 
+# A tenant-signed command as the order check sees it: its verified tocsin-signed-at and
+# the first SIGNED_MAC_BYTES of its signature (topics.signing.mac_prefix).
+@dataclass(frozen=True, slots=True)
+class Signed:
+    at_ms: int
+    mac: bytes
+
+
+# Signature prefixes kept per schedule for its commands signed in the one millisecond of
+# its last applied one (``signed_macs``: commands of one schedule signed in the same
+# millisecond all apply, and a copy of any of them is still recognised). A bound on the
+# row: beyond it a command of that millisecond is refused and must be signed anew.
+MAX_SIGNED_IN_ONE_MS = 16
+
+
+def _macs(row: ScheduleRow) -> list[bytes]:
+    raw = row.signed_macs or b""
+    return [raw[i : i + SIGNED_MAC_BYTES] for i in range(0, len(raw), SIGNED_MAC_BYTES)]
+
+
+def check_signed_order(existing: ScheduleRow | None, offset: int, signed: Signed) -> None:
+    """Raises ``replayed_command`` when a tenant-signed command is signed before the last
+    signed command applied to its schedule (``signed_at_ms`` on the row), or in the same
+    millisecond as one applied then (the same signature: ``signed_macs``): a copy of an
+    applied command produced again within the signature window (a new offset and the
+    broker's new time: once the worker that read the original restarted or the partition
+    moved, only the row tells it from a new command), or a command its signer sent before
+    the one applied. A record at or below the row's applied offset is the same record
+    read again after a crash, answered by the replay path, not judged here."""
+    if existing is None or existing.signed_at_ms is None or is_replay(existing, offset):
+        return
+    last = existing.signed_at_ms
+    if signed.at_ms > last:
+        return
+    if signed.at_ms < last:
+        why = f"signed before the last command applied to schedule {existing.schedule_id!r}"
+    elif signed.mac in _macs(existing):
+        why = f"a command already applied to schedule {existing.schedule_id!r}"
+    elif len(_macs(existing)) >= MAX_SIGNED_IN_ONE_MS:
+        why = (
+            f"the {MAX_SIGNED_IN_ONE_MS + 1}th command of schedule "
+            f"{existing.schedule_id!r} signed in one millisecond"
+        )
+    else:
+        return
+    raise CommandRejected(
+        Code.REPLAYED_COMMAND,
+        f"signed at epoch ms {signed.at_ms}, {why} (signed at {last}): a copy, or a command "
+        "signed before the last applied, is not applied; sign a new command",
+    )
+
+
+def _signed_by(decision: Decision, signed: Signed | None) -> Decision:
+    """``decision`` with the row it writes recording the command's signature."""
+    change = decision.change
+    if signed is None or change is None or not change.write_row:
+        return decision
+    row = change.row
+    if row.signed_at_ms == signed.at_ms and (row.signed_macs or b"").endswith(signed.mac):
+        return decision  # recorded already (a create)
+    macs = (row.signed_macs or b"") if row.signed_at_ms == signed.at_ms else b""
+    row = replace(row, signed_at_ms=signed.at_ms, signed_macs=macs + signed.mac)
+    return replace(decision, change=replace(change, row=row))
+
+
 def decide(
     command: Command,
     existing: ScheduleRow | None,
@@ -165,14 +231,58 @@ def decide(
     firing: bool,
     horizon_ms: int = 600_000,
     unemitted: Unemitted | None = None,
+    signed: Signed | None = None,
 ) -> Decision:
     """The outcome of ``command`` against the schedule's current row.
 
     ``firing``: a trigger of this schedule is emitted but not yet recorded as fired.
     ``horizon_ms``: how far ahead recurring schedules' runs are materialised.
     ``unemitted``: what the ticker may still emit (None: what is due after now).
+    ``signed``: the command's verified signature (None: not signed by its tenant);
+    refused unless after the row's (``check_signed_order``), recorded on the row it
+    writes.
     Raises CommandRejected for state-dependent rejections.
     """
+    if signed is None:
+        return _decide(
+            command,
+            existing,
+            msg,
+            now_ms,
+            shards,
+            default_tolerance_s,
+            firing,
+            horizon_ms,
+            unemitted,
+        )
+    check_signed_order(existing, msg.offset, signed)
+    decision = _decide(
+        command,
+        existing,
+        msg,
+        now_ms,
+        shards,
+        default_tolerance_s,
+        firing,
+        horizon_ms,
+        unemitted,
+        signed,
+    )
+    return _signed_by(decision, signed)
+
+
+def _decide(
+    command: Command,
+    existing: ScheduleRow | None,
+    msg: CommandAt,
+    now_ms: int,
+    shards: int,
+    default_tolerance_s: int,
+    firing: bool,
+    horizon_ms: int,
+    unemitted: Unemitted | None,
+    signed: Signed | None = None,
+) -> Decision:
     if isinstance(command, TriggerCommand):
         # Before the replay check: a trigger command writes no row, and its replay fires
         # its run again under the same ids (at least once).
@@ -209,7 +319,7 @@ def decide(
             f"schedule {command.schedule_id!r} is a one-shot schedule; it has no recurrence",
         )
     if isinstance(command, CreateCommand):
-        return _decide_create(command, existing, msg, shards)
+        return _decide_create(command, existing, msg, shards, signed)
     if isinstance(command, PauseCommand):
         return _decide_pause(command, existing, msg, shards, firing)
     if isinstance(command, ResumeCommand):
@@ -594,7 +704,11 @@ def _updated_content(
 
 
 def _decide_create(
-    cmd: CreateCommand, existing: ScheduleRow | None, msg: CommandAt, shards: int
+    cmd: CreateCommand,
+    existing: ScheduleRow | None,
+    msg: CommandAt,
+    shards: int,
+    signed: Signed | None = None,
 ) -> Decision:
     callback = callback_to_json(cmd.callback)
     if existing is not None:
@@ -618,6 +732,9 @@ def _decide_create(
         misfire_tolerance_s=cmd.misfire_tolerance_s,
         applied_offset=msg.offset,
         last_code=str(Code.OK),
+        # Here rather than by _signed_by: a create is the hot path, a copy of the row costs.
+        signed_at_ms=signed.at_ms if signed is not None else None,
+        signed_macs=signed.mac if signed is not None else None,
     )
     change = ScheduleChange(
         row=row,

@@ -112,7 +112,9 @@ DOCS: dict[Code, str] = {
     ),
     Code.REPLAYED_COMMAND: (
         "The same signed record (identical signature) was already read at another offset "
-        "of the partition within the signature window; the copy is not applied."
+        "of the partition within the signature window, or the command is signed before the "
+        "last signed command applied to its schedule (or in that millisecond with the same "
+        "signature); a copy, or a command overtaken by a later one, is not applied."
     ),
     Code.STORE_REJECTED: (
         "Cassandra or Kafka refused this command's data for good (the message says why); "

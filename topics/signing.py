@@ -58,6 +58,10 @@ SIGNING_KEY_PREFIX = "tss_"
 # a partition), covering 66 signed commands a second over the 5-minute window. Beyond that
 # rate the oldest are forgotten first and only the window refuses their copies.
 SEEN_SIGNATURES_PER_PARTITION = 20_000
+# Bytes of a verified signature a schedule row keeps to recognise a copy of a command
+# applied to it (streams.decisions.check_signed_order): 128 bits, as unforgeable as the
+# whole MAC to anyone without the key, in a quarter of its hex.
+SIGNED_MAC_BYTES = 16
 
 
 class TimestampType(StrEnum):
@@ -202,6 +206,12 @@ class SigningKeys:
             return False
         expires = self.previous_expires_ms
         return expires is None or (record_ms < expires and now_ms < expires + max_skew_ms)
+
+
+def mac_prefix(signature_header: bytes) -> bytes:
+    """The first ``SIGNED_MAC_BYTES`` of a verified ``tocsin-signature`` ("v1=" + hex)."""
+    hex_digits = signature_header[len(VERSION) + 1 : len(VERSION) + 1 + 2 * SIGNED_MAC_BYTES]
+    return bytes.fromhex(hex_digits.decode("ascii"))
 
 
 def signed_fields(headers: Mapping[str, bytes]) -> tuple[int, bytes] | None:

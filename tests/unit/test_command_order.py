@@ -17,9 +17,9 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
-import pytest
 
 from streams.commands import CommandProcessor, RawCommand
+from streams.decisions import MAX_SIGNED_IN_ONE_MS
 from streams.model import ScheduleState
 from streams.partitioner import partition_for
 from tests.unit.test_fault_properties import NOW, PARTITIONS, SECRET, FakeSink, FakeStore
@@ -32,9 +32,10 @@ from topics.models import (
     PauseCommand,
     PayloadType,
     ResumeCommand,
+    TriggerCommand,
     UpdateCommand,
 )
-from topics.signing import TimestampType, sign_headers
+from topics.signing import SIGNED_MAC_BYTES, TimestampType, sign_headers
 from topics.validation import Limits
 
 SID = "order-1"
@@ -112,7 +113,6 @@ def _codes(results: list[dict[str, Any]]) -> list[str]:
 T0 = NOW - 60_000  # the tenant's first command, a minute ago
 
 
-@pytest.mark.xfail(strict=True, reason="H5: replayed signed commands, not yet refused")
 def test_a_copied_resume_after_a_restart_does_not_undo_a_later_pause() -> None:
     store = FakeStore()
     resume = _signed(ResumeCommand(tenant="acme", schedule_id=SID), 3, T0 + 2_000)
@@ -134,7 +134,6 @@ def test_a_copied_resume_after_a_restart_does_not_undo_a_later_pause() -> None:
     assert store.schedules[("acme", SID)].state == ScheduleState.PAUSED
 
 
-@pytest.mark.xfail(strict=True, reason="H5: replayed signed commands, not yet refused")
 def test_a_copied_update_after_a_restart_does_not_overwrite_a_later_one() -> None:
     store = FakeStore()
     older = _signed(_update(1), 2, T0 + 1_000)
@@ -149,7 +148,6 @@ def test_a_copied_update_after_a_restart_does_not_overwrite_a_later_one() -> Non
     assert store.schedules[("acme", SID)] == row  # payload {"v":2}, version and offset kept
 
 
-@pytest.mark.xfail(strict=True, reason="H5: replayed signed commands, not yet refused")
 def test_a_copy_of_the_last_command_is_refused_by_another_worker() -> None:
     """No later command to compare with: the copy carries the very signed time the row
     recorded, which a new command can never have (it is refused the same way)."""
@@ -164,7 +162,6 @@ def test_a_copy_of_the_last_command_is_refused_by_another_worker() -> None:
     assert store.schedules[("acme", SID)] == row
 
 
-@pytest.mark.xfail(strict=True, reason="H5: replayed signed commands, not yet refused")
 def test_a_command_signed_before_the_last_applied_one_is_refused_in_the_same_batch() -> None:
     """The signer's order, not the topic's: an update signed before the pause already
     applied (a copy, or a command held back and produced late) is not applied after it."""
@@ -179,7 +176,6 @@ def test_a_command_signed_before_the_last_applied_one_is_refused_in_the_same_bat
     assert store.schedules[("acme", SID)].payload == b'{"v":0}'
 
 
-@pytest.mark.xfail(strict=True, reason="H5: replayed signed commands, not yet refused")
 def test_a_copied_create_after_a_restart_is_refused_as_a_replay() -> None:
     """The create path had no hole (a copy finds the row and is answered ``duplicate``,
     nothing applied); with the signed time recorded it is named for what it is."""
@@ -211,3 +207,62 @@ def test_commands_signed_in_order_all_apply_after_a_restart() -> None:
     [answer] = Worker(store).process(_signed(_update(2), 3, T0 + 2_000))
     assert answer["code"] == "ok"
     assert store.schedules[("acme", SID)].payload == b'{"v":2}'
+
+
+def test_commands_signed_in_one_millisecond_all_apply_and_none_twice() -> None:
+    """Two commands of one schedule signed in the same millisecond (a fast producer) are
+    both applied; a copy of either, even of the first after the second, is not."""
+    store = FakeStore()
+    pause = _signed(PauseCommand(tenant="acme", schedule_id=SID), 2, T0)
+    update = _signed(_update(1), 3, T0)
+    first = Worker(store).process(_signed(_create(), 1, T0), pause, update)
+    assert _codes(first) == ["ok", "ok", "ok"]
+    row = store.schedules[("acme", SID)]
+    assert (row.state, row.payload) == (ScheduleState.PAUSED, b'{"v":1}')
+
+    again = Worker(store).process(_copy(pause, 4), _copy(update, 5))
+    assert _codes(again) == ["replayed_command", "replayed_command"]
+    assert store.schedules[("acme", SID)] == row
+
+
+def test_the_signatures_kept_for_one_millisecond_are_bounded() -> None:
+    store = FakeStore()
+    updates = [_signed(_update(v), 1 + v, T0) for v in range(1, MAX_SIGNED_IN_ONE_MS + 2)]
+    results = Worker(store).process(_signed(_create(), 1, T0 - 1), *updates)
+    assert _codes(results) == ["ok"] * (MAX_SIGNED_IN_ONE_MS + 1) + ["replayed_command"]
+    row = store.schedules[("acme", SID)]
+    assert len(row.signed_macs or b"") == MAX_SIGNED_IN_ONE_MS * SIGNED_MAC_BYTES
+    # Signed a millisecond later, the next is applied and the kept signatures start over.
+    [later] = Worker(store).process(_signed(_update(99), 40, T0 + 1))
+    assert later["code"] == "ok"
+    assert len(store.schedules[("acme", SID)].signed_macs or b"") == SIGNED_MAC_BYTES
+
+
+def test_a_copied_trigger_after_a_later_command_is_refused() -> None:
+    """A trigger writes no row, so only a later command applied to the schedule refuses
+    its copy (docs/wire-contract.md: a copy of the last command being a trigger fires)."""
+    store = FakeStore()
+    trigger = _signed(TriggerCommand(tenant="acme", schedule_id=SID), 2, T0 + 1_000)
+    first = Worker(store).process(
+        _signed(_create(), 1, T0),
+        trigger,
+        _signed(PauseCommand(tenant="acme", schedule_id=SID), 3, T0 + 2_000),
+    )
+    assert _codes(first) == ["ok"] * 3
+    [answer] = Worker(store).process(_copy(trigger, 4))
+    assert answer["code"] == "replayed_command"
+
+
+def test_an_unsigned_tenants_commands_are_not_ordered() -> None:
+    """Where unsigned commands are allowed (TOCSIN_REQUIRE_SIGNED_COMMANDS=false, a tenant
+    without a key) there is no signer to order by: nothing is recorded or refused."""
+    store = FakeStore()
+    store.tenants["acme"] = {"tenant": "acme", "active": True, "config": "{}"}
+    worker = Worker(store)
+    worker.processor.require_signed = False
+    unsigned = [
+        replace(_signed(c, i, T0), headers=())
+        for i, c in enumerate((_create(), _update(1), _update(2)), start=1)
+    ]
+    assert _codes(worker.process(*unsigned)) == ["ok"] * 3
+    assert store.schedules[("acme", SID)].signed_at_ms is None

@@ -1,0 +1,146 @@
+"""Replayed signed commands on the real stack: a tenant's signed resume and update copied
+off the commands topic and produced again within the signature window, after the worker
+that read the originals was restarted, are refused ``replayed_command`` and change
+nothing (the schedule stays paused, its payload the later one).
+
+The restarted worker starts past the originals' committed offsets, so its in-memory
+record of signatures has never seen them: only the schedule row's signed time refuses the
+copies (streams.decisions.check_signed_order)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import orjson
+import pytest
+from confluent_kafka import Consumer, Message, TopicPartition
+
+from base.settings import Settings
+from streams.client import CommandClient, ResultWatcher
+from streams.partitioner import partition_for
+from streams.store import Store
+from tests.integration.conftest import wait_worker_ready
+from topics.catalog import catalog
+from topics.models import (
+    CommandResult,
+    CreateCommand,
+    HttpCallback,
+    PauseCommand,
+    PayloadType,
+    ResumeCommand,
+    UpdateCommand,
+)
+
+pytestmark = pytest.mark.integration
+
+
+def _records_of(settings: Settings, sid: str) -> list[Message]:
+    """The records of the commands topic keyed ``sid``, oldest first."""
+    spec = catalog(settings.topics).commands
+    key = sid.encode()
+    consumer = Consumer(
+        {
+            **settings.kafka.librdkafka(),
+            "group.id": f"read-{os.urandom(4).hex()}",
+            "enable.auto.commit": False,
+        }
+    )
+    tp = TopicPartition(spec.name, partition_for(key, spec.partitions))
+    low, high = consumer.get_watermark_offsets(tp, timeout=10)
+    consumer.assign([TopicPartition(spec.name, tp.partition, low)])
+    found: list[Message] = []
+    position, deadline = low, time.monotonic() + 30
+    while position < high and time.monotonic() < deadline:
+        m = consumer.poll(0.5)
+        if m is None or m.error() is not None:
+            continue
+        position = m.offset() + 1
+        if m.key() == key:
+            found.append(m)
+    consumer.close()
+    return found
+
+
+def _answer(results: ResultWatcher, sid: str, offset: int) -> CommandResult:
+    """The result of the command at ``offset`` of schedule ``sid``."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for r in results.poll():
+            if r.schedule_id == sid and r.offset == offset:
+                return r
+    raise AssertionError(f"no result for {sid} at offset {offset}")
+
+
+def _row(settings: Settings, sid: str) -> dict[str, Any]:
+    async def read() -> dict[str, Any]:
+        store = Store(settings.cassandra)
+        await store.connect()
+        try:
+            row = await store.get_schedule("acme", sid)
+        finally:
+            await store.close()
+        assert row is not None
+        return dict(row)
+
+    return asyncio.run(read())
+
+
+def test_signed_commands_copied_after_a_worker_restart_are_refused(
+    own_stack: Settings, worker_factory: Any
+) -> None:
+    settings = own_stack
+    first = worker_factory.make("first", settings)
+    wait_worker_ready(settings, "acme", worker=first)
+    sid = f"replay-{os.urandom(4).hex()}"
+    client, results = CommandClient(settings), ResultWatcher(settings)
+    try:
+        on_schedule = {"tenant": "acme", "schedule_id": sid}
+        commands = [
+            CreateCommand(
+                **on_schedule,
+                due_ms=time.time_ns() // 10**6 + 3_600_000,
+                payload=b'{"v":0}',
+                payload_type=PayloadType.JSON,
+                callback=HttpCallback(url="https://h.example/cb"),
+                misfire_tolerance_s=60,
+            ),
+            UpdateCommand(**on_schedule, payload=b'{"v":1}', payload_type=PayloadType.JSON),
+            UpdateCommand(**on_schedule, payload=b'{"v":2}', payload_type=PayloadType.JSON),
+            PauseCommand(**on_schedule),
+            ResumeCommand(**on_schedule),
+            PauseCommand(**on_schedule),
+        ]
+        for command in commands:
+            client.send(command)
+            client.flush()
+            offset = _records_of(settings, sid)[-1].offset()
+            assert str(_answer(results, sid, offset).code) == "ok"
+        before = _row(settings, sid)
+        assert (before["state"], before["payload"]) == ("paused", b'{"v":2}')
+        originals = _records_of(settings, sid)
+        old_update, resume = originals[1], originals[4]
+        assert orjson.loads(resume.value())["type"] == "resume"
+
+        first.stop()  # its offsets committed: the restarted worker starts past the originals
+        second = worker_factory.make("second", settings)
+        wait_worker_ready(settings, "acme", worker=second)
+
+        for original in (resume, old_update):
+            client.send_raw(original.key(), original.value(), headers=original.headers())
+            client.flush()
+            copy = _records_of(settings, sid)[-1]
+            assert copy.value() == original.value() and copy.offset() > original.offset()
+            answer = _answer(results, sid, copy.offset())
+            assert (str(answer.code), str(answer.status)) == ("replayed_command", "rejected")
+            assert "signed before the last command applied" in answer.message, answer
+    finally:
+        results.close()
+    after = _row(settings, sid)
+    assert (after["state"], after["payload"], after["version"]) == (
+        "paused",
+        b'{"v":2}',
+        before["version"],
+    )
