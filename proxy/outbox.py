@@ -142,10 +142,12 @@ class Outbox:
         self.metrics = metrics
         # What a flush's timeout is measured with.
         self.monotonic: Callable[[], float] = time.monotonic
-        # Groups of ``later`` records and their ``done``, in the order they were given;
-        # first, what a round or a delivery callback found no room for in the producer's
-        # local queue: the rest of a group already started, with its countdown.
+        # Groups of ``later`` records and their ``done``, in the order they were given.
         self._deferred: list[_Held] = []
+        # Produced before them, in order: the rest of a group a round could not finish,
+        # and records a delivery callback produces again (or replaces by their fallback)
+        # that found the producer's local queue full or others of their kind waiting.
+        self._again: list[_Held] = []
         self._deferred_lock = threading.Lock()
         # Held while anything is produced from ``_deferred`` and while a group that may
         # not wait is produced after it, so that nothing overtakes a held record; a flush
@@ -230,7 +232,8 @@ class Outbox:
         """Produce what is held, in order, until the local queue is full; True: all of it
         (``_sending`` held)."""
         with self._deferred_lock:
-            held, self._deferred = self._deferred, []
+            held = self._again + self._deferred if self._again else self._deferred
+            self._again, self._deferred = [], []
         for i, (records, done) in enumerate(held):
             countdown = done if isinstance(done, _Countdown) else _Countdown(len(records), done)
             for j, rec in enumerate(records):
@@ -239,19 +242,25 @@ class Outbox:
                     rest: list[_Held] = [((no_room, *records[j + 1 :]), countdown)]
                     rest += held[i + 1 :]
                     with self._deferred_lock:
-                        self._deferred[:0] = rest
+                        self._again[:0] = rest
                     return False
         return True
 
-    def hold_first(self, rec: OutRecord, countdown: _Countdown) -> None:
-        """Hold ``rec`` (produced again, or a fallback, from a delivery callback) ahead of
-        everything held: the local queue had no room for it, and a callback never waits."""
+    def again(self, rec: OutRecord, countdown: _Countdown) -> None:
+        """Produce ``rec`` again, or its fallback, from a delivery callback: at once if
+        nothing produced again waits before it, else (and when the local queue is full:
+        a callback never waits) held, after those, ahead of everything else held."""
+        if not self._again:
+            no_room = _Sending(self, rec, countdown).produce(block=False)
+            if no_room is None:
+                return
+            rec = no_room
         with self._deferred_lock:
-            self._deferred.insert(0, ((rec,), countdown))
+            self._again.append(((rec,), countdown))
 
     def held_records(self) -> int:
         with self._deferred_lock:
-            return sum(len(records) for records, _ in self._deferred)
+            return sum(len(records) for records, _ in self._again + self._deferred)
 
     def poll(self, timeout_s: float) -> None:
         self.producer.poll(timeout_s)
@@ -333,10 +342,11 @@ class _Sending:
         except BufferError:
             return rec
         except KafkaException as exc:
-            refused, no_room = self._refusal(exc.args[0] if exc.args else None, block=block)
+            refused, fallback = self._refusal(exc.args[0] if exc.args else None)
             if not refused:
                 raise
-            return no_room
+            if fallback is not None:
+                return _Sending(self._outbox, fallback, self._countdown).produce(block=block)
         return None
 
     def _ack(self, err: RdKafkaError | None, msg: Message) -> None:
@@ -349,7 +359,7 @@ class _Sending:
                     rec.on_written(partition)
             self._countdown.finished_one()
             return
-        refused, no_room = self._refusal(err, block=False)
+        refused, again = self._refusal(err)
         if not refused:
             if self._outbox.closed:
                 return
@@ -357,23 +367,23 @@ class _Sending:
                 "proxy record not acknowledged, producing again",
                 extra={"topic": rec.topic, "error": str(err)},
             )
-            no_room = self.produce(block=False)
-        if no_room is not None:
-            self._outbox.hold_first(no_room, self._countdown)
+            again = rec
+        if again is not None:
+            self._outbox.again(again, self._countdown)
 
-    def _refusal(self, err: object, *, block: bool) -> tuple[bool, OutRecord | None]:
+    def _refusal(self, err: object) -> tuple[bool, OutRecord | None]:
         """Carry out a refusal of the record's topic or of the record itself: (False, None)
-        when ``err`` is neither (worth producing again), else (True, the fallback if it
-        found the local queue full; see ``produce``)."""
+        when ``err`` is neither (worth producing again), else (True, the fallback to produce
+        in its place, if any)."""
         rec = self._rec
         if rec.on_topic_refused is not None and topic_refused(err):
             rec.on_topic_refused(err)
             return True, None
         if refused_for_good(err):
-            return True, self._refused_for_good(err, block=block)
+            return True, self._refused_for_good(err)
         return False, None
 
-    def _refused_for_good(self, err: object, *, block: bool) -> OutRecord | None:
+    def _refused_for_good(self, err: object) -> OutRecord | None:
         rec = self._rec
         if rec.fallback is not None:
             log.warning(
@@ -387,7 +397,7 @@ class _Sending:
             )
             if rec.on_fallback is not None:
                 rec.on_fallback()
-            return _Sending(self._outbox, rec.fallback, self._countdown).produce(block=block)
+            return rec.fallback
         metrics = self._outbox.metrics
         if metrics is not None:
             metrics.records_refused.labels(rec.topic).inc()

@@ -106,7 +106,6 @@ def test_a_group_that_may_not_wait_does_not_overtake_the_held_ones() -> None:
     assert [v for _, _, v in fake.written] == [b"1", b"2", b"3"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="a later retry overtakes")
 def test_records_produced_again_after_a_timeout_keep_their_order() -> None:
     # Each timed-out record's room is freed after its callback: the first record's retry
     # finds the queue full and is held, the second's finds room. It must not go first.
