@@ -107,6 +107,16 @@ class KafkaSettings:
     # old leader are in flight, so this bounds a produce stalled on a hung broker. A
     # request legitimately slower than this is re-sent (without duplicates: idempotent).
     socket_timeout_ms: int = 10000
+    # The same timeout for the idempotent producers of the worker and the API
+    # (streams.emitter), shorter: it is what bounds a produce in flight to a hung leader.
+    # librdkafka fails such a request at once only when its metadata stops listing the
+    # broker, and it asks the broker it used last, which is the hung one when that broker
+    # led everything the producer wrote; a leader change alone does not release it. A
+    # request older than this is given up, the connection closed and the batch re-sent
+    # with the same sequence numbers (the broker keeps one copy). Above the fencing
+    # time, so writes to healthy leaders that wait on a hung follower's fencing are not
+    # re-sent; below it, they are re-sent once per period, with a reconnect.
+    producer_socket_timeout_ms: int = 4000
 
     def librdkafka(self) -> KafkaConfig:
         """Client configuration for confluent-kafka (librdkafka property names)."""
@@ -406,6 +416,7 @@ class Settings:
                 reconnect_backoff_max_ms=_int(e, "KAFKA_RECONNECT_BACKOFF_MAX_MS", 1000),
                 metadata_refresh_ms=_int(e, "KAFKA_METADATA_REFRESH_MS", 1000),
                 socket_timeout_ms=_int(e, "KAFKA_SOCKET_TIMEOUT_MS", 10000),
+                producer_socket_timeout_ms=_int(e, "KAFKA_PRODUCER_SOCKET_TIMEOUT_MS", 4000),
             ),
             cassandra=CassandraSettings(
                 contact_points=tuple(

@@ -52,6 +52,9 @@ class Emitter:
         self._producer = Producer(
             {
                 **kafka.librdkafka(),
+                # Shorter than the consumers': a produce in flight to a hung leader holds
+                # its partition until this (base/settings.py, docs/operations.md).
+                "socket.timeout.ms": kafka.producer_socket_timeout_ms,
                 "client.id": client_id,
                 "enable.idempotence": True,
                 "acks": "all",

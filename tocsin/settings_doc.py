@@ -85,6 +85,13 @@ SETTINGS: tuple[SettingDoc, ...] = (
         "10000",
         "a request to a broker unanswered this long is given up and re-sent (hung broker)",
     ),
+    SettingDoc(
+        "KAFKA_PRODUCER_SOCKET_TIMEOUT_MS",
+        C,
+        "4000",
+        "the same for the worker's and the API's producers: bounds a produce in flight to a "
+        "hung leader; keep it above the brokers' fencing time",
+    ),
     SettingDoc("CASSANDRA_CONTACT_POINTS", C, "127.0.0.1", "comma-separated Cassandra hosts"),
     SettingDoc("CASSANDRA_PORT", C, "9042", "Cassandra native (CQL) port"),
     SettingDoc("CASSANDRA_USERNAME", C, UNSET, "Cassandra user"),
