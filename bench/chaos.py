@@ -333,6 +333,10 @@ class Receiver:
         self.refused_window = 0
         # order key -> (due ms, sequence, trigger id, emitted ms) of each 2xx delivery
         self.by_key: dict[str, list[tuple[int, int, str, int]]] = defaultdict(list)
+        # trigger id -> (schedule id, emit attempt, received ms) of its first 2xx delivery:
+        # an order violation's report names who emitted what when (the schedule id gives
+        # the commands partition, so the ticker and the worker).
+        self.first_2xx: dict[str, tuple[str, int, int]] = {}
         self._lock = threading.Lock()
         self._site: Any = None
         self._runner: Any = None
@@ -416,6 +420,9 @@ class Receiver:
             with self._lock:
                 emitted = int(request.headers.get("Tocsin-Emitted-Ms", at))
                 self.by_key[str(doc["k"])].append((due, int(doc["seq"]), tid, emitted))
+                attempt = int(request.headers.get("Tocsin-Emit-Attempt", "0"))
+                sid = request.headers.get("Tocsin-Schedule-Id", "")
+                self.first_2xx.setdefault(tid, (sid, attempt, at))
         if self.mode == "huge-body":
             return await self._huge_body(request)
         return web.Response(status=200, text="ok")
@@ -451,29 +458,48 @@ class Receiver:
         return self._out_of_order()[1]
 
     def order_figures(self) -> dict[str, int]:
-        """A scenario report's order figures."""
-        bad, late = self._out_of_order()
-        return {"order_violations": bad, "late_creates_out_of_order": late}
+        """A scenario report's order figures; each violation is also said, with the
+        triggers it came after."""
+        bad, late = self._violations()
+        for line in bad:
+            say(f"order violation: {line}")
+        return {"order_violations": len(bad), "late_creates_out_of_order": late}
 
     def _out_of_order(self) -> tuple[int, int]:
-        bad = late = 0
+        bad, late = self._violations()
+        return len(bad), late
+
+    def _violations(self) -> tuple[list[str], int]:
+        """One line for each violation (the key; the trigger and those delivered before it:
+        id, schedule id, due, emitted, emit attempt, first 2xx ms), and the late creates."""
+        bad: list[str] = []
+        late = 0
         with self._lock, self.tally.lock:
             acked = dict(self.tally.acked_ms)
-            for deliveries in self.by_key.values():
+            for key, deliveries in self.by_key.items():
                 seen: set[str] = set()
-                before: list[tuple[int, int]] = []  # (due, emitted) of first deliveries
+                before: list[tuple[int, int, str]] = []  # (due, emitted, id) of first ones
                 for due, _seq, tid, emitted in deliveries:
                     if tid in seen:
                         continue
                     seen.add(tid)
-                    if any(d > due for d, _ in before):
+                    if any(d > due for d, _, _ in before):
                         known_ms = acked.get(tid, -1)
-                        if any(d > due and out >= known_ms for d, out in before):
-                            bad += 1
+                        ahead = [(d, out, t) for d, out, t in before if d > due and out >= known_ms]
+                        if ahead:
+                            shown = [self._shown(t, d, out) for d, out, t in ahead]
+                            bad.append(
+                                f"key {key}: {self._shown(tid, due, emitted)} acked {known_ms} "
+                                f"after {'; '.join(shown)}"
+                            )
                         else:
                             late += 1
-                    before.append((due, emitted))
+                    before.append((due, emitted, tid))
         return bad, late
+
+    def _shown(self, tid: str, due: int, emitted: int) -> str:
+        sid, attempt, got = self.first_2xx.get(tid, ("?", 0, 0))
+        return f"{tid} ({sid}) due {due} emitted {emitted} attempt {attempt} 2xx {got}"
 
 
 # ----------------------------------------------------------------------------- a scenario

@@ -170,6 +170,25 @@ def test_a_create_acknowledged_after_a_later_due_delivery_is_not_a_violation() -
     assert (r.order_violations(), r.late_creates_out_of_order()) == (1, 1)
 
 
+def test_an_order_violation_is_reported_with_the_triggers_delivered_before_it() -> None:
+    tally = Tally()
+    r = Receiver(tally)
+    tally.acked_ms.update({"x": 5, "y": 6, "z": 7})
+    # x (due 100) first reached the receiver after y (due 110), but before z (due 90,
+    # itself after both): x came after y, z after y and x.
+    r.by_key["k"] = [(110, 1, "y", 60), (100, 0, "x", 50), (90, 2, "z", 40)]
+    r.first_2xx.update({"y": ("s-y", 1, 61), "x": ("s-x", 1, 70), "z": ("s-z", 2, 80)})
+    bad, late = r._violations()
+    assert late == 0
+    assert bad == [
+        "key k: x (s-x) due 100 emitted 50 attempt 1 2xx 70 acked 5 after "
+        "y (s-y) due 110 emitted 60 attempt 1 2xx 61",
+        "key k: z (s-z) due 90 emitted 40 attempt 2 2xx 80 acked 7 after "
+        "y (s-y) due 110 emitted 60 attempt 1 2xx 61; x (s-x) due 100 emitted 50 attempt 1 2xx 70",
+    ]
+    assert r.order_figures() == {"order_violations": 2, "late_creates_out_of_order": 0}
+
+
 def test_spread() -> None:
     assert spread(4, 100, 40) == [100, 110, 120, 130]
 
