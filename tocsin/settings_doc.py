@@ -90,7 +90,7 @@ SETTINGS: tuple[SettingDoc, ...] = (
         C,
         "4000",
         "the same for the worker's and the API's producers: bounds a produce in flight to a "
-        "hung leader; keep it above the brokers' fencing time",
+        "hung leader; below the brokers' fencing time, writes waiting on a fencing are re-sent",
     ),
     SettingDoc("CASSANDRA_CONTACT_POINTS", C, "127.0.0.1", "comma-separated Cassandra hosts"),
     SettingDoc("CASSANDRA_PORT", C, "9042", "Cassandra native (CQL) port"),
