@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+import zlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -45,6 +47,11 @@ ATTEMPT_HELD = "attempt_held"
 MAX_ATTEMPTS_PER_TRIGGER = 20
 # Emissions whose attempt count is kept; least recently seen forgotten first.
 MAX_TRACKED_TRIGGERS = 10_000
+# How far ahead of this worker's clock an outcome's time may be and still order its write
+# (``outcome_order_us``): proxies' clocks differ from it by NTP's skew, milliseconds; an
+# outcome dated further ahead (a broken clock) would otherwise hide every later outcome of
+# its schedule until then, so it is written at the time of its write instead.
+MAX_OUTCOME_AHEAD_MS = 60_000
 
 
 class AttemptStore(DeliveryStore, Protocol):
@@ -282,10 +289,10 @@ def _rounds(
 ) -> list[list[tuple[dict[str, Any], DeliveryMark]]]:
     """``marks`` in rounds holding each schedule at most once, in their order: the n-th
     outcome of a schedule in the n-th round. Two outcomes of one schedule in one unlogged
-    batch carry one timestamp, and Cassandra then keeps the greater value of each status
-    cell (a mix of both); a round written after the one before ends wins whole, as the
-    later outcome must. One round unless a batch holds a schedule twice (a backlog of a
-    recurring schedule's runs, a redelivery)."""
+    batch without their own timestamps (``order_us`` None: no time) carry the batch's, and
+    Cassandra then keeps the greater value of each status cell (a mix of both); a round
+    written after the one before ends wins whole. One round unless a batch holds a
+    schedule twice (a backlog of a recurring schedule's runs, a redelivery)."""
     rounds: list[list[tuple[dict[str, Any], DeliveryMark]]] = []
     seen: dict[tuple[str, str], int] = {}  # at most one entry per mark of this batch
     for item in marks:
@@ -298,19 +305,58 @@ def _rounds(
     return rounds
 
 
-def _delivery_mark(outcome: dict[str, Any], retention_s: int | None) -> DeliveryMark:
+def outcome_order_us(
+    at_ms: int,
+    outcome: str,
+    status_code: int | None,
+    attempts: int,
+    trigger_id: str | None,
+    *,
+    now_ms: int,
+) -> int | None:
+    """The write timestamp (µs) of an outcome's delivery cells: its own time (the proxy's
+    ``delivered_ms`` / ``dead_lettered_ms``), so the schedule's status is the outcome with
+    the latest time whoever writes it and whenever the write lands (a revoked worker
+    retrying through a Cassandra failure after the next owner wrote a later outcome, a
+    batch read again). The microseconds tell apart different outcomes of one millisecond by
+    a hash of their content: at equal timestamps Cassandra keeps the greater value of each
+    cell, a mix of both; the same outcome written twice gets the same timestamp. None (the
+    time of the write) for an outcome with no time or one dated past
+    ``MAX_OUTCOME_AHEAD_MS`` ahead."""
+    if at_ms <= 0 or at_ms > now_ms + MAX_OUTCOME_AHEAD_MS:
+        return None
+    content = f"{trigger_id}|{outcome}|{status_code}|{attempts}".encode()
+    return at_ms * 1000 + zlib.crc32(content) % 1000
+
+
+def _delivery_mark(
+    outcome: dict[str, Any], retention_s: int | None, now_ms: int | None = None
+) -> DeliveryMark:
     """The store's record of a final outcome (KeyError, TypeError, ValueError: unusable)."""
+    kind = DeliveryOutcome(outcome["outcome"])
+    status_code = outcome.get("status_code")
+    attempts = int(outcome.get("attempts", 0))
+    at_ms = int(outcome.get("delivered_ms") or outcome.get("dead_lettered_ms") or 0)
+    trigger_id = outcome.get("trigger_id")
     return DeliveryMark(
         tenant=outcome["tenant"],
         schedule_id=outcome["schedule_id"],
-        outcome=DeliveryOutcome(outcome["outcome"]),
-        status_code=outcome.get("status_code"),
-        attempts=int(outcome.get("attempts", 0)),
-        at_ms=int(outcome.get("delivered_ms") or outcome.get("dead_lettered_ms") or 0),
-        trigger_id=outcome.get("trigger_id"),
+        outcome=kind,
+        status_code=status_code,
+        attempts=attempts,
+        at_ms=at_ms,
+        trigger_id=trigger_id,
         due_ms=outcome.get("due_ms"),
         detail=delivery_detail(outcome),
         retention_s=retention_s,
+        order_us=outcome_order_us(
+            at_ms,
+            kind,
+            status_code,
+            attempts,
+            trigger_id,
+            now_ms=int(time.time() * 1000) if now_ms is None else now_ms,
+        ),
     )
 
 
@@ -348,6 +394,7 @@ async def record_outcome(
                 due_ms=mark.due_ms,
                 detail=mark.detail,
                 retention_s=mark.retention_s,
+                order_us=mark.order_us,
             )
             _count_recorded(outcome)
             return True

@@ -5,6 +5,7 @@ the same mutation (the two tables share the schedule's partition key)."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import ClassVar
 
@@ -16,6 +17,13 @@ from streams.model import DeliveryMark, FiredMark, ScheduleEvent, ScheduleState,
 from topics.models import DeliveryOutcome
 
 _BY_SCHEDULE = "WHERE tenant = ? AND schedule_id = ?"
+# The ``schedules`` cells of the last delivery outcome. Only ``record_delivery`` writes them,
+# with the outcome's own time as their timestamp (``DeliveryMark.order_us``): a write of the
+# whole row (``put_schedule``: commands, the materialiser) copies what it read, and at the
+# time of its write it would put back an older outcome over one written meanwhile.
+DELIVERY_COLUMNS = frozenset(
+    {"delivery_outcome", "delivery_status_code", "delivery_attempts", "delivery_ms"}
+)
 # The history event that records each state a trigger ends in, and each delivery outcome.
 _EVENT_OF_STATE = {
     ScheduleState.FIRED: ScheduleEvent.FIRED,
@@ -35,7 +43,8 @@ class FireRecordStore(EventStore):
         f"trigger_id = ?, updated_ms = ? {_BY_SCHEDULE}",
         "mark_done_if": "UPDATE {keyspace}.schedules USING TTL ? SET state = ?, fired_ms = ?, "
         f"trigger_id = ?, updated_ms = ? {_BY_SCHEDULE} IF version = ?",
-        "record_delivery": "UPDATE {keyspace}.schedules USING TTL ? SET delivery_outcome = ?, "
+        "record_delivery": "UPDATE {keyspace}.schedules USING TTL ? AND TIMESTAMP ? "
+        "SET delivery_outcome = ?, "
         "delivery_status_code = ?, delivery_attempts = ?, delivery_ms = ? "
         f"{_BY_SCHEDULE}",
     }
@@ -198,9 +207,12 @@ class FireRecordStore(EventStore):
         due_ms: int | None = None,
         detail: str | None = None,
         retention_s: int | None = None,
+        order_us: int | None = None,
     ) -> None:
         """Store the delivery outcome reported by the proxy and append an event named after
-        it ('delivered' | 'dead_lettered'), kept ``retention_s`` (None: the global one)."""
+        it ('delivered' | 'dead_lettered'), kept ``retention_s`` (None: the global one).
+        The outcome's cells are written at timestamp ``order_us`` (``DeliveryMark``): a
+        write of an older outcome landing later does not replace them."""
         mark = DeliveryMark(
             tenant=tenant,
             schedule_id=schedule_id,
@@ -212,6 +224,7 @@ class FireRecordStore(EventStore):
             due_ms=due_ms,
             detail=detail,
             retention_s=retention_s,
+            order_us=order_us,
         )
         await self.run_together("record_delivery", self._delivery_stmts(mark))
 
@@ -223,8 +236,9 @@ class FireRecordStore(EventStore):
         ``mark_fired_many``: each outcome's update and event stay one mutation, the group is
         one request instead of one per outcome (the driver's CPU per request was the largest
         share of the worker's main thread at 1,000 deliveries/s). At most one mark per
-        schedule: two in one batch share its timestamp, and Cassandra keeps the greater
-        value of each cell (``deliveries.record_outcomes`` writes them in rounds)."""
+        schedule: two in one batch without ``order_us`` share its timestamp, and Cassandra
+        keeps the greater value of each cell (``deliveries.record_outcomes`` writes them in
+        rounds)."""
         return await self._run_packed("record_delivery", [self._delivery_stmts(m) for m in marks])
 
     async def _run_packed(
@@ -249,6 +263,7 @@ class FireRecordStore(EventStore):
             "record_delivery",
             [
                 self.keep_s(m.retention_s),
+                time.time_ns() // 1000 if m.order_us is None else m.order_us,
                 m.outcome,
                 UNSET_VALUE if m.status_code is None else m.status_code,
                 m.attempts,

@@ -210,6 +210,7 @@ class DeliveryStore(Protocol):
         due_ms: int | None = None,
         detail: str | None = None,
         retention_s: int | None = None,
+        order_us: int | None = None,
     ) -> None: ...
 
     async def record_deliveries_many(

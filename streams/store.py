@@ -39,7 +39,7 @@ from streams.cql import (
     unset_none,
 )
 from streams.event_store import EventStore
-from streams.fire_store import FireRecordStore
+from streams.fire_store import DELIVERY_COLUMNS, FireRecordStore
 from streams.index_store import ListingIndexStore
 from streams.model import (
     SCHEDULE_COLUMNS,
@@ -55,8 +55,11 @@ from streams.ports import CqlRow, ScheduleReader
 from streams.tenant_store import TenantStore
 
 _BUCKET_COLUMNS = tuple(f.name for f in fields(BucketRow))
+# What a write of a whole row writes: every column but the delivery outcome's, which only
+# the outcome's own write sets (fire_store.DELIVERY_COLUMNS says why).
+_PUT_COLUMNS = tuple(c for c in SCHEDULE_COLUMNS if c not in DELIVERY_COLUMNS)
 # A row's values in column order (attrgetter: one C call, not a getattr per column).
-_SCHEDULE_VALUES = operator.attrgetter(*SCHEDULE_COLUMNS)
+_SCHEDULE_VALUES = operator.attrgetter(*_PUT_COLUMNS)
 _BUCKET_VALUES = operator.attrgetter(*_BUCKET_COLUMNS)
 _BUCKET_WHERE = "partition = ? AND minute_ms = ? AND shard = ?"
 _BY_SCHEDULE = "WHERE tenant = ? AND schedule_id = ?"
@@ -72,7 +75,7 @@ class ScheduleStore(EventStore):
         # IN on the last partition-key column: one request for a batch of commands.
         "get_schedules": f"SELECT {', '.join(SCHEDULE_COLUMNS)} FROM {{keyspace}}.schedules "
         "WHERE tenant = ? AND schedule_id IN ?",
-        "put_schedule": insert_cql("schedules", SCHEDULE_COLUMNS, ttl=True),
+        "put_schedule": insert_cql("schedules", _PUT_COLUMNS, ttl=True),
         "put_bucket": insert_cql("buckets", _BUCKET_COLUMNS, ttl=True),
         "delete_bucket": f"DELETE FROM {{keyspace}}.buckets WHERE {_BUCKET_WHERE} "
         "AND due_ms = ? AND tenant = ? AND schedule_id = ?",
@@ -143,7 +146,8 @@ class ScheduleStore(EventStore):
     async def put_schedule(
         self, row: ScheduleRow, *, now_ms: int, retention_s: int | None = None
     ) -> None:
-        """Upsert every non-None column of ``row`` with the TTL of ``schedule_ttl_s``."""
+        """Upsert every non-None column of ``row`` but the delivery outcome's with the TTL
+        of ``schedule_ttl_s``."""
         await self.run(*self.put_schedule_stmt(row, now_ms, retention_s))
 
     def put_schedule_stmt(

@@ -825,3 +825,79 @@ async def test_commit_groups_of_large_rows_stay_under_the_stock_batch_limit(
             assert got is not None and got["payload"] == change.row.payload
     finally:
         await s.close()
+
+
+def _mark(sid: str, kind: str, at_ms: int, code: int, trigger: str) -> Any:
+    """The store's record of a proxy outcome, ordered by its own time as the worker orders
+    it (streams.deliveries)."""
+    from streams.deliveries import outcome_order_us
+    from streams.model import DeliveryMark
+    from topics.models import DeliveryOutcome
+
+    return DeliveryMark(
+        tenant="acme",
+        schedule_id=sid,
+        outcome=DeliveryOutcome(kind),
+        status_code=code,
+        attempts=1,
+        at_ms=at_ms,
+        trigger_id=trigger,
+        due_ms=at_ms - 100,
+        order_us=outcome_order_us(at_ms, kind, code, 1, trigger, now_ms=now_ms()),
+    )
+
+
+def _delivery(row: dict[str, Any] | None) -> tuple[Any, ...]:
+    assert row is not None
+    return (row["delivery_outcome"], row["delivery_status_code"], row["delivery_ms"])
+
+
+async def test_an_older_outcome_written_after_a_newer_one_does_not_replace_it(
+    store: Store,
+) -> None:
+    """A revoked worker's write of a schedule's older outcome, retried through a Cassandra
+    failure, lands after the next owner's write of the newer one: alone and grouped."""
+    now = now_ms()
+    newer = _mark("late-older", "delivered", now, 200, "t2")
+    older = _mark("late-older", "dead_lettered", now - 60_000, 503, "t1")
+    await store.put_schedule(schedule("late-older", now - 120_000), now_ms=now)
+
+    assert await store.record_deliveries_many([newer]) == [None]
+    await store.record_delivery(
+        "acme",
+        "late-older",
+        outcome=older.outcome,
+        status_code=older.status_code,
+        attempts=older.attempts,
+        at_ms=older.at_ms,
+        order_us=older.order_us,
+    )
+    assert _delivery(await store.get_schedule("acme", "late-older")) == ("delivered", 200, now)
+    assert await store.record_deliveries_many([older]) == [None]
+    assert _delivery(await store.get_schedule("acme", "late-older")) == ("delivered", 200, now)
+    # Both are in the history (the older written twice: one event); the status is the later.
+    events = [e["event"] for e in await store.list_events("acme", "late-older")]
+    assert sorted(events) == ["dead_lettered", "delivered"]
+
+
+async def test_a_whole_row_written_after_an_outcome_does_not_put_back_the_one_it_read(
+    store: Store,
+) -> None:
+    """A command (or the materialiser) reads the row, a newer outcome is recorded, then the
+    row read is written back whole: the outcome it copied does not replace the newer."""
+    now = now_ms()
+    await store.put_schedule(schedule("stale-copy", now - 120_000), now_ms=now)
+    assert await store.record_deliveries_many(
+        [_mark("stale-copy", "dead_lettered", now - 60_000, 503, "t1")]
+    ) == [None]
+    read = await store.get_schedule("acme", "stale-copy")
+    assert read is not None and read["delivery_outcome"] == "dead_lettered"
+
+    assert await store.record_deliveries_many(
+        [_mark("stale-copy", "delivered", now, 200, "t2")]
+    ) == [None]
+    await store.put_schedule(ScheduleRow(**{**read, "version": 2}), now_ms=now_ms())
+
+    got = await store.get_schedule("acme", "stale-copy")
+    assert got is not None and got["version"] == 2
+    assert _delivery(got) == ("delivered", 200, now)

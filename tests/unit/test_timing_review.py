@@ -102,8 +102,9 @@ async def test_after_a_fire_the_idle_loop_writes_the_checkpoint_before_its_long_
 
 class BatchTimestamps:
     """Cassandra's reconciliation for ``record_delivery`` updates: every statement of one
-    batch carries the batch's timestamp; of two writes to one cell the later timestamp wins
-    and, at equal timestamps, the greater value."""
+    batch carries the batch's timestamp unless it has its own (``USING TIMESTAMP``); of two
+    writes to one cell the later timestamp wins and, at equal timestamps, the greater
+    value."""
 
     def __init__(self) -> None:
         self.ts = 0
@@ -114,13 +115,14 @@ class BatchTimestamps:
         for stmt_name, params in statements:
             if stmt_name != "record_delivery":
                 continue
-            _ttl, *values, tenant, schedule_id = params
+            _ttl, own_ts, *values, tenant, schedule_id = params
+            ts = self.ts if own_ts is UNSET_VALUE else own_ts
             for column, value in zip(("outcome", "status", "attempts", "at"), values, strict=True):
                 if value is UNSET_VALUE:
                     continue
                 key = (tenant, schedule_id, column)
-                if key not in self.cells or (self.ts, value) > self.cells[key]:
-                    self.cells[key] = (self.ts, value)
+                if key not in self.cells or (ts, value) > self.cells[key]:
+                    self.cells[key] = (ts, value)
 
     def row(self, tenant: str, schedule_id: str) -> dict[str, Any]:
         return {
