@@ -31,6 +31,7 @@ from topics.models import (
     HttpCallback,
     PauseCommand,
     PayloadType,
+    Recurrence,
     ResumeCommand,
     TriggerCommand,
     UpdateCommand,
@@ -266,3 +267,23 @@ def test_an_unsigned_tenants_commands_are_not_ordered() -> None:
     ]
     assert _codes(worker.process(*unsigned)) == ["ok"] * 3
     assert store.schedules[("acme", SID)].signed_at_ms is None
+
+
+def test_a_copied_resume_of_a_recurring_schedule_after_a_restart_is_refused() -> None:
+    """Recurring schedules are decided apart (decisions.decide_recurring): the same rule."""
+    store = FakeStore()
+    recurring = replace(_create(), recurrence=Recurrence(every_s=60))
+    resume = _signed(ResumeCommand(tenant="acme", schedule_id=SID), 3, T0 + 2_000)
+    first = Worker(store).process(
+        _signed(recurring, 1, T0),
+        _signed(PauseCommand(tenant="acme", schedule_id=SID), 2, T0 + 1_000),
+        resume,
+        _signed(PauseCommand(tenant="acme", schedule_id=SID), 4, T0 + 3_000),
+    )
+    assert _codes(first) == ["ok"] * 4
+    row = store.schedules[("acme", SID)]
+    assert row.state == ScheduleState.PAUSED and row.recurrence is not None
+
+    [answer] = Worker(store).process(_copy(resume, 5))
+    assert answer["code"] == "replayed_command"
+    assert store.schedules[("acme", SID)] == row
