@@ -17,7 +17,10 @@ queue, then takes slices from it to emit. Two rules decide the order:
 
 The queue also knows which order keys it holds (per tenant): the ticker lets a trigger a
 command waits for skip the queue only when nothing of its order key is queued, since
-triggers of one order key must reach the fire topic in due order.
+triggers of one order key must reach the fire topic in due order. For the same reason an
+order key can be **held** (``hold``; the ticker holds the key of a trigger whose send
+failed until Kafka has it again): its entries wait apart, are not taken, and go back to
+their tenant's queue on ``release``.
 
 The ticker judges a trigger's misfire tolerance when it enters this queue; the time it
 then waits here (its tenant's quota, or its turn) is reported as ``waited_ms`` so that a
@@ -78,6 +81,9 @@ class FirePacer(Generic[P]):
         self._seq = itertools.count()
         self._buckets: dict[str, TokenBucket] = {}
         self._blocked_at: dict[str, int] = {}  # when each tenant last ran out of tokens
+        # Held order keys -> heap of their entries, as in the tenants' queues; bounded by
+        # the keys the ticker holds (a failed send each).
+        self._held: dict[tuple[str, Hashable], list[tuple[int, int, int, Entry[P]]]] = {}
 
     # -- queue -----------------------------------------------------------------------------
 
@@ -91,6 +97,9 @@ class FirePacer(Generic[P]):
         self._live[key] = entry
         order_key = (entry.tenant, self._order_key_of(entry))
         self._order_keys[order_key] = self._order_keys.get(order_key, 0) + 1
+        if self._held and order_key in self._held:
+            heapq.heappush(self._held[order_key], (entry.due_ms, next(self._seq), now_ms, entry))
+            return
         queue = self._queues.get(entry.tenant)
         if queue is None:
             queue = self._queues[entry.tenant] = []
@@ -117,6 +126,43 @@ class FirePacer(Generic[P]):
         """True if an entry of ``entry``'s tenant and order key is queued."""
         return (entry.tenant, self._order_key_of(entry)) in self._order_keys
 
+    def hold(self, tenant: str, order_key: Hashable) -> None:
+        """Take nothing of ``tenant``'s ``order_key`` until ``release``: its queued entries,
+        and those pushed meanwhile, wait apart (still queued for ``get``, ``remove`` and
+        ``earliest_due_ms``)."""
+        key = (tenant, order_key)
+        if key in self._held:
+            return
+        held: list[tuple[int, int, int, Entry[P]]] = []
+        queue = self._queues.get(tenant)
+        if queue and key in self._order_keys:
+            kept = []
+            for item in queue:
+                if self._live.get(item[3].key) is not item[3]:
+                    self._dead = max(0, self._dead - 1)
+                    continue  # removed or replaced: dropped here
+                if self._order_key_of(item[3]) == order_key:
+                    held.append(item)
+                else:
+                    kept.append(item)
+            heapq.heapify(held)
+            heapq.heapify(kept)
+            self._queues[tenant] = kept
+        self._held[key] = held
+
+    def release(self, tenant: str, order_key: Hashable) -> None:
+        """Let ``hold``'s entries be taken again, in due order with their tenant's others."""
+        held = self._held.pop((tenant, order_key), None)
+        if not held:
+            return
+        queue = self._queues.get(tenant)
+        if queue is None:
+            queue = self._queues[tenant] = []
+            self._ring.append(tenant)
+        for item in held:
+            if self._live.get(item[3].key) is item[3]:
+                heapq.heappush(queue, item)
+
     def __len__(self) -> int:
         return len(self._live)
 
@@ -125,6 +171,7 @@ class FirePacer(Generic[P]):
         self._ring.clear()
         self._live.clear()
         self._order_keys.clear()
+        self._held.clear()
         self._dead = 0
 
     # -- taking ----------------------------------------------------------------------------
@@ -204,6 +251,10 @@ class FirePacer(Generic[P]):
             head = self._head(tenant)
             if head is not None and (best is None or head[0] < best):
                 best = head[0]
+        for held in self._held.values():
+            for due, _, _, entry in held:  # few: one key's entries; removed ones too
+                if self._live.get(entry.key) is entry and (best is None or due < best):
+                    best = due
         return best
 
     # -- internals -------------------------------------------------------------------------

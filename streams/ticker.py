@@ -225,6 +225,10 @@ class PartitionTicker:
         self._resuming = False
         # Triggers whose send failed while suspended: re-sent by ``resume``.
         self._parked: set[TriggerKey] = set()
+        # (tenant, order key) -> its triggers whose send failed and that Kafka does not
+        # have yet: the key's later triggers are held in the fair queue meanwhile, since a
+        # re-send goes out behind them (bounded by the triggers in flight).
+        self._resending: dict[tuple[str, str], set[TriggerKey]] = {}
         self._last_checkpoint_ms = 0
         self._written_checkpoint: int | None = None
         # Triggers recorded as fired or missed (and so out of flight): ``_settled`` counts
@@ -850,6 +854,7 @@ class PartitionTicker:
                     self._awaited
                     and (entry.tenant, entry.schedule_id, entry.due_ms) in self._awaited
                     and not self.pacer.holds_order_key_of(entry)
+                    and (entry.tenant, _order_key_of(entry)) not in self._resending
                 ):
                     self._dispatch(entry, now)  # a command waits for it: not paced
                     continue
@@ -875,6 +880,11 @@ class PartitionTicker:
         """Emit what the fair queue lets out now; returns how many."""
         taken = self.pacer.take(now, self._fire_quota_of, limit=limit)
         for paced in taken:
+            entry = paced.entry
+            if self._resending and (entry.tenant, _order_key_of(entry)) in self._resending:
+                # Its key's send failed earlier in this slice: held again, its wait kept.
+                self.pacer.push(entry, now - paced.waited_ms)
+                continue
             if paced.throttled:
                 metrics.count_throttled(paced.entry.tenant)
             self._dispatch(paced.entry, now, grace_ms=paced.waited_ms)
@@ -940,7 +950,7 @@ class PartitionTicker:
             # topic takes, a row without a valid callback) never passes: recorded as missed
             # with the reason, so it stops holding the checkpoint.
             if isinstance(exc, TocsinError) and exc.retriable:
-                self._retry_later(key, exc)
+                self._send_failed(key, exc)
             else:
                 self._give_up(row, trig_id, now, key, exc)
             return None
@@ -960,9 +970,10 @@ class PartitionTicker:
             if isinstance(exc, TocsinError) and not exc.retriable:
                 self._give_up(record.entry.payload, trig_id, emitted_ms, key, exc)
             else:
-                self._retry_later(key, exc)
+                self._send_failed(key, exc)
             return
         record.acked = True
+        self._resent(key, record.entry)  # Kafka has it: its key's later triggers may go
         if key in self._awaited:
             self._settle_awaited(key)  # durable in Kafka: its command may be answered
         self.emitted += 1
@@ -1076,6 +1087,7 @@ class PartitionTicker:
             self._retry_later(key, None if task.cancelled() else task.exception())
             return
         self._settle_awaited(key)  # recorded missed: that answer is durable too
+        self._resent(key, self._inflight[key].entry)  # never to be sent: nothing to wait for
         self._forget(key)
         self._settled += 1
 
@@ -1090,6 +1102,33 @@ class PartitionTicker:
             self._parked.add(key)  # re-sent by resume, if the partition comes back
         else:
             asyncio.get_running_loop().call_later(1.0, self._redispatch, key)
+
+    def _send_failed(self, key: TriggerKey, exc: BaseException | None) -> None:
+        """A send failed: retried later, and its order key's later triggers wait in the
+        fair queue until Kafka has it (sent meanwhile, they would reach the topic first)."""
+        record = self._inflight.get(key)
+        if record is not None:
+            order_key = (key[0], _order_key_of(record.entry))
+            failed = self._resending.setdefault(order_key, set())
+            if not failed:
+                self.pacer.hold(*order_key)
+            failed.add(key)
+        self._retry_later(key, exc)
+
+    def _resent(self, key: TriggerKey, entry: Entry[BucketRow]) -> None:
+        """``key`` is in Kafka or settled otherwise: release its order key once none of the
+        key's failed sends is left."""
+        if not self._resending:
+            return
+        order_key = (key[0], _order_key_of(entry))
+        failed = self._resending.get(order_key)
+        if failed is None or key not in failed:
+            return
+        failed.discard(key)
+        if not failed:
+            del self._resending[order_key]
+            self.pacer.release(*order_key)
+            self._wake.set()
 
     def _forget(self, key: tuple[str, str, int]) -> None:
         del self._inflight[key]

@@ -181,3 +181,22 @@ def test_it_knows_which_order_keys_it_holds_and_forgets_them() -> None:
     assert ids(pacer.take(3_000, quotas({}))) == ["k-2"]
     assert not pacer.holds_order_key_of(entry("a", "k-3"))
     assert pacer._order_keys == {}  # nothing kept for keys no longer queued
+
+
+def test_a_held_order_key_is_not_taken_until_released_and_stays_queued() -> None:
+    # Order key = schedule id's first letter: "k1", "k2" share key "k".
+    pacer: FirePacer[None] = FirePacer(order_key_of=lambda e: e.schedule_id[0])
+    pacer.push(entry("t", "k2", 2_000), 2_000)
+    pacer.push(entry("t", "o1", 1_500), 2_000)
+    pacer.hold("t", "k")
+    pacer.push(entry("t", "k1", 1_000), 2_000)  # pushed while held: waits too
+    pacer.push(entry("t", "k3", 3_000), 2_000)
+    assert pacer.earliest_due_ms() == 1_000  # the checkpoint stays below held ones
+    assert pacer.next_token_ms(2_000, quotas({})) == 2_000  # o1 may go
+    assert ids(pacer.take(2_000, quotas({}))) == ["o1"]
+    assert pacer.next_token_ms(2_000, quotas({})) is None  # only held ones: no wake-up
+    assert len(pacer) == 3 and pacer.holds_order_key_of(entry("t", "k9"))
+    assert pacer.remove("t", "k3")  # a cancel still finds it
+    pacer.release("t", "k")
+    assert ids(pacer.take(5_000, quotas({}))) == ["k1", "k2"]  # due order, k3 gone
+    assert len(pacer) == 0 and pacer.earliest_due_ms() is None

@@ -5,15 +5,15 @@ clock (the re-send's one second is real)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+from typing import Any
 
-import pytest
-
-from base.errors import StoreError
+from base.errors import KafkaError, StoreError
 from streams.model import BucketRow
 from streams.ticker import PartitionTicker
-from tests.fakes import until_true
-from tests.unit.test_streams_ticker import FakeSink, FakeStore, settle
+from tests.fakes import FakeStore, until_true
+from tests.unit.test_streams_ticker import FakeSink, settle
 from tests.unit.test_streams_ticker_tenants import load, make, row, tick
 
 T = 1_000_000
@@ -40,7 +40,6 @@ def started(now: list[int]) -> tuple[PartitionTicker, FakeStore, FakeSink]:
     return ticker, store, sink
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: a failed send's key is not held")
 async def test_a_key_waits_for_its_failed_trigger_to_be_re_sent_and_acknowledged() -> None:
     now = [T]
     ticker, _, sink = started(now)
@@ -64,7 +63,6 @@ async def test_a_key_waits_for_its_failed_trigger_to_be_re_sent_and_acknowledged
     assert sent_keys(sink) == [b"k", b"other", b"k", b"k"]  # y, after x
 
 
-@pytest.mark.xfail(strict=True, reason="issue 20: a failed send's key is not held")
 async def test_a_trigger_waiting_behind_a_failed_one_can_still_be_cancelled() -> None:
     now = [T]
     ticker, _, sink = started(now)
@@ -98,3 +96,38 @@ async def test_a_trigger_whose_miss_cannot_be_recorded_holds_nothing_back() -> N
     assert sent_keys(sink) == [b"k"]
     acknowledge(sink, 0)
     await settle()
+
+
+class RefusingSink(FakeSink):
+    """Refuses its first send before queueing it (librdkafka's local queue full)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.refused: list[bytes | None] = []
+
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
+        if not self.refused:
+            self.refused.append(key)
+            raise KafkaError("Local: Queue full", retriable=True)
+        return super().send(topic, key=key, value=value, headers=headers)
+
+
+async def test_a_send_refused_mid_slice_holds_its_keys_triggers_taken_with_it() -> None:
+    now = [T]
+    ticker, _, _ = started(now)
+    sink = ticker.sink = RefusingSink()
+    load(ticker, [keyed("x", T, "k"), keyed("y", T, "k"), keyed("z", T, "other")])
+    await tick(ticker, T)  # x, y and z taken in one slice; x refused
+    assert sink.refused == [b"k"] and sent_keys(sink) == [b"other"]  # y waits
+    await until_true(lambda: len(sink.sent) == 2)  # x re-sent
+    acknowledge(sink, 1)
+    await settle()
+    await tick(ticker, now[0])
+    assert sent_keys(sink) == [b"other", b"k", b"k"]  # x, then y
