@@ -47,6 +47,7 @@ from streams.cache import TtlCache
 from streams.decisions import (
     Decision,
     Signed,
+    Unrowed,
     check_tenant_limits,
     decide,
     due_entries,
@@ -70,6 +71,7 @@ from streams.partitioner import partition_for
 from streams.ports import CommandStore, CqlRow, TenantReader
 from streams.recurring_store import RecurringStore
 from streams.refusals import COMMAND_REFUSED, Refusal, RefusalBook, record_refusals
+from streams.signed_store import SignedStore, unrowed_of
 from streams.store import load_schedule_rows
 from streams.tenants import QuotaBook, TenantConfig
 from streams.ticker import PartitionTicker, TriggerSink
@@ -78,6 +80,7 @@ from topics.admission import Admission, AdmissionKeys, Unverified
 from topics.codec import encode_result
 from topics.codes import ACCEPTED_CODES, Code
 from topics.models import (
+    BackfillCommand,
     CancelCommand,
     Command,
     CommandResult,
@@ -85,6 +88,7 @@ from topics.models import (
     CreateCommand,
     PauseCommand,
     ResultStatus,
+    TriggerCommand,
 )
 from topics.signing import (
     SeenSignatures,
@@ -234,6 +238,7 @@ class CommandProcessor:
         # of owned partitions (their lock is held for a batch) and their horizon.
         self.materializers: Mapping[int, PartitionMaterializer] = {}
         self.recurring = RecurringStore(store)
+        self.signed_store = SignedStore(store)
         self.recurring_horizon_ms = 600_000
         self.quotas = QuotaBook(partitions)
         # Per partition (so bounded by the partition count): signatures of verified
@@ -304,6 +309,7 @@ class CommandProcessor:
         current = await load_schedule_rows(
             self.store, ((command.tenant, command.schedule_id) for _, command in valid)
         )
+        unrowed = await self._unrowed(valid, signed)
         decisions: list[tuple[RawCommand, Decision]] = []
         refused: list[Refusal] = []
         for index, command in valid:
@@ -341,6 +347,7 @@ class CommandProcessor:
                     horizon_ms=self.recurring_horizon_ms,
                     unemitted=ticker,
                     signed=signed[index],
+                    unrowed=unrowed.get(key),
                 )
             except CommandRejected as rej:
                 outcomes[index] = (command, Code(rej.code), rej.message)
@@ -351,6 +358,7 @@ class CommandProcessor:
             outcomes[index] = (command, decision.code, decision.text)
             if decision.change is not None:
                 current[key] = decision.change.row
+                _note_unrowed(unrowed, key, decision.change)
             decisions.append((msg, decision))
 
         await self._persist(decisions, now, policies)
@@ -388,6 +396,25 @@ class CommandProcessor:
         ]
         await asyncio.gather(*acks)
         return results
+
+    async def _unrowed(
+        self, valid: Sequence[tuple[int, Command]], signed: Mapping[int, Signed | None]
+    ) -> dict[tuple[str, str], Unrowed]:
+        """The ``signed_without_row`` records of the batch's signed triggers and backfills,
+        which write no schedule row to hold their signatures (streams.signed_store); no
+        request for a batch without one."""
+        wanted = [
+            (command.tenant, command.schedule_id)
+            for index, command in valid
+            if signed[index] is not None and isinstance(command, TriggerCommand | BackfillCommand)
+        ]
+        rows = await self.signed_store.read(wanted)
+        return {
+            key: Unrowed(int(at), bytes(row.get("signed_macs") or b""), int(offset))
+            for key, row in rows.items()
+            if (at := row.get("signed_at_ms")) is not None
+            and (offset := row.get("applied_offset")) is not None
+        }
 
     def _decode(
         self, msg: RawCommand, now: int, honoured: Admission | None
@@ -1056,6 +1083,16 @@ def _alert_refused(msg: RawCommand, tenant: str, schedule_id: str, code: Code, t
             "offset": msg.offset,
         },
     )
+
+
+def _note_unrowed(
+    unrowed: dict[tuple[str, str], Unrowed], key: tuple[str, str], change: ScheduleChange
+) -> None:
+    """A trigger's or backfill's signature recorded by ``change``, for the batch's later
+    commands of the schedule (the record is read once per batch)."""
+    record = unrowed_of(change.commit_with)
+    if record is not None:
+        unrowed[key] = Unrowed(*record)
 
 
 def _note_refusal(

@@ -58,6 +58,7 @@ from streams.recurring import (
     run_id,
     series_start,
 )
+from streams.signed_store import put_stmt
 from streams.tenants import TenantConfig, host_allowed, stamp_retry, topic_allowed
 from topics.codec import (
     callback_from_json,
@@ -170,6 +171,31 @@ class Signed:
 MAX_SIGNED_IN_ONE_MS = 16
 
 
+@dataclass(frozen=True, slots=True)
+class Unrowed:
+    """A schedule's record of ``signed_without_row`` (streams.signed_store): the signature
+    of the last trigger or backfill applied to it, which its row does not hold."""
+
+    at_ms: int
+    macs: bytes
+    offset: int
+
+
+def with_unrowed(existing: ScheduleRow | None, unrowed: Unrowed | None) -> ScheduleRow | None:
+    """``existing`` as the order check judges a trigger or backfill: with the signature
+    and offset its record holds when they are the newer (or of the same millisecond)."""
+    if existing is None or unrowed is None:
+        return existing
+    last = existing.signed_at_ms
+    offset = max(existing.applied_offset or -1, unrowed.offset)
+    if last is None or unrowed.at_ms > last:
+        return replace(
+            existing, signed_at_ms=unrowed.at_ms, signed_macs=unrowed.macs, applied_offset=offset
+        )
+    macs = (existing.signed_macs or b"") + unrowed.macs if unrowed.at_ms == last else None
+    return replace(existing, signed_macs=macs or existing.signed_macs, applied_offset=offset)
+
+
 def _macs(row: ScheduleRow) -> list[bytes]:
     raw = row.signed_macs or b""
     return [raw[i : i + SIGNED_MAC_BYTES] for i in range(0, len(raw), SIGNED_MAC_BYTES)]
@@ -207,17 +233,42 @@ def check_signed_order(existing: ScheduleRow | None, offset: int, signed: Signed
     )
 
 
-def _signed_by(decision: Decision, signed: Signed | None) -> Decision:
-    """``decision`` with the row it writes recording the command's signature."""
+def _signed_by(
+    decision: Decision, signed: Signed | None, judged: ScheduleRow | None, offset: int
+) -> Decision:
+    """``decision`` with the row it writes recording the command's signature; a change that
+    writes no row (trigger, backfill) records it in ``signed_without_row`` instead, with
+    the signatures of that millisecond ``judged`` (its row with its record) held."""
     change = decision.change
-    if signed is None or change is None or not change.write_row:
+    if signed is None or change is None:
         return decision
     row = change.row
+    if not change.write_row:
+        return replace(decision, change=_record_unrowed(change, signed, judged, offset))
     if row.signed_at_ms == signed.at_ms and (row.signed_macs or b"").endswith(signed.mac):
         return decision  # recorded already (a create)
     macs = (row.signed_macs or b"") if row.signed_at_ms == signed.at_ms else b""
     row = replace(row, signed_at_ms=signed.at_ms, signed_macs=macs + signed.mac)
     return replace(decision, change=replace(change, row=row))
+
+
+def _record_unrowed(
+    change: ScheduleChange, signed: Signed, judged: ScheduleRow | None, offset: int
+) -> ScheduleChange:
+    """``change`` (a trigger's or backfill's) committing its signature to its record: the
+    signatures of that millisecond kept, and never a lower offset (a crash replay of the
+    command writes it again)."""
+    held: list[bytes] = []
+    top = offset
+    if judged is not None:
+        top = max(offset, judged.applied_offset or -1)
+        if judged.signed_at_ms == signed.at_ms:
+            # The same command again (a crash replay) is kept once.
+            held = [m for m in _macs(judged) if m != signed.mac]
+    row = change.row
+    macs = b"".join([*held, signed.mac])
+    record = put_stmt(row.tenant, row.schedule_id, signed.at_ms, macs, top)
+    return replace(change, commit_with=(*change.commit_with, record))
 
 
 def decide(
@@ -232,6 +283,7 @@ def decide(
     horizon_ms: int = 600_000,
     unemitted: Unemitted | None = None,
     signed: Signed | None = None,
+    unrowed: Unrowed | None = None,
 ) -> Decision:
     """The outcome of ``command`` against the schedule's current row.
 
@@ -240,7 +292,8 @@ def decide(
     ``unemitted``: what the ticker may still emit (None: what is due after now).
     ``signed``: the command's verified signature (None: not signed by its tenant);
     refused unless after the row's (``check_signed_order``), recorded on the row it
-    writes.
+    writes. ``unrowed``: the schedule's record of the last signed trigger or backfill
+    (read for those two commands only).
     Raises CommandRejected for state-dependent rejections.
     """
     if signed is None:
@@ -255,7 +308,8 @@ def decide(
             horizon_ms,
             unemitted,
         )
-    check_signed_order(existing, msg.offset, signed)
+    judged = with_unrowed(existing, unrowed)
+    check_signed_order(judged, msg.offset, signed)
     decision = _decide(
         command,
         existing,
@@ -268,7 +322,7 @@ def decide(
         unemitted,
         signed,
     )
-    return _signed_by(decision, signed)
+    return _signed_by(decision, signed, judged, msg.offset)
 
 
 def _decide(

@@ -1,7 +1,7 @@
-"""Replayed signed commands on the real stack: a tenant's signed resume and update copied
-off the commands topic and produced again within the signature window, after the worker
-that read the originals was restarted, are refused ``replayed_command`` and change
-nothing (the schedule stays paused, its payload the later one).
+"""Replayed signed commands on the real stack: a tenant's signed resume, update and
+trigger copied off the commands topic and produced again within the signature window,
+after the worker that read the originals was restarted, are refused ``replayed_command``
+and change nothing (the schedule stays paused, its payload the later one).
 
 The restarted worker starts past the originals' committed offsets, so its in-memory
 record of signatures has never seen them: only the schedule row's signed time refuses the
@@ -31,6 +31,7 @@ from topics.models import (
     PauseCommand,
     PayloadType,
     ResumeCommand,
+    TriggerCommand,
     UpdateCommand,
 )
 
@@ -112,6 +113,8 @@ def test_signed_commands_copied_after_a_worker_restart_are_refused(
             PauseCommand(**on_schedule),
             ResumeCommand(**on_schedule),
             PauseCommand(**on_schedule),
+            # Writes no row: its signature goes to signed_without_row (migration 014).
+            TriggerCommand(**on_schedule),
         ]
         for command in commands:
             client.send(command)
@@ -121,21 +124,26 @@ def test_signed_commands_copied_after_a_worker_restart_are_refused(
         before = _row(settings, sid)
         assert (before["state"], before["payload"]) == ("paused", b'{"v":2}')
         originals = _records_of(settings, sid)
-        old_update, resume = originals[1], originals[4]
+        old_update, resume, trigger = originals[1], originals[4], originals[6]
         assert orjson.loads(resume.value())["type"] == "resume"
+        assert orjson.loads(trigger.value())["type"] == "trigger"
 
         first.stop()  # its offsets committed: the restarted worker starts past the originals
         second = worker_factory.make("second", settings)
         wait_worker_ready(settings, "acme", worker=second)
 
-        for original in (resume, old_update):
+        for original, why in (
+            (resume, "signed before the last command applied"),
+            (old_update, "signed before the last command applied"),
+            (trigger, "a command already applied"),
+        ):
             client.send_raw(original.key(), original.value(), headers=original.headers())
             client.flush()
             copy = _records_of(settings, sid)[-1]
             assert copy.value() == original.value() and copy.offset() > original.offset()
             answer = _answer(results, sid, copy.offset())
             assert (str(answer.code), str(answer.status)) == ("replayed_command", "rejected")
-            assert "signed before the last command applied" in answer.message, answer
+            assert why in answer.message, answer
     finally:
         results.close()
     after = _row(settings, sid)

@@ -13,6 +13,7 @@ Each "restart" here is a new ``CommandProcessor`` (empty memory) on the same fak
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +21,7 @@ import orjson
 
 from streams.commands import CommandProcessor, RawCommand
 from streams.decisions import MAX_SIGNED_IN_ONE_MS
-from streams.model import ScheduleState
+from streams.model import ScheduleChange, ScheduleState
 from streams.partitioner import partition_for
 from tests.unit.test_fault_properties import NOW, PARTITIONS, SECRET, FakeSink, FakeStore
 from topics.codec import encode_command
@@ -287,3 +288,60 @@ def test_a_copied_resume_of_a_recurring_schedule_after_a_restart_is_refused() ->
     [answer] = Worker(store).process(_copy(resume, 5))
     assert answer["code"] == "replayed_command"
     assert store.schedules[("acme", SID)] == row
+
+
+class UnrowedStore(FakeStore):
+    """The fake with ``signed_without_row`` (streams.signed_store): its two statements
+    answered from a dict, and the statements a change commits with its row run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unrowed: dict[tuple[str, str], dict[str, Any]] = {}
+        self.statements["signed_get"] = self._get
+        self.statements["signed_put"] = self._put
+
+    def _get(self, params: Sequence[Any]) -> list[dict[str, Any]]:
+        tenant, ids = params
+        return [r for (t, sid), r in self.unrowed.items() if t == tenant and sid in ids]
+
+    def _put(self, params: Sequence[Any]) -> list[dict[str, Any]]:
+        tenant, sid, at, macs, offset, _ttl = params
+        self.unrowed[(tenant, sid)] = {
+            "schedule_id": sid,
+            "signed_at_ms": at,
+            "signed_macs": macs,
+            "applied_offset": offset,
+        }
+        return []
+
+    async def apply_schedule_changes(
+        self,
+        changes: Sequence[ScheduleChange],
+        *,
+        before_commit: Callable[[], Awaitable[object]] | None = None,
+    ) -> None:
+        await super().apply_schedule_changes(changes, before_commit=before_commit)
+        for change in changes:
+            for name, params in change.commit_with:
+                handler = self.statements.get(name)
+                if handler is not None:
+                    handler(params)
+
+
+def test_a_copied_trigger_after_a_restart_is_refused_with_no_later_command() -> None:
+    """A trigger writes no row: its signature is recorded in ``signed_without_row``, so a
+    copy is refused by another worker even when nothing else changed the schedule, and the
+    same record read again after a crash still fires (its run's ids are the same)."""
+    store = UnrowedStore()
+    trigger = _signed(TriggerCommand(tenant="acme", schedule_id=SID), 2, T0 + 1_000)
+    assert _codes(Worker(store).process(_signed(_create(), 1, T0), trigger)) == ["ok", "ok"]
+    assert store.unrowed[("acme", SID)]["applied_offset"] == 2
+
+    [copy] = Worker(store).process(_copy(trigger, 3))
+    assert copy["code"] == "replayed_command"
+    [again] = Worker(store).process(trigger)  # a crash replay: the same offset
+    assert again["code"] == "ok"
+    assert len(store.unrowed[("acme", SID)]["signed_macs"]) == SIGNED_MAC_BYTES  # kept once
+    # A later trigger applies; a command signed before it does not.
+    later = _signed(TriggerCommand(tenant="acme", schedule_id=SID), 4, T0 + 2_000)
+    assert _codes(Worker(store).process(later, _copy(trigger, 5))) == ["ok", "replayed_command"]
