@@ -192,13 +192,21 @@ def with_unrowed(existing: ScheduleRow | None, unrowed: Unrowed | None) -> Sched
         return replace(
             existing, signed_at_ms=unrowed.at_ms, signed_macs=unrowed.macs, applied_offset=offset
         )
-    macs = (existing.signed_macs or b"") + unrowed.macs if unrowed.at_ms == last else None
-    return replace(existing, signed_macs=macs or existing.signed_macs, applied_offset=offset)
+    macs = existing.signed_macs
+    if unrowed.at_ms == last:
+        # The record holds the row's signatures of that millisecond too: each kept once.
+        both = [*_chunks(existing.signed_macs), *_chunks(unrowed.macs)]
+        macs = b"".join(dict.fromkeys(both))
+    return replace(existing, signed_macs=macs, applied_offset=offset)
+
+
+def _chunks(raw: bytes | None) -> list[bytes]:
+    raw = raw or b""
+    return [raw[i : i + SIGNED_MAC_BYTES] for i in range(0, len(raw), SIGNED_MAC_BYTES)]
 
 
 def _macs(row: ScheduleRow) -> list[bytes]:
-    raw = row.signed_macs or b""
-    return [raw[i : i + SIGNED_MAC_BYTES] for i in range(0, len(raw), SIGNED_MAC_BYTES)]
+    return _chunks(row.signed_macs)
 
 
 def check_signed_order(existing: ScheduleRow | None, offset: int, signed: Signed) -> None:

@@ -20,8 +20,8 @@ from typing import Any
 import orjson
 
 from streams.commands import CommandProcessor, RawCommand
-from streams.decisions import MAX_SIGNED_IN_ONE_MS
-from streams.model import ScheduleChange, ScheduleState
+from streams.decisions import MAX_SIGNED_IN_ONE_MS, Unrowed, with_unrowed
+from streams.model import ScheduleChange, ScheduleRow, ScheduleState
 from streams.partitioner import partition_for
 from tests.unit.test_fault_properties import NOW, PARTITIONS, SECRET, FakeSink, FakeStore
 from topics.codec import encode_command
@@ -345,3 +345,25 @@ def test_a_copied_trigger_after_a_restart_is_refused_with_no_later_command() -> 
     # A later trigger applies; a command signed before it does not.
     later = _signed(TriggerCommand(tenant="acme", schedule_id=SID), 4, T0 + 2_000)
     assert _codes(Worker(store).process(later, _copy(trigger, 5))) == ["ok", "replayed_command"]
+
+
+def test_a_row_and_a_trigger_record_of_one_millisecond_count_each_signature_once() -> None:
+    """A trigger's record holds the row's signatures of its millisecond as well, so the
+    order check's view of the two keeps each once (the bound counts commands, not copies)."""
+    a, b = bytes(16), bytes(range(16))
+    row = ScheduleRow(
+        tenant="acme",
+        schedule_id=SID,
+        partition=PARTITION,
+        state=ScheduleState.SCHEDULED,
+        due_ms=DUE,
+        version=2,
+        created_ms=T0,
+        updated_ms=T0,
+        applied_offset=7,
+        signed_at_ms=T0,
+        signed_macs=a,
+    )
+    judged = with_unrowed(row, Unrowed(T0, a + b, 9))
+    assert judged is not None
+    assert (judged.signed_macs, judged.applied_offset) == (a + b, 9)
