@@ -131,3 +131,23 @@ async def test_a_send_refused_mid_slice_holds_its_keys_triggers_taken_with_it() 
     await settle()
     await tick(ticker, now[0])
     assert sent_keys(sink) == [b"other", b"k", b"k"]  # x, then y
+
+
+async def test_a_trigger_a_command_waits_for_also_waits_behind_its_keys_failed_one() -> None:
+    now = [T]
+    ticker, _, sink = started(now)
+    load(ticker, [keyed("x", T, "k"), keyed("y", T + 500, "k")])
+    await tick(ticker, T)
+    fail(sink, 0)
+    await settle()
+    # y's create is waiting for its trigger's acknowledgement (it skips the fair queue
+    # when nothing of its key is queued there): it still waits behind x.
+    ticker._awaited[("t", "y", T + 500)] = [asyncio.get_running_loop().create_future()]
+    now[0] = T + 500
+    await tick(ticker, now[0])
+    assert sent_keys(sink) == [b"k"]
+    await until_true(lambda: len(sink.sent) == 2)  # x re-sent
+    acknowledge(sink, 1)
+    await settle()
+    await tick(ticker, now[0])
+    assert sent_keys(sink) == [b"k", b"k", b"k"]  # x, x, then y
