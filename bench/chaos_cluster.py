@@ -20,7 +20,8 @@ hand-over); ``controller_kill`` SIGKILLs the KRaft controller leader (back after
 ``cassandra_quorum`` and ``kafka_quorum`` SIGKILL two nodes of one cluster for 60 s (no
 quorum: commands wait and are answered once it is back).
 
-Each prints lost, unanswered, early, order violations, duplicates against their bound, and
+Each prints lost, unanswered, early, order violations (within one commands partition), order
+across partitions (said, never failing), duplicates against their bound, and
 fire lateness (first delivery minus due time) p50/p99/max for the triggers due during the
 fault and after it, as ``RESULT cluster_<scenario>_...`` lines; the totals come last as
 ``RESULT chaos_cluster_...``. Exit 1 when anything is lost, unanswered, early, out of order
@@ -237,7 +238,8 @@ def lateness_split(tally: Tally, window: Window) -> dict[str, int]:
 def result_lines(r: dict[str, Any]) -> list[str]:
     """One scenario's ``RESULT`` lines (pure)."""
     name = r["scenario"]
-    keys = ("lost", "early", "order_violations", "duplicated", "duplicate_bound")
+    keys = ("lost", "early", "order_violations", "order_across_partitions", "duplicated")
+    keys += ("duplicate_bound",)
     keys += ("recurring_runs", "recurring_runs_lost")  # (of those in the figures above)
     lines = [f"RESULT cluster_{name}_{k}={int(r.get(k, 0) or 0)}" for k in keys]
     unanswered = int((r.get("codes") or {}).get("unanswered", 0))
@@ -327,7 +329,7 @@ def run_with_fault(
         rate = sum(st.due_rate_per_s for st in streams)  # one-shots and recurring runs
         return s.report(
             scheduled=sum(st.scheduled for st in streams),
-            **receiver.order_figures(),
+            **receiver.order_figures(s.settings.topics.command_partitions),
             **lateness_split(s.tally, window),
             duplicate_bound=duplicate_bound(rate_per_s=rate, **bound),
         )

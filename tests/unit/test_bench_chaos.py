@@ -88,6 +88,7 @@ def test_a_clean_run_passes() -> None:
         "RESULT chaos_early=0 triggers",
         "RESULT chaos_order_violations=0 deliveries",
         "RESULT chaos_duplicate_bound_breaches=0 scenarios",
+        "RESULT chaos_order_across_partitions=0 deliveries",
     ]
 
 
@@ -155,7 +156,7 @@ def test_order_violations_count_first_deliveries_only() -> None:
     # key k: due 1, 2, then 1 again (a redelivery: fine), then 3; key j: 5 before 4 (bad)
     r.by_key["k"] = [(1, 0, "a", 10), (2, 1, "b", 11), (1, 0, "a", 12), (3, 2, "c", 13)]
     r.by_key["j"] = [(5, 1, "e", 10), (4, 0, "d", 11)]
-    assert r.order_violations() == 1
+    assert r.order_violations(8) == 1
 
 
 def test_a_create_acknowledged_after_a_later_due_delivery_is_not_a_violation() -> None:
@@ -167,7 +168,7 @@ def test_a_create_acknowledged_after_a_later_due_delivery_is_not_a_violation() -
     tally.acked_ms.update({"d": 20, "e": 1, "g": 5, "h": 1})
     r.by_key["j"] = [(5, 1, "e", 10), (4, 0, "d", 21)]
     r.by_key["m"] = [(7, 1, "h", 10), (6, 0, "g", 11)]
-    assert (r.order_violations(), r.late_creates_out_of_order()) == (1, 1)
+    assert (r.order_violations(8), r.late_creates_out_of_order(8)) == (1, 1)
 
 
 def test_an_order_violation_is_reported_with_the_triggers_delivered_before_it() -> None:
@@ -177,16 +178,80 @@ def test_an_order_violation_is_reported_with_the_triggers_delivered_before_it() 
     # x (due 100) first reached the receiver after y (due 110), but before z (due 90,
     # itself after both): x came after y, z after y and x.
     r.by_key["k"] = [(110, 1, "y", 60), (100, 0, "x", 50), (90, 2, "z", 40)]
-    r.first_2xx.update({"y": ("s-y", 1, 61), "x": ("s-x", 1, 70), "z": ("s-z", 2, 80)})
-    bad, late = r._violations()
-    assert late == 0
+    y, x, z = ids_on_partition("s-", 3, 8, 3)
+    r.first_2xx.update({"y": (y, 1, 61), "x": (x, 1, 70), "z": (z, 2, 80)})
+    bad, across, late = r._violations(8)
+    assert (across, late) == ([], 0)
     assert bad == [
-        "key k: x (s-x) due 100 emitted 50 attempt 1 2xx 70 acked 5 after "
-        "y (s-y) due 110 emitted 60 attempt 1 2xx 61",
-        "key k: z (s-z) due 90 emitted 40 attempt 2 2xx 80 acked 7 after "
-        "y (s-y) due 110 emitted 60 attempt 1 2xx 61; x (s-x) due 100 emitted 50 attempt 1 2xx 70",
+        f"key k: x ({x}, partition 3) due 100 emitted 50 attempt 1 2xx 70 acked 5 after "
+        f"y ({y}, partition 3) due 110 emitted 60 attempt 1 2xx 61",
+        f"key k: z ({z}, partition 3) due 90 emitted 40 attempt 2 2xx 80 acked 7 after "
+        f"y ({y}, partition 3) due 110 emitted 60 attempt 1 2xx 61; "
+        f"x ({x}, partition 3) due 100 emitted 50 attempt 1 2xx 70",
     ]
-    assert r.order_figures() == {"order_violations": 2, "late_creates_out_of_order": 0}
+    assert r.order_figures(8) == {
+        "order_violations": 2,
+        "order_across_partitions": 0,
+        "late_creates_out_of_order": 0,
+    }
+
+
+def out_of_order_pair(first_sid: str, second_sid: str) -> Receiver:
+    """A receiver that saw, on key k, a trigger of ``first_sid`` due 110 and then one of
+    ``second_sid`` due 100, both acknowledged before either was emitted."""
+    tally = Tally()
+    r = Receiver(tally)
+    tally.acked_ms.update({"late": 1, "early": 1})
+    r.by_key["k"] = [(110, 1, "late", 60), (100, 0, "early", 50)]
+    r.first_2xx.update({"late": (first_sid, 1, 61), "early": (second_sid, 1, 70)})
+    return r
+
+
+def test_out_of_order_within_one_commands_partition_is_a_violation_and_fails_the_run(
+    capsys: Any,
+) -> None:
+    a, b = ids_on_partition("same-", 5, 8, 2)
+    figures = out_of_order_pair(a, b).order_figures(8)
+    assert (figures["order_violations"], figures["order_across_partitions"]) == (1, 0)
+    assert "order violation (same commands partition): key k: early" in capsys.readouterr().out
+    v = verdict([clean("broker_hang", **figures)])
+    assert not v.ok
+    assert "RESULT chaos_order_violations=1 deliveries" in v.result_lines()
+    assert "RESULT chaos_order_across_partitions=0 deliveries" in v.result_lines()
+
+
+def test_out_of_order_across_commands_partitions_is_counted_apart_and_passes(
+    capsys: Any,
+) -> None:
+    (a,) = ids_on_partition("one-", 1, 8, 1)
+    (b,) = ids_on_partition("other-", 6, 8, 1)
+    figures = out_of_order_pair(a, b).order_figures(8)
+    assert (figures["order_violations"], figures["order_across_partitions"]) == (0, 1)
+    said = capsys.readouterr().out
+    assert "order across commands partitions (not a violation): key k: early" in said
+    assert f"({a}, partition 1)" in said and f"({b}, partition 6)" in said
+    v = verdict([clean("broker_hang", **figures), clean("kafka_quorum", **figures)])
+    assert v.ok and not v.breaches
+    assert (v.order_violations, v.order_across_partitions) == (0, 2)
+    assert "RESULT chaos_order_across_partitions=2 deliveries" in v.result_lines()
+
+
+def test_a_trigger_of_unknown_schedule_out_of_order_counts_as_a_violation() -> None:
+    (a,) = ids_on_partition("one-", 1, 8, 1)
+    r = out_of_order_pair(a, "")  # no schedule id header: nothing shows another partition
+    assert (r.order_violations(8), r.order_across_partitions(8)) == (1, 0)
+
+
+def test_runs_of_one_recurring_schedule_are_one_commands_partition() -> None:
+    # A schedule whose run ids, hashed as they are, land on different partitions: the
+    # runs are its schedule's, fired by its partition's ticker.
+    sid = next(
+        f"rec-{i}"
+        for i in range(1_000)
+        if len({partition_for(f"rec-{i}@{n}", 8) for n in (1_000, 2_000)}) == 2
+    )
+    r = out_of_order_pair(f"{sid}@2000", f"{sid}@1000")
+    assert (r.order_violations(8), r.order_across_partitions(8)) == (1, 0)
 
 
 def test_spread() -> None:
@@ -319,4 +384,4 @@ def test_runs_of_one_recurring_schedule_are_told_apart_by_trigger_id_in_the_orde
     # delivered before an earlier one breaks order; a run delivered again does not.
     r.by_key["rec"] = [(2_000, 0, "r2", 2_000), (1_000, 0, "r1", 2_001), (2_000, 0, "r2", 2_500)]
     r.by_key["fine"] = [(1_000, 0, "r1", 1_000), (2_000, 0, "r2", 2_000), (1_000, 0, "r1", 2_100)]
-    assert r.order_violations() == 1
+    assert r.order_violations(8) == 1

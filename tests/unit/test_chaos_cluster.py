@@ -81,5 +81,6 @@ def test_result_lines_name_the_scenario_and_every_figure() -> None:
     assert "RESULT cluster_leader_kill_lateness_during_p50_p99_max_ms=40/900/1200" in lines
     assert "RESULT cluster_leader_kill_lateness_after_p50_p99_max_ms=20/60/70" in lines
     assert "RESULT cluster_leader_kill_order_violations=0" in lines
+    assert "RESULT cluster_leader_kill_order_across_partitions=0" in lines
     assert "RESULT cluster_leader_kill_recurring_runs=180" in lines
     assert "RESULT cluster_leader_kill_recurring_runs_lost=0" in lines
