@@ -901,3 +901,30 @@ async def test_a_whole_row_written_after_an_outcome_does_not_put_back_the_one_it
     got = await store.get_schedule("acme", "stale-copy")
     assert got is not None and got["version"] == 2
     assert _delivery(got) == ("delivered", 200, now)
+
+
+@pytest.mark.xfail(strict=True, reason="a later outcome without a status code keeps the old one")
+async def test_a_later_outcome_without_a_status_code_does_not_show_an_older_ones(
+    store: Store,
+) -> None:
+    """A dead letter with no HTTP response (timeouts, refused connections: no status code)
+    after a delivered run, or before an older delivered outcome that lands later: the
+    status is the dead letter's, with no status code, never the delivered run's 200."""
+    now = now_ms()
+    await store.put_schedule(schedule("no-code", now - 120_000), now_ms=now)
+    await store.put_schedule(schedule("no-code-late", now - 120_000), now_ms=now)
+    delivered = _mark("no-code", "delivered", now - 60_000, 200, "t1")
+    dead = dataclasses.replace(_mark("no-code", "dead_lettered", now, 0, "t2"), status_code=None)
+
+    assert await store.record_deliveries_many([delivered]) == [None]
+    assert await store.record_deliveries_many([dead]) == [None]
+    assert _delivery(await store.get_schedule("acme", "no-code")) == ("dead_lettered", None, now)
+
+    assert await store.record_deliveries_many(
+        [dataclasses.replace(dead, schedule_id="no-code-late")]
+    ) == [None]
+    assert await store.record_deliveries_many(
+        [dataclasses.replace(delivered, schedule_id="no-code-late")]
+    ) == [None]
+    got = await store.get_schedule("acme", "no-code-late")
+    assert _delivery(got) == ("dead_lettered", None, now)
