@@ -265,7 +265,9 @@ class FireRecordStore(EventStore):
                 self.keep_s(m.retention_s),
                 time.time_ns() // 1000 if m.order_us is None else m.order_us,
                 m.outcome,
-                UNSET_VALUE if m.status_code is None else m.status_code,
+                # None writes a null at the outcome's timestamp: an outcome with no response
+                # (a timeout) must hide an older outcome's status code, as its other cells do.
+                m.status_code,
                 m.attempts,
                 m.at_ms,
                 m.tenant,

@@ -903,7 +903,6 @@ async def test_a_whole_row_written_after_an_outcome_does_not_put_back_the_one_it
     assert _delivery(got) == ("delivered", 200, now)
 
 
-@pytest.mark.xfail(strict=True, reason="a later outcome without a status code keeps the old one")
 async def test_a_later_outcome_without_a_status_code_does_not_show_an_older_ones(
     store: Store,
 ) -> None:
