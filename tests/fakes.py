@@ -435,10 +435,16 @@ class FakeStore:
             "delivery_ms": m.at_ms,
         }
         for name, value in written.items():
-            if value is None:  # UNSET: the cell is left as it is
-                continue
+            # None: a null written (a tombstone), which wins a tie with a live cell.
             held = cells.get(name)
-            if held is None or (stamp, value) > held:
+            if (
+                held is None
+                or stamp > held[0]
+                or (
+                    stamp == held[0]
+                    and (value is None or (held[1] is not None and value > held[1]))
+                )
+            ):
                 cells[name] = (stamp, value)
 
     def delivery_status(self, tenant: str, schedule_id: str) -> dict[str, Any]:
