@@ -927,3 +927,21 @@ async def test_a_later_outcome_without_a_status_code_does_not_show_an_older_ones
     ) == [None]
     got = await store.get_schedule("acme", "no-code-late")
     assert _delivery(got) == ("dead_lettered", None, now)
+
+
+@pytest.mark.xfail(strict=True, reason="a row of delivery cells alone reads as a schedule")
+async def test_delivery_cells_outliving_their_row_are_no_schedule(store: Store) -> None:
+    """A schedule's delivery cells live a retention from the outcome, its other cells a
+    retention from its fire: an outcome after the fire (retries) leaves, once the rest
+    expired, a row holding only them. Read as a schedule (state None), a create of that id
+    was refused ``conflict`` ("already exists (state None)"), a GET showed it. Here the
+    outcome is written with no row, which leaves the same cells."""
+    from streams.store import load_schedule_rows
+
+    now = now_ms()
+    assert await store.record_deliveries_many(
+        [_mark("expired-row", "dead_lettered", now, 503, "t1")]
+    ) == [None]
+    assert await store.get_schedule("acme", "expired-row") is None
+    assert await store.get_schedules("acme", ["expired-row"]) == {}
+    assert await load_schedule_rows(store, [("acme", "expired-row")]) == {}
