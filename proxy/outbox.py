@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -144,10 +145,11 @@ class Outbox:
         self.monotonic: Callable[[], float] = time.monotonic
         # Groups of ``later`` records and their ``done``, in the order they were given.
         self._deferred: list[_Held] = []
-        # Produced before them, in order: the rest of a group a round could not finish,
-        # and records a delivery callback produces again (or replaces by their fallback)
-        # that found the producer's local queue full or others of their kind waiting.
-        self._again: list[_Held] = []
+        # Produced before them, in order: records a delivery callback produces again (or
+        # replaces by their fallback) that found the producer's local queue full or others
+        # of their kind waiting. A round produces each while it is still first here, so a
+        # callback on another thread meanwhile sees it and queues behind it.
+        self._again: deque[_Held] = deque()
         self._deferred_lock = threading.Lock()
         # Held while anything is produced from ``_deferred`` and while a group that may
         # not wait is produced after it, so that nothing overtakes a held record; a flush
@@ -230,10 +232,12 @@ class Outbox:
 
     def _round(self) -> bool:
         """Produce what is held, in order, until the local queue is full; True: all of it
-        (``_sending`` held)."""
+        (``_sending`` held). What finds no room goes back first in its list, where
+        ``MAX_DEFERRED`` still counts it."""
+        if not self._produce_again():
+            return False
         with self._deferred_lock:
-            held = self._again + self._deferred if self._again else self._deferred
-            self._again, self._deferred = [], []
+            held, self._deferred = self._deferred, []
         for i, (records, done) in enumerate(held):
             countdown = done if isinstance(done, _Countdown) else _Countdown(len(records), done)
             for j, rec in enumerate(records):
@@ -242,9 +246,32 @@ class Outbox:
                     rest: list[_Held] = [((no_room, *records[j + 1 :]), countdown)]
                     rest += held[i + 1 :]
                     with self._deferred_lock:
-                        self._again[:0] = rest
+                        self._deferred[:0] = rest
                     return False
+            # Produced again meanwhile (their first produce came before these groups).
+            if self._again and not self._produce_again():
+                with self._deferred_lock:
+                    self._deferred[:0] = held[i + 1 :]
+                return False
         return True
+
+    def _produce_again(self) -> bool:
+        """Produce ``_again`` in order, each record taken out only once produced; False: the
+        local queue is full."""
+        while True:
+            with self._deferred_lock:
+                if not self._again:
+                    return True
+                records, done = self._again[0]
+            countdown = done if isinstance(done, _Countdown) else _Countdown(len(records), done)
+            for j, rec in enumerate(records):
+                no_room = _Sending(self, rec, countdown).produce(block=False)
+                if no_room is not None:
+                    with self._deferred_lock:
+                        self._again[0] = ((no_room, *records[j + 1 :]), countdown)
+                    return False
+            with self._deferred_lock:
+                self._again.popleft()
 
     def again(self, rec: OutRecord, countdown: _Countdown) -> None:
         """Produce ``rec`` again, or its fallback, from a delivery callback: at once if
@@ -260,7 +287,7 @@ class Outbox:
 
     def held_records(self) -> int:
         with self._deferred_lock:
-            return sum(len(records) for records, _ in self._again + self._deferred)
+            return sum(len(records) for records, _ in [*self._again, *self._deferred])
 
     def poll(self, timeout_s: float) -> None:
         self.producer.poll(timeout_s)
