@@ -112,9 +112,10 @@ class ScheduleStore(EventStore):
     # -- schedules -------------------------------------------------------------------------
 
     async def get_schedule(self, tenant: str, schedule_id: str) -> CqlRow | None:
-        """The schedule's row as a dict keyed like ``ScheduleRow``, or None."""
+        """The schedule's row as a dict keyed like ``ScheduleRow``, or None (also for
+        delivery cells alone, ``_is_schedule``)."""
         rows = await self.run("get_schedule", (tenant, schedule_id))
-        return rows[0] if rows else None
+        return rows[0] if rows and _is_schedule(rows[0]) else None
 
     async def get_schedules(
         self, tenant: str, schedule_ids: Sequence[str], *, chunk: int = 100
@@ -128,7 +129,7 @@ class ScheduleStore(EventStore):
                 for i in range(0, len(unique), chunk)
             ]
         )
-        return {row["schedule_id"]: row for rows in parts for row in rows}
+        return {row["schedule_id"]: row for rows in parts for row in rows if _is_schedule(row)}
 
     def schedule_ttl_s(self, row: ScheduleRow, now_ms: int, retention_s: int | None = None) -> int:
         """A scheduled row lives until due + retention (past due, as a late resume or a
@@ -462,6 +463,14 @@ class ScheduleStore(EventStore):
 class Store(ScheduleStore, FireRecordStore, TenantStore, ListingIndexStore):
     """Async access to every table of the scheduler. ``await connect()`` before use,
     ``await close()`` after; one instance per process (the driver pools connections)."""
+
+
+def _is_schedule(row: CqlRow) -> bool:
+    """Whether ``row`` is a schedule, not its delivery cells outliving the rest: they live a
+    retention from the outcome (fire_store.record_delivery), the other cells a retention
+    from the row's last write, and an outcome after retries lands later. Every write of a
+    schedule sets its state."""
+    return row.get("state") is not None
 
 
 def _delete_bucket_stmt(key: BucketKey) -> Stmt:

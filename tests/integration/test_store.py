@@ -929,7 +929,6 @@ async def test_a_later_outcome_without_a_status_code_does_not_show_an_older_ones
     assert _delivery(got) == ("dead_lettered", None, now)
 
 
-@pytest.mark.xfail(strict=True, reason="a row of delivery cells alone reads as a schedule")
 async def test_delivery_cells_outliving_their_row_are_no_schedule(store: Store) -> None:
     """A schedule's delivery cells live a retention from the outcome, its other cells a
     retention from its fire: an outcome after the fire (retries) leaves, once the rest
