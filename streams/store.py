@@ -115,7 +115,7 @@ class ScheduleStore(EventStore):
         """The schedule's row as a dict keyed like ``ScheduleRow``, or None (also for
         delivery cells alone, ``_is_schedule``)."""
         rows = await self.run("get_schedule", (tenant, schedule_id))
-        return rows[0] if rows and _is_schedule(rows[0]) else None
+        return _own_delivery(rows[0]) if rows and _is_schedule(rows[0]) else None
 
     async def get_schedules(
         self, tenant: str, schedule_ids: Sequence[str], *, chunk: int = 100
@@ -129,7 +129,12 @@ class ScheduleStore(EventStore):
                 for i in range(0, len(unique), chunk)
             ]
         )
-        return {row["schedule_id"]: row for rows in parts for row in rows if _is_schedule(row)}
+        return {
+            row["schedule_id"]: _own_delivery(row)
+            for rows in parts
+            for row in rows
+            if _is_schedule(row)
+        }
 
     def schedule_ttl_s(self, row: ScheduleRow, now_ms: int, retention_s: int | None = None) -> int:
         """A scheduled row lives until due + retention (past due, as a late resume or a
@@ -471,6 +476,23 @@ def _is_schedule(row: CqlRow) -> bool:
     from the row's last write, and an outcome after retries lands later. Every write of a
     schedule sets its state."""
     return row.get("state") is not None
+
+
+# How much earlier than a schedule's create its delivery outcome may be dated and still be
+# its own: the proxies' clocks differ from the brokers' (the create's time) by NTP's skew;
+# an expired predecessor's outcome left under the id is older than that.
+_PREDECESSOR_MARGIN_MS = 60_000
+
+
+def _own_delivery(row: CqlRow) -> CqlRow:
+    """``row`` without delivery cells left by an expired schedule of the same id (they
+    outlive its row, ``_is_schedule``, and a create writes no delivery columns): those
+    dated before the row's create."""
+    at = row.get("delivery_ms")
+    created = row.get("created_ms")
+    if at is None or created is None or at >= created - _PREDECESSOR_MARGIN_MS:
+        return row
+    return {**row, **dict.fromkeys(DELIVERY_COLUMNS)}
 
 
 def _delete_bucket_stmt(key: BucketKey) -> Stmt:
