@@ -18,6 +18,7 @@ from dataclasses import replace
 from typing import Any
 
 import orjson
+import pytest
 
 from streams.commands import CommandProcessor, RawCommand
 from streams.decisions import MAX_SIGNED_IN_ONE_MS, Unrowed, with_unrowed
@@ -367,3 +368,69 @@ def test_a_row_and_a_trigger_record_of_one_millisecond_count_each_signature_once
     judged = with_unrowed(row, Unrowed(T0, a + b, 9))
     assert judged is not None
     assert (judged.signed_macs, judged.applied_offset) == (a + b, 9)
+
+
+# Signers' clocks differ (two API replicas, two producer hosts of one tenant): order is
+# judged with a tolerance (TOCSIN_SIGNED_ORDER_SKEW_MS, 2,000 ms by default). These
+# figures stay well inside it (1 ms) or well outside it (60 s).
+FAR_MS = 60_000
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the signed-order check refuses a command signed before the last applied one "
+    "with no tolerance for the signers' clock skew",
+)
+def test_a_pause_signed_by_a_skewed_signer_just_before_the_applied_update_applies() -> None:
+    """An update and a pause of one schedule sent 1 ms apart to two API replicas: the
+    pause's replica clock is 1 ms behind, so it is signed before the update that applied."""
+    store = FakeStore()
+    Worker(store).process(_signed(_create(), 1, T0))
+    update = _signed(_update(1), 2, T0 + 1_001)
+    pause = _signed(PauseCommand(tenant="acme", schedule_id=SID), 3, T0 + 1_000)
+    results = Worker(store).process(update, replace(pause, timestamp_ms=T0 + 1_010))
+    assert _codes(results) == ["ok", "ok"]
+    row = store.schedules[("acme", SID)]
+    assert (row.state, row.payload) == (ScheduleState.PAUSED, b'{"v":1}')
+
+
+def test_a_copy_of_any_command_applied_inside_the_skew_window_is_refused() -> None:
+    store = FakeStore()
+    Worker(store).process(_signed(_create(), 1, T0))
+    update = _signed(_update(1), 2, T0 + 1_001)
+    pause = _signed(PauseCommand(tenant="acme", schedule_id=SID), 3, T0 + 1_000)
+    Worker(store).process(update, replace(pause, timestamp_ms=T0 + 1_010))
+    row = store.schedules[("acme", SID)]
+
+    again = Worker(store).process(_copy(update, 4), _copy(pause, 5))
+    assert _codes(again) == ["replayed_command", "replayed_command"]
+    assert store.schedules[("acme", SID)] == row
+
+
+def test_a_copy_of_a_command_older_than_the_skew_window_is_refused() -> None:
+    store = FakeStore()
+    older = _signed(_update(1), 2, T0 + 1_000)
+    first = Worker(store).process(
+        _signed(_create(), 1, T0), older, _signed(_update(2), 3, T0 + 1_000 + FAR_MS)
+    )
+    assert _codes(first) == ["ok"] * 3
+    row = store.schedules[("acme", SID)]
+
+    [answer] = Worker(store).process(_copy(older, 4))
+    assert answer["code"] == "replayed_command"
+    assert store.schedules[("acme", SID)] == row
+
+
+def test_with_more_commands_in_the_window_than_kept_a_dropped_ones_copy_is_refused() -> None:
+    """Commands 1 ms apart, more than MAX_SIGNED_IN_ONE_MS of them: the oldest prefixes are
+    dropped and the floor rises to the oldest kept, so a copy of a dropped one is refused
+    by time (and a copy of a kept one by its prefix)."""
+    store = FakeStore()
+    updates = [_signed(_update(v), 1 + v, T0 + v) for v in range(1, MAX_SIGNED_IN_ONE_MS + 4)]
+    results = Worker(store).process(_signed(_create(), 1, T0), *updates)
+    assert _codes(results) == ["ok"] * (MAX_SIGNED_IN_ONE_MS + 4)
+    row = store.schedules[("acme", SID)]
+
+    again = Worker(store).process(_copy(updates[0], 100), _copy(updates[-2], 101))
+    assert _codes(again) == ["replayed_command", "replayed_command"]
+    assert store.schedules[("acme", SID)] == row
