@@ -279,6 +279,15 @@ class SchedulerSettings:
     commit_group_size: int = 16
     # Secure by default: a tenant without a signing key cannot command anything.
     require_signed_commands: bool = True
+    # The clock difference tolerated between the signers of one schedule's commands (the
+    # API's replicas sign with their own clocks, as do a tenant's producer hosts): a command
+    # signed up to this long before the newest one applied still applies, a copy of one
+    # applied within it is refused by its kept signature (streams.decisions). 2 s is many
+    # times what NTP-synced hosts differ by (milliseconds); a genuine command signed more
+    # than this before the newest applied is refused replayed_command. Larger is no safer:
+    # only 16 signatures are kept, so a schedule commanded more often within the window
+    # refuses a skewed command at or before the oldest kept.
+    signed_order_skew_ms: int = 2_000
     # Whether callbacks may target loopback, private, link-local and reserved addresses.
     # False: a create or update whose callback host is such an IP literal is rejected
     # (invalid_url) by the worker and the API, and the proxy (unless
@@ -474,6 +483,7 @@ class Settings:
                 inline_handover=_bool(e, "INLINE_HANDOVER", True),
                 commit_group_size=_int(e, "COMMIT_GROUP_SIZE", 16),
                 require_signed_commands=_bool(e, "REQUIRE_SIGNED_COMMANDS", True),
+                signed_order_skew_ms=_int(e, "SIGNED_ORDER_SKEW_MS", 2_000),
                 allow_private_targets=_bool(e, "ALLOW_PRIVATE_TARGETS", False),
                 session_timeout_s=_float(e, "SESSION_TIMEOUT_S", 10.0),
                 kafka_request_timeout_s=_float(e, "WORKER_KAFKA_REQUEST_TIMEOUT_S", 15.0),

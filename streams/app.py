@@ -141,6 +141,7 @@ class Worker:
             bucket_shards=sched.bucket_shards,
             tenant_ttl_s=settings.api.tenant_cache_ttl_s,
             require_signed=sched.require_signed_commands,
+            signed_order_skew_ms=sched.signed_order_skew_ms,
             clock_ms=self.clock_ms,
             fired_retention_s=sched.fired_retention_s,
             admission=keys_of(settings.admission.current, settings.admission.previous),

@@ -45,6 +45,7 @@ from base.errors import CommandRejected, KafkaError, TocsinError
 from streams import metrics
 from streams.cache import TtlCache
 from streams.decisions import (
+    DEFAULT_SIGNED_ORDER_SKEW_MS,
     Decision,
     Signed,
     Unrowed,
@@ -205,8 +206,12 @@ class CommandProcessor:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         assigned: Callable[[int], bool] | None = None,
         admission: AdmissionKeys | None = None,
+        signed_order_skew_ms: int = DEFAULT_SIGNED_ORDER_SKEW_MS,
     ) -> None:
         self.sleep = sleep
+        # The signers' clock difference tolerated in a schedule's signed-command order
+        # (decisions.check_signed_order; TOCSIN_SIGNED_ORDER_SKEW_MS).
+        self.signed_order_skew_ms = signed_order_skew_ms
         # The API-only admission keys (topics.admission): a one-shot create an API stamped
         # was answered 201 at Kafka's acknowledgement, so it is stored without deciding
         # again what the API decided (``_honoured``). None: no stamp is honoured.
@@ -348,6 +353,7 @@ class CommandProcessor:
                     unemitted=ticker,
                     signed=signed[index],
                     unrowed=unrowed.get(key),
+                    signed_order_skew_ms=self.signed_order_skew_ms,
                 )
             except CommandRejected as rej:
                 outcomes[index] = (command, Code(rej.code), rej.message)

@@ -24,6 +24,7 @@ the parent's new state, which the caller commits last.
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NotRequired, Protocol, TypedDict
@@ -164,118 +165,179 @@ class Signed:
     mac: bytes
 
 
-# Signature prefixes kept per schedule for its commands signed in the one millisecond of
-# its last applied one (``signed_macs``: commands of one schedule signed in the same
-# millisecond all apply, and a copy of any of them is still recognised). A bound on the
-# row: beyond it a command of that millisecond is refused and must be signed anew.
+# The signers' clocks differ (the API's replicas each sign with their own clock, as do a
+# tenant's producer hosts), so a command may be signed a little before one applied ahead
+# of it. Order is judged with this tolerance (TOCSIN_SIGNED_ORDER_SKEW_MS): the signature
+# prefixes of the commands applied within it below the newest applied signed time are kept
+# (``signed_macs``) with their signed times, so a copy of one is refused by its prefix
+# and a genuine command of a skewed signer applies; a command signed before the window is
+# refused by time (a copy there can no longer be told from a new command). At most this
+# many are kept: with the window full, a command signed at or before the oldest kept
+# entry's time is refused too (the entries dropped were at or before it).
 MAX_SIGNED_IN_ONE_MS = 16
+DEFAULT_SIGNED_ORDER_SKEW_MS = 2_000
+
+# ``signed_macs`` holds either migration 013's layout (SIGNED_MAC_BYTES prefixes, all
+# signed at ``signed_at_ms``; a create still writes it so, one prefix) or, once a command
+# signed at another time is kept with them, this marker byte and entries of the signed
+# time (8 bytes, big-endian) and the prefix. 1 + 24 n bytes is never a multiple of 16, so
+# the two layouts are told apart by length.
+_WINDOW_MARK = b"\x01"
+_ENTRY = struct.Struct(f">q{SIGNED_MAC_BYTES}s")
+
+# (signed time, signature prefix) of an applied signed command, oldest first.
+Entry = tuple[int, bytes]
 
 
 @dataclass(frozen=True, slots=True)
 class Unrowed:
-    """A schedule's record of ``signed_without_row`` (streams.signed_store): the signature
-    of the last trigger or backfill applied to it, which its row does not hold."""
+    """A schedule's record of ``signed_without_row`` (streams.signed_store): the signatures
+    of the triggers and backfills applied to it (the newest's signed time and the kept
+    window, as on a row), which its row does not hold."""
 
     at_ms: int
     macs: bytes
     offset: int
 
 
-def with_unrowed(existing: ScheduleRow | None, unrowed: Unrowed | None) -> ScheduleRow | None:
-    """``existing`` as the order check judges a trigger or backfill: with the signature
-    and offset its record holds when they are the newer (or of the same millisecond)."""
+def entries(at_ms: int | None, raw: bytes | None) -> list[Entry]:
+    """The kept window of ``signed_at_ms``/``signed_macs`` (either layout), oldest first."""
+    if at_ms is None or not raw:
+        return []
+    if len(raw) % SIGNED_MAC_BYTES == 0:
+        return [
+            (at_ms, raw[i : i + SIGNED_MAC_BYTES]) for i in range(0, len(raw), SIGNED_MAC_BYTES)
+        ]
+    return [(int(t), bytes(m)) for t, m in _ENTRY.iter_unpack(raw[len(_WINDOW_MARK) :])]
+
+
+def encode(window: Sequence[Entry]) -> tuple[int, bytes]:
+    """(``signed_at_ms``, ``signed_macs``) holding ``window`` (not empty, oldest first): the
+    013 layout when every entry has the newest's time, so a row of one command is unchanged."""
+    newest = window[-1][0]
+    if all(t == newest for t, _ in window):
+        return newest, b"".join(m for _, m in window)
+    return newest, _WINDOW_MARK + b"".join(_ENTRY.pack(t, m) for t, m in window)
+
+
+def kept(window: Sequence[Entry], skew_ms: int) -> list[Entry]:
+    """``window`` (any order, possibly repeating a prefix) as kept: each prefix once, oldest
+    first, those signed more than ``skew_ms`` before the newest dropped (refused by time),
+    and at most MAX_SIGNED_IN_ONE_MS, the newest."""
+    seen: dict[bytes, int] = {}
+    for t, m in window:
+        seen[m] = max(t, seen.get(m, t))
+    ordered = sorted(((t, m) for m, t in seen.items()), key=lambda e: e[0])
+    if not ordered:
+        return []
+    floor = ordered[-1][0] - skew_ms
+    return [e for e in ordered if e[0] >= floor][-MAX_SIGNED_IN_ONE_MS:]
+
+
+def with_unrowed(
+    existing: ScheduleRow | None,
+    unrowed: Unrowed | None,
+    skew_ms: int = DEFAULT_SIGNED_ORDER_SKEW_MS,
+) -> ScheduleRow | None:
+    """``existing`` as the order check judges a trigger or backfill: the signatures kept on
+    its row and in its record together (each once), and the higher offset."""
     if existing is None or unrowed is None:
         return existing
-    last = existing.signed_at_ms
     offset = max(existing.applied_offset or -1, unrowed.offset)
-    if last is None or unrowed.at_ms > last:
-        return replace(
-            existing, signed_at_ms=unrowed.at_ms, signed_macs=unrowed.macs, applied_offset=offset
-        )
-    macs = existing.signed_macs
-    if unrowed.at_ms == last:
-        # The record holds the row's signatures of that millisecond too: each kept once.
-        both = [*_chunks(existing.signed_macs), *_chunks(unrowed.macs)]
-        macs = b"".join(dict.fromkeys(both))
-    return replace(existing, signed_macs=macs, applied_offset=offset)
+    both = [
+        *entries(existing.signed_at_ms, existing.signed_macs),
+        *entries(unrowed.at_ms, unrowed.macs),
+    ]
+    window = kept(both, skew_ms)
+    if not window:
+        return replace(existing, applied_offset=offset)
+    at_ms, macs = encode(window)
+    return replace(existing, signed_at_ms=at_ms, signed_macs=macs, applied_offset=offset)
 
 
-def _chunks(raw: bytes | None) -> list[bytes]:
-    raw = raw or b""
-    return [raw[i : i + SIGNED_MAC_BYTES] for i in range(0, len(raw), SIGNED_MAC_BYTES)]
-
-
-def _macs(row: ScheduleRow) -> list[bytes]:
-    return _chunks(row.signed_macs)
-
-
-def check_signed_order(existing: ScheduleRow | None, offset: int, signed: Signed) -> None:
-    """Raises ``replayed_command`` when a tenant-signed command is signed before the last
-    signed command applied to its schedule (``signed_at_ms`` on the row), or in the same
-    millisecond as one applied then (the same signature: ``signed_macs``): a copy of an
-    applied command produced again within the signature window (a new offset and the
-    broker's new time: once the worker that read the original restarted or the partition
-    moved, only the row tells it from a new command), or a command its signer sent before
-    the one applied. A record at or below the row's applied offset is the same record
-    read again after a crash, answered by the replay path, not judged here."""
+def check_signed_order(
+    existing: ScheduleRow | None,
+    offset: int,
+    signed: Signed,
+    skew_ms: int = DEFAULT_SIGNED_ORDER_SKEW_MS,
+) -> None:
+    """Raises ``replayed_command`` when a tenant-signed command is a copy of one applied to
+    its schedule and kept (its signature prefix in ``signed_macs``), or is signed more than
+    ``skew_ms`` before the newest applied (``signed_at_ms``), or, with MAX_SIGNED_IN_ONE_MS
+    kept, at or before the oldest kept: a copy of an applied command produced again within
+    the signature window (a new offset and the broker's new time: once the worker that read
+    the original restarted or the partition moved, only the row tells it from a new
+    command), or a command too old to tell from one. A command signed a little before the
+    newest applied (a signer whose clock is behind, within ``skew_ms``) applies, in arrival
+    order. A record at or below the row's applied offset is the same record read again
+    after a crash, answered by the replay path, not judged here."""
     if existing is None or existing.signed_at_ms is None or is_replay(existing, offset):
         return
     last = existing.signed_at_ms
-    if signed.at_ms > last:
-        return
-    if signed.at_ms < last:
-        why = f"signed before the last command applied to schedule {existing.schedule_id!r}"
-    elif signed.mac in _macs(existing):
+    window = entries(last, existing.signed_macs)
+    if any(m == signed.mac for _, m in window):
         why = f"a command already applied to schedule {existing.schedule_id!r}"
-    elif len(_macs(existing)) >= MAX_SIGNED_IN_ONE_MS:
+    elif signed.at_ms < last - skew_ms:
         why = (
-            f"the {MAX_SIGNED_IN_ONE_MS + 1}th command of schedule "
-            f"{existing.schedule_id!r} signed in one millisecond"
+            f"more than {skew_ms} ms before the last command applied to schedule "
+            f"{existing.schedule_id!r}"
+        )
+    elif len(window) >= MAX_SIGNED_IN_ONE_MS and signed.at_ms <= window[0][0]:
+        why = (
+            f"at or before the oldest of the last {MAX_SIGNED_IN_ONE_MS} commands applied "
+            f"to schedule {existing.schedule_id!r} within {skew_ms} ms"
         )
     else:
         return
     raise CommandRejected(
         Code.REPLAYED_COMMAND,
         f"signed at epoch ms {signed.at_ms}, {why} (signed at {last}): a copy, or a command "
-        "signed before the last applied, is not applied; sign a new command",
+        "signed too long before the last applied, is not applied; sign a new command",
     )
 
 
 def _signed_by(
-    decision: Decision, signed: Signed | None, judged: ScheduleRow | None, offset: int
+    decision: Decision,
+    signed: Signed | None,
+    judged: ScheduleRow | None,
+    offset: int,
+    skew_ms: int = DEFAULT_SIGNED_ORDER_SKEW_MS,
 ) -> Decision:
-    """``decision`` with the row it writes recording the command's signature; a change that
-    writes no row (trigger, backfill) records it in ``signed_without_row`` instead, with
-    the signatures of that millisecond ``judged`` (its row with its record) held."""
+    """``decision`` with the row it writes keeping the command's signature in its window; a
+    change that writes no row (trigger, backfill) records it in ``signed_without_row``
+    instead, with the window ``judged`` (its row with its record) kept."""
     change = decision.change
     if signed is None or change is None:
         return decision
     row = change.row
     if not change.write_row:
-        return replace(decision, change=_record_unrowed(change, signed, judged, offset))
-    if row.signed_at_ms == signed.at_ms and (row.signed_macs or b"").endswith(signed.mac):
+        return replace(decision, change=_record_unrowed(change, signed, judged, offset, skew_ms))
+    window = entries(row.signed_at_ms, row.signed_macs)
+    if any(m == signed.mac for _, m in window):
         return decision  # recorded already (a create)
-    macs = (row.signed_macs or b"") if row.signed_at_ms == signed.at_ms else b""
-    row = replace(row, signed_at_ms=signed.at_ms, signed_macs=macs + signed.mac)
+    at_ms, macs = encode(kept([*window, (signed.at_ms, signed.mac)], skew_ms))
+    row = replace(row, signed_at_ms=at_ms, signed_macs=macs)
     return replace(decision, change=replace(change, row=row))
 
 
 def _record_unrowed(
-    change: ScheduleChange, signed: Signed, judged: ScheduleRow | None, offset: int
+    change: ScheduleChange,
+    signed: Signed,
+    judged: ScheduleRow | None,
+    offset: int,
+    skew_ms: int,
 ) -> ScheduleChange:
     """``change`` (a trigger's or backfill's) committing its signature to its record: the
-    signatures of that millisecond kept, and never a lower offset (a crash replay of the
-    command writes it again)."""
-    held: list[bytes] = []
+    window kept, and never a lower offset (a crash replay of the command writes it again,
+    its signature kept once)."""
+    window: list[Entry] = [(signed.at_ms, signed.mac)]
     top = offset
     if judged is not None:
         top = max(offset, judged.applied_offset or -1)
-        if judged.signed_at_ms == signed.at_ms:
-            # The same command again (a crash replay) is kept once.
-            held = [m for m in _macs(judged) if m != signed.mac]
+        window += entries(judged.signed_at_ms, judged.signed_macs)
     row = change.row
-    macs = b"".join([*held, signed.mac])
-    record = put_stmt(row.tenant, row.schedule_id, signed.at_ms, macs, top)
+    at_ms, macs = encode(kept(window, skew_ms))
+    record = put_stmt(row.tenant, row.schedule_id, at_ms, macs, top)
     return replace(change, commit_with=(*change.commit_with, record))
 
 
@@ -292,6 +354,7 @@ def decide(
     unemitted: Unemitted | None = None,
     signed: Signed | None = None,
     unrowed: Unrowed | None = None,
+    signed_order_skew_ms: int = DEFAULT_SIGNED_ORDER_SKEW_MS,
 ) -> Decision:
     """The outcome of ``command`` against the schedule's current row.
 
@@ -301,7 +364,8 @@ def decide(
     ``signed``: the command's verified signature (None: not signed by its tenant);
     refused unless after the row's (``check_signed_order``), recorded on the row it
     writes. ``unrowed``: the schedule's record of the last signed trigger or backfill
-    (read for those two commands only).
+    (read for those two commands only). ``signed_order_skew_ms``: the signers' clock
+    difference tolerated in that order.
     Raises CommandRejected for state-dependent rejections.
     """
     if signed is None:
@@ -316,8 +380,8 @@ def decide(
             horizon_ms,
             unemitted,
         )
-    judged = with_unrowed(existing, unrowed)
-    check_signed_order(judged, msg.offset, signed)
+    judged = with_unrowed(existing, unrowed, signed_order_skew_ms)
+    check_signed_order(judged, msg.offset, signed, signed_order_skew_ms)
     decision = _decide(
         command,
         existing,
@@ -330,7 +394,7 @@ def decide(
         unemitted,
         signed,
     )
-    return _signed_by(decision, signed, judged, msg.offset)
+    return _signed_by(decision, signed, judged, msg.offset, signed_order_skew_ms)
 
 
 def _decide(

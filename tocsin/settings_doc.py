@@ -212,6 +212,12 @@ SETTINGS: tuple[SettingDoc, ...] = (
     SettingDoc(
         "REQUIRE_SIGNED_COMMANDS", W, "true", "refuse commands of tenants without a signing key"
     ),
+    SettingDoc(
+        "SIGNED_ORDER_SKEW_MS",
+        W,
+        "2000",
+        "signers' clock difference tolerated in a schedule's signed-command order",
+    ),
     SettingDoc("BUCKET_SHARDS", W, "1", "shards per (partition, minute) bucket"),
     SettingDoc("PRELOAD_AHEAD_S", W, "10", "how early the ticker reads the next minute's bucket"),
     SettingDoc("FIRED_RETENTION_S", W, "604800", "how long fired rows are kept (7 days)"),
