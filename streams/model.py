@@ -119,10 +119,11 @@ class ScheduleRow:
     # its backfilled runs written before it (their bucket rows carry an older version) are
     # dropped, not fired. None: never paused or cancelled.
     backfill_stop_version: int | None = None
-    # The tocsin-signed-at of the last tenant-signed command applied to the schedule, and
-    # the signature prefixes (topics.signing.mac_prefix) of those applied in that same
-    # millisecond (migration 013): a signed command before it, or a copy of one of those,
-    # is refused (decisions.check_signed_order). None: no signed command applied yet.
+    # The tocsin-signed-at of the newest tenant-signed command applied to the schedule, and
+    # the signature prefixes (topics.signing.mac_prefix) of those applied within
+    # TOCSIN_SIGNED_ORDER_SKEW_MS below it, with their signed times (migration 013; layout
+    # in decisions.entries): a copy of one of those, or a signed command too long before
+    # it, is refused (decisions.check_signed_order). None: no signed command applied yet.
     signed_at_ms: int | None = None
     signed_macs: bytes | None = None
 
