@@ -12,12 +12,13 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, Message, Producer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from base.settings import Settings
 from proxy.app import ProxyApp
 from streams.client import CommandClient, ResultWatcher
 from streams.partitioner import partition_for
+from tests.integration.commands_topic import commands_of, result_of
 from tests.integration.test_proxy_delivery import (
     Receiver,
     create_topics,
@@ -162,39 +163,6 @@ def test_a_tenant_cannot_forge_commands_on_the_topic(api_server: Any, two: Any) 
         results.close()
 
 
-def _commands_of(settings: Settings, sid: str) -> list[Message]:
-    """The records of the commands topic keyed ``sid``, oldest first."""
-    spec = catalog(settings.topics).commands
-    key = sid.encode()
-    consumer = Consumer(
-        {**settings.kafka.librdkafka(), "group.id": uid("read"), "enable.auto.commit": False}
-    )
-    tp = TopicPartition(spec.name, partition_for(key, spec.partitions))
-    low, high = consumer.get_watermark_offsets(tp, timeout=10)
-    consumer.assign([TopicPartition(spec.name, tp.partition, low)])
-    found: list[Message] = []
-    position, deadline = low, time.monotonic() + 30
-    while position < high and time.monotonic() < deadline:
-        m = consumer.poll(0.5)
-        if m is None or m.error() is not None:
-            continue
-        position = m.offset() + 1
-        if m.key() == key:
-            found.append(m)
-    consumer.close()
-    return found
-
-
-def _result_of(results: ResultWatcher, sid: str, offset: int) -> Any:
-    """The result of the command at ``offset`` of schedule ``sid``."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for r in results.poll():
-            if r.schedule_id == sid and r.offset == offset:
-                return r
-    raise AssertionError(f"no result for {sid} at offset {offset}")
-
-
 def test_a_reply_another_producer_provokes_does_not_answer_an_api_call(
     api_server: Any, two: Any
 ) -> None:
@@ -209,7 +177,7 @@ def test_a_reply_another_producer_provokes_does_not_answer_an_api_call(
     assert worker is not None and worker.proc is not None
     sid = uid("taken")
     _create(api_server, alice, sid)
-    series, n = orjson.loads(_commands_of(settings, sid)[-1].value())["request_id"].rsplit("-", 1)
+    series, n = orjson.loads(commands_of(settings, sid)[-1].value())["request_id"].rsplit("-", 1)
     key = sid.encode()
     forged = orjson.dumps(
         {
@@ -305,7 +273,7 @@ def test_a_signed_update_replayed_later_is_refused(api_server: Any, two: Any) ->
         )
         producer.flush(30)
         assert delivered and delivered[0].error() is None
-        result = _result_of(results, sid, delivered[0].offset())
+        result = result_of(results, sid, delivered[0].offset())
         assert str(result.code) == "stale_command", result
     finally:
         results.close()
@@ -329,15 +297,15 @@ def test_a_signed_update_copied_within_the_window_cannot_revert_a_later_one(
         )
         assert st == 200, res
     captured = next(
-        m for m in _commands_of(settings, sid) if orjson.loads(m.value()).get("due") == first_due
+        m for m in commands_of(settings, sid) if orjson.loads(m.value()).get("due") == first_due
     )
     client, results = CommandClient(settings), ResultWatcher(settings)
     try:
         client.send_raw(captured.key(), captured.value(), headers=captured.headers())
         client.flush()
-        copy = _commands_of(settings, sid)[-1]
+        copy = commands_of(settings, sid)[-1]
         assert copy.value() == captured.value() and copy.offset() > captured.offset()
-        result = _result_of(results, sid, copy.offset())
+        result = result_of(results, sid, copy.offset())
         assert str(result.code) == "replayed_command", result
     finally:
         results.close()

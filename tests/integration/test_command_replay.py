@@ -16,16 +16,13 @@ from typing import Any
 
 import orjson
 import pytest
-from confluent_kafka import Consumer, Message, TopicPartition
 
 from base.settings import Settings
 from streams.client import CommandClient, ResultWatcher
-from streams.partitioner import partition_for
 from streams.store import Store
+from tests.integration.commands_topic import commands_of, result_of
 from tests.integration.conftest import wait_worker_ready
-from topics.catalog import catalog
 from topics.models import (
-    CommandResult,
     CreateCommand,
     HttpCallback,
     PauseCommand,
@@ -36,43 +33,6 @@ from topics.models import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _records_of(settings: Settings, sid: str) -> list[Message]:
-    """The records of the commands topic keyed ``sid``, oldest first."""
-    spec = catalog(settings.topics).commands
-    key = sid.encode()
-    consumer = Consumer(
-        {
-            **settings.kafka.librdkafka(),
-            "group.id": f"read-{os.urandom(4).hex()}",
-            "enable.auto.commit": False,
-        }
-    )
-    tp = TopicPartition(spec.name, partition_for(key, spec.partitions))
-    low, high = consumer.get_watermark_offsets(tp, timeout=10)
-    consumer.assign([TopicPartition(spec.name, tp.partition, low)])
-    found: list[Message] = []
-    position, deadline = low, time.monotonic() + 30
-    while position < high and time.monotonic() < deadline:
-        m = consumer.poll(0.5)
-        if m is None or m.error() is not None:
-            continue
-        position = m.offset() + 1
-        if m.key() == key:
-            found.append(m)
-    consumer.close()
-    return found
-
-
-def _answer(results: ResultWatcher, sid: str, offset: int) -> CommandResult:
-    """The result of the command at ``offset`` of schedule ``sid``."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        for r in results.poll():
-            if r.schedule_id == sid and r.offset == offset:
-                return r
-    raise AssertionError(f"no result for {sid} at offset {offset}")
 
 
 def _row(settings: Settings, sid: str) -> dict[str, Any]:
@@ -119,11 +79,11 @@ def test_signed_commands_copied_after_a_worker_restart_are_refused(
         for command in commands:
             client.send(command)
             client.flush()
-            offset = _records_of(settings, sid)[-1].offset()
-            assert str(_answer(results, sid, offset).code) == "ok"
+            offset = commands_of(settings, sid)[-1].offset()
+            assert str(result_of(results, sid, offset).code) == "ok"
         before = _row(settings, sid)
         assert (before["state"], before["payload"]) == ("paused", b'{"v":2}')
-        originals = _records_of(settings, sid)
+        originals = commands_of(settings, sid)
         old_update, resume, trigger = originals[1], originals[4], originals[6]
         assert orjson.loads(resume.value())["type"] == "resume"
         assert orjson.loads(trigger.value())["type"] == "trigger"
@@ -142,9 +102,9 @@ def test_signed_commands_copied_after_a_worker_restart_are_refused(
         ):
             client.send_raw(original.key(), original.value(), headers=original.headers())
             client.flush()
-            copy = _records_of(settings, sid)[-1]
+            copy = commands_of(settings, sid)[-1]
             assert copy.value() == original.value() and copy.offset() > original.offset()
-            answer = _answer(results, sid, copy.offset())
+            answer = result_of(results, sid, copy.offset())
             assert (str(answer.code), str(answer.status)) == ("replayed_command", "rejected")
             assert any(why in answer.message for why in whys), answer
     finally:
