@@ -210,8 +210,9 @@ class CommandProcessor:
     ) -> None:
         self.sleep = sleep
         # The signers' clock difference tolerated in a schedule's signed-command order
-        # (decisions.check_signed_order; TOCSIN_SIGNED_ORDER_SKEW_MS).
-        self.signed_order_skew_ms = signed_order_skew_ms
+        # (decisions.check_signed_order; TOCSIN_SIGNED_ORDER_SKEW_MS). Below 0 it would keep
+        # no signature, not even the newest: 0 is the strictest order.
+        self.signed_order_skew_ms = max(0, signed_order_skew_ms)
         # The API-only admission keys (topics.admission): a one-shot create an API stamped
         # was answered 201 at Kafka's acknowledgement, so it is stored without deciding
         # again what the API decided (``_honoured``). None: no stamp is honoured.

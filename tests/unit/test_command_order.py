@@ -447,3 +447,25 @@ def test_triggers_from_skewed_signers_both_fire_and_neither_copy_does() -> None:
     ]
     again = Worker(store).process(_copy(later, 4), _copy(skewed, 5))
     assert _codes(again) == ["replayed_command", "replayed_command"]
+
+
+def test_no_tolerance_orders_by_signed_time_alone_and_a_negative_one_is_none() -> None:
+    """TOCSIN_SIGNED_ORDER_SKEW_MS=0 is the strictest order (the skewed pause refused); a
+    negative value is taken as 0 rather than keeping no signature at all."""
+    for skew_ms in (0, -5):
+        store = FakeStore()
+        worker = Worker(store)
+        worker.processor = CommandProcessor(
+            store=store,
+            sink=worker.sink,
+            tickers={},
+            results_topic="t.command-results",
+            partitions=PARTITIONS,
+            limits=Limits(max_payload_bytes=64 * 1024),
+            clock_ms=lambda: NOW,
+            signed_order_skew_ms=skew_ms,
+        )
+        update = _signed(_update(1), 2, T0 + 1_001)
+        pause = _signed(PauseCommand(tenant="acme", schedule_id=SID), 3, T0 + 1_000)
+        results = worker.process(_signed(_create(), 1, T0), update, pause, _copy(update, 4))
+        assert _codes(results) == ["ok", "ok", "replayed_command", "replayed_command"]
