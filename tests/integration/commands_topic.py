@@ -1,15 +1,19 @@
-"""Reading the commands topic and the command results back, for tests that copy records."""
+"""Reading back what commands did (the commands topic, their results, the stored row), for
+tests that copy records."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
+from typing import Any
 
 from confluent_kafka import Consumer, Message, TopicPartition
 
 from base.settings import Settings
 from streams.client import ResultWatcher
 from streams.partitioner import partition_for
+from streams.store import Store
 from topics.catalog import catalog
 from topics.models import CommandResult
 
@@ -49,3 +53,19 @@ def result_of(results: ResultWatcher, sid: str, offset: int) -> CommandResult:
             if r.schedule_id == sid and r.offset == offset:
                 return r
     raise AssertionError(f"no result for {sid} at offset {offset}")
+
+
+def stored_row(settings: Settings, tenant: str, sid: str) -> dict[str, Any]:
+    """Schedule ``sid``'s row as the store reads it; it must exist."""
+
+    async def read() -> dict[str, Any]:
+        store = Store(settings.cassandra)
+        await store.connect()
+        try:
+            row = await store.get_schedule(tenant, sid)
+        finally:
+            await store.close()
+        assert row is not None
+        return dict(row)
+
+    return asyncio.run(read())

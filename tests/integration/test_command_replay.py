@@ -9,7 +9,6 @@ copies (streams.decisions.check_signed_order)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from typing import Any
@@ -19,8 +18,7 @@ import pytest
 
 from base.settings import Settings
 from streams.client import CommandClient, ResultWatcher
-from streams.store import Store
-from tests.integration.commands_topic import commands_of, result_of
+from tests.integration.commands_topic import commands_of, result_of, stored_row
 from tests.integration.conftest import wait_worker_ready
 from topics.models import (
     CreateCommand,
@@ -33,20 +31,6 @@ from topics.models import (
 )
 
 pytestmark = pytest.mark.integration
-
-
-def _row(settings: Settings, sid: str) -> dict[str, Any]:
-    async def read() -> dict[str, Any]:
-        store = Store(settings.cassandra)
-        await store.connect()
-        try:
-            row = await store.get_schedule("acme", sid)
-        finally:
-            await store.close()
-        assert row is not None
-        return dict(row)
-
-    return asyncio.run(read())
 
 
 def test_signed_commands_copied_after_a_worker_restart_are_refused(
@@ -81,7 +65,7 @@ def test_signed_commands_copied_after_a_worker_restart_are_refused(
             client.flush()
             offset = commands_of(settings, sid)[-1].offset()
             assert str(result_of(results, sid, offset).code) == "ok"
-        before = _row(settings, sid)
+        before = stored_row(settings, "acme", sid)
         assert (before["state"], before["payload"]) == ("paused", b'{"v":2}')
         originals = commands_of(settings, sid)
         old_update, resume, trigger = originals[1], originals[4], originals[6]
@@ -109,7 +93,7 @@ def test_signed_commands_copied_after_a_worker_restart_are_refused(
             assert any(why in answer.message for why in whys), answer
     finally:
         results.close()
-    after = _row(settings, sid)
+    after = stored_row(settings, "acme", sid)
     assert (after["state"], after["payload"], after["version"]) == (
         "paused",
         b'{"v":2}',

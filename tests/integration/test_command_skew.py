@@ -6,7 +6,6 @@ schedule row keeps in Cassandra (streams.decisions.check_signed_order)."""
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from typing import Any
@@ -15,8 +14,7 @@ import pytest
 
 from base.settings import Settings
 from streams.client import CommandClient, ResultWatcher
-from streams.store import Store
-from tests.integration.commands_topic import commands_of, result_of
+from tests.integration.commands_topic import commands_of, result_of, stored_row
 from tests.integration.conftest import wait_worker_ready
 from topics.codec import encode_command
 from topics.models import (
@@ -30,20 +28,6 @@ from topics.models import (
 from topics.signing import sign_headers
 
 pytestmark = pytest.mark.integration
-
-
-def _row(settings: Settings, sid: str) -> dict[str, Any]:
-    async def read() -> dict[str, Any]:
-        store = Store(settings.cassandra)
-        await store.connect()
-        try:
-            row = await store.get_schedule("acme", sid)
-        finally:
-            await store.close()
-        assert row is not None
-        return dict(row)
-
-    return asyncio.run(read())
 
 
 def test_a_pause_signed_by_a_skewed_signer_applies_and_copies_are_refused(
@@ -81,7 +65,7 @@ def test_a_pause_signed_by_a_skewed_signer_applies_and_copies_are_refused(
         pause = PauseCommand(**on_schedule)
         skewed = send(pause, now + 100)  # its signer's clock 1 ms behind the update's
         assert str(result_of(results, sid, skewed).code) == "ok"
-        before = _row(settings, sid)
+        before = stored_row(settings, "acme", sid)
         assert (before["state"], before["payload"]) == ("paused", b'{"v":1}')
         originals = commands_of(settings, sid)
 
@@ -99,7 +83,7 @@ def test_a_pause_signed_by_a_skewed_signer_applies_and_copies_are_refused(
             assert "a command already applied" in answer.message, answer
     finally:
         results.close()
-    after = _row(settings, sid)
+    after = stored_row(settings, "acme", sid)
     assert (after["state"], after["payload"], after["version"]) == (
         "paused",
         b'{"v":1}',
