@@ -368,20 +368,9 @@ def decide(
     difference tolerated in that order.
     Raises CommandRejected for state-dependent rejections.
     """
-    if signed is None:
-        return _decide(
-            command,
-            existing,
-            msg,
-            now_ms,
-            shards,
-            default_tolerance_s,
-            firing,
-            horizon_ms,
-            unemitted,
-        )
-    judged = with_unrowed(existing, unrowed, signed_order_skew_ms)
-    check_signed_order(judged, msg.offset, signed, signed_order_skew_ms)
+    if signed is not None:
+        judged = with_unrowed(existing, unrowed, signed_order_skew_ms)
+        check_signed_order(judged, msg.offset, signed, signed_order_skew_ms)
     decision = _decide(
         command,
         existing,
@@ -394,6 +383,8 @@ def decide(
         unemitted,
         signed,
     )
+    if signed is None:
+        return decision
     return _signed_by(decision, signed, judged, msg.offset, signed_order_skew_ms)
 
 
